@@ -1,0 +1,1 @@
+//! doorbell (skeleton)

@@ -1,0 +1,1 @@
+//! libvipl (skeleton)
