@@ -1,0 +1,1 @@
+//! VIPL structure layouts (skeleton).
