@@ -1,1 +1,53 @@
-//! doorbell (skeleton)
+//! How posted descriptors reach the NIC engine: rings and doorbells in shared memory.
+//!
+//! * [`Ring<T>`]: a bounded lock-free MPMC ring of [`Plain`] entries with per-slot sequence
+//!   stamps (Vyukov), laid out `#[repr(C)]` so several processes can map it.
+//! * [`EventCount`]: the sleep/wake handshake on a futex word in shared memory, and
+//!   [`wait_until`] to spin, then sleep, on a condition.
+//! * [`Doorbell<T>`]: a ring plus the event count its consumer (the engine) sleeps on.
+//!   The central doorbell (one MPSC ring per NIC) and the per-VI doorbells (one SPSC ring per
+//!   VI) are two uses of this type, chosen by [`DoorbellMode`].
+//!
+//! # Ordering contract
+//!
+//! Producers own the ring's `tail` (reserve by CAS), consumers own its `head` (take by
+//! CAS); both CASes are Relaxed because the per-slot stamps carry the data: a producer
+//! commits with a Release stamp store that the consumer's Acquire stamp load pairs with, and
+//! the consumer frees the slot with a Release stamp store that the next lap's producer
+//! pairs with. A sleeping consumer and a ringing producer meet through two SeqCst fences
+//! (`prepare_wait` and `notify_all`), the one place SeqCst is needed. Details are in the
+//! module docs of `ring`, `eventcount` and `doorbell` (shown on the types).
+//!
+//! # Shared memory
+//!
+//! Layouts start with a magic and version word and are validated on `attach`; everything
+//! read from the region is untrusted: indices are masked with the view's own mask, loops are
+//! bounded, and corruption yields errors, never undefined behaviour, panics or hangs.
+//! The futex is the shared (non-private) variant, so wakes cross processes.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+#[allow(unsafe_code)]
+mod doorbell;
+mod error;
+mod eventcount;
+#[allow(unsafe_code)]
+mod heap;
+#[allow(unsafe_code)]
+mod layout;
+mod mode;
+#[allow(unsafe_code)]
+mod ring;
+mod sync;
+#[cfg(not(loom))]
+#[allow(unsafe_code)]
+mod sys;
+
+pub use crate::doorbell::{Doorbell, Rang};
+pub use crate::error::LayoutError;
+pub use crate::eventcount::{Key, WaitOutcome, wait_until};
+pub use crate::layout::{
+    CACHE_LINE, DOORBELL_MAGIC, EventCount, LAYOUT_VERSION, MAX_CAPACITY, Plain, RING_MAGIC,
+};
+pub use crate::mode::{DoorbellMode, ParseModeError};
+pub use crate::ring::{Full, Pushed, Ring};

@@ -1,0 +1,366 @@
+//! EventCount: the futex sleep/wake handshake on a word in shared memory.
+//!
+//! Waiters (a consumer with nothing to do) and notifiers (whoever changes the condition the
+//! waiter waits for) follow this protocol, with a condition that lives outside the event
+//! count (for the doorbell: "the slot at the head is committed"):
+//!
+//! ```text
+//! waiter                                   notifier
+//! key = prepare_wait()                     publish the condition (e.g. Release stamp store)
+//!   waiters += 1; fence(SeqCst) [Fw]       notify_all():
+//!   key = seq (Acquire)                      fence(SeqCst) [Fn]
+//! if condition: cancel_wait(key)             if waiters != 0:
+//! else: wait(key): futex-wait while seq==key   seq += 1 (Release); futex wake
+//! ```
+//!
+//! **Why no wake-up is lost.** The two SeqCst fences are totally ordered. If `Fw` comes
+//! first, the notifier's load of `waiters` sees the registration and bumps `seq`, so the
+//! waiter's futex wait either sees a changed word (`EAGAIN`) or is woken. If `Fn` comes
+//! first, the waiter's condition check after `Fw` sees what the notifier published before
+//! `Fn`, and the waiter does not sleep. Acquire/Release alone cannot order a store before a
+//! later load of another location, hence SeqCst: this is the only place the crate uses it.
+//! If the waiter's `key` already includes a notification, the Acquire load of `seq` pairs
+//! with the notifier's Release increment, so the condition check also sees its publication.
+//!
+//! `notify_all` costs one fence and one load when nobody waits. The sequence is a `u32`; a
+//! waiter that misses exactly 2^32 notifications between `prepare_wait` and `wait` would
+//! sleep until the next one (or its timeout).
+#![forbid(unsafe_code)]
+
+use core::fmt;
+use std::time::{Duration, Instant};
+
+use crate::EventCount;
+use crate::sync::{AtomicU32, FutexWait, Ordering, WaitQueue, fence, spin_loop};
+
+/// The sequence observed by [`EventCount::prepare_wait`]; hand it to `wait` or `cancel_wait`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a prepared wait must be finished with `wait` or `cancel_wait`"]
+pub struct Key(u32);
+
+/// How [`EventCount::wait`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// The sequence moved past the key: somebody notified after `prepare_wait`.
+    Notified,
+    /// The timeout expired first.
+    TimedOut,
+}
+
+impl EventCount {
+    /// Creates an event count in its initial state (no waiters), equal to all-zero bytes.
+    ///
+    /// ```
+    /// static EC: doorbell::EventCount = doorbell::EventCount::new();
+    /// assert!(!EC.has_waiters());
+    /// ```
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Self {
+            seq: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            queue: WaitQueue::new(),
+        }
+    }
+
+    /// Creates an event count in its initial state (no waiters).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Self {
+            seq: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            queue: WaitQueue::new(),
+        }
+    }
+
+    /// Registers the caller as a waiter and returns the current sequence.
+    ///
+    /// The caller must then check its condition and either [`cancel_wait`](Self::cancel_wait)
+    /// (condition true) or [`wait`](Self::wait) with the key.
+    pub fn prepare_wait(&self) -> Key {
+        // Relaxed: ordered before the condition check by the fence below.
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        // SeqCst fence [Fw]: the sleep/wake handshake (module doc). Pairs with the fence in
+        // `notify_all`: either that notifier sees our registration, or our condition check
+        // after this fence sees what it published.
+        fence(Ordering::SeqCst);
+        // Acquire: pairs with the Release increment in `notify_all`; if the key includes a
+        // notification, our condition check sees what that notifier published.
+        Key(self.seq.load(Ordering::Acquire))
+    }
+
+    /// Unregisters a waiter whose condition turned out to be true.
+    pub fn cancel_wait(&self, key: Key) {
+        let _ = key;
+        // Relaxed: the count only tells notifiers whether to bump the sequence and wake; a
+        // notifier that still sees us costs one spurious wake.
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Sleeps until the sequence moves past `key` (a notification since `prepare_wait`) or
+    /// `timeout` expires (`None`: no limit); unregisters the waiter in both cases.
+    ///
+    /// Signals and spurious futex wake-ups are absorbed: the wait resumes for the time left.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use doorbell::{EventCount, WaitOutcome};
+    ///
+    /// let ec = EventCount::new();
+    /// let key = ec.prepare_wait();
+    /// assert_eq!(ec.wait(key, Some(Duration::from_millis(1))), WaitOutcome::TimedOut);
+    ///
+    /// let key = ec.prepare_wait();
+    /// ec.notify_all(); // a waiter is registered: the sequence moves
+    /// assert_eq!(ec.wait(key, None), WaitOutcome::Notified);
+    /// assert!(!ec.has_waiters());
+    /// ```
+    pub fn wait(&self, key: Key, timeout: Option<Duration>) -> WaitOutcome {
+        // A deadline beyond what Instant can represent is no deadline.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let outcome = loop {
+            // Acquire: pairs with the Release increment in `notify_all`, so after `Notified`
+            // the caller sees the condition the notifier published.
+            if self.seq.load(Ordering::Acquire) != key.0 {
+                break WaitOutcome::Notified;
+            }
+            let remaining = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => break WaitOutcome::TimedOut,
+                },
+            };
+            match self.queue.wait(&self.seq, key.0, remaining) {
+                // Re-check the word: woken (maybe spuriously), changed, or interrupted.
+                FutexWait::Woken | FutexWait::Changed | FutexWait::Interrupted => {}
+                FutexWait::TimedOut => {
+                    // Acquire: as above.
+                    if self.seq.load(Ordering::Acquire) != key.0 {
+                        break WaitOutcome::Notified;
+                    }
+                    break WaitOutcome::TimedOut;
+                }
+                // The futex is unusable (logged once by `sys`): degrade to polling the word
+                // until notified or the deadline, rather than failing the caller.
+                FutexWait::Failed(_) => spin_loop(),
+            }
+        };
+        // Relaxed: see `cancel_wait`.
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+        outcome
+    }
+
+    /// Wakes every waiter, if there is any. Call it after publishing the condition.
+    ///
+    /// One SeqCst fence and one load when nobody waits; otherwise also an increment and a
+    /// `FUTEX_WAKE` system call.
+    pub fn notify_all(&self) {
+        // SeqCst fence [Fn]: the sleep/wake handshake (module doc). Orders the caller's
+        // publication before the load of `waiters`; pairs with the fence in `prepare_wait`.
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence above.
+        if self.waiters.load(Ordering::Relaxed) != 0 {
+            // Release: pairs with the Acquire loads of `seq` in `prepare_wait` and `wait`, so a
+            // waiter that sees the new sequence sees the published condition.
+            self.seq.fetch_add(1, Ordering::Release);
+            self.queue.wake_all(&self.seq);
+        }
+    }
+
+    /// Whether some thread (of any process) is registered as a waiter.
+    pub fn has_waiters(&self) -> bool {
+        // Relaxed: a snapshot for callers deciding whether a notify is worth it.
+        self.waiters.load(Ordering::Relaxed) != 0
+    }
+}
+
+impl Default for EventCount {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for EventCount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Relaxed: diagnostics only.
+        f.debug_struct("EventCount")
+            .field("seq", &self.seq.load(Ordering::Relaxed))
+            .field("waiters", &self.waiters.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Spins for `spin`, then blocks on `ec` until `cond()` is true or `deadline` passes
+/// (`None`: no deadline). Returns `cond`'s final value.
+///
+/// `cond` must become true only after its publisher calls [`EventCount::notify_all`] on the
+/// same `ec` (the publish-then-notify side of the handshake).
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::time::{Duration, Instant};
+/// use doorbell::{EventCount, wait_until};
+///
+/// let ec = EventCount::new();
+/// let ready = AtomicBool::new(false);
+/// std::thread::scope(|s| {
+///     s.spawn(|| {
+///         ready.store(true, Ordering::Release);
+///         ec.notify_all();
+///     });
+///     let deadline = Instant::now() + Duration::from_secs(10);
+///     assert!(wait_until(&ec, Duration::from_micros(10), Some(deadline), || {
+///         ready.load(Ordering::Acquire)
+///     }));
+/// });
+/// ```
+pub fn wait_until(
+    ec: &EventCount,
+    spin: Duration,
+    deadline: Option<Instant>,
+    mut cond: impl FnMut() -> bool,
+) -> bool {
+    if cond() {
+        return true;
+    }
+    if !spin.is_zero() {
+        let spin_end = Instant::now().checked_add(spin);
+        let spin_end = match (spin_end, deadline) {
+            (Some(s), Some(d)) => Some(s.min(d)),
+            (s, None) => s,
+            (None, d) => d,
+        };
+        if let Some(end) = spin_end {
+            // Check the clock once per batch: reading it costs more than a condition check.
+            while Instant::now() < end {
+                for _ in 0..64 {
+                    if cond() {
+                        return true;
+                    }
+                    spin_loop();
+                }
+            }
+        }
+    }
+    loop {
+        let key = ec.prepare_wait();
+        if cond() {
+            ec.cancel_wait(key);
+            return true;
+        }
+        let timeout = match deadline {
+            None => None,
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => {
+                    ec.cancel_wait(key);
+                    return cond();
+                }
+            },
+        };
+        match ec.wait(key, timeout) {
+            WaitOutcome::Notified => {
+                if cond() {
+                    return true;
+                }
+            }
+            WaitOutcome::TimedOut => return cond(),
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn notify_without_waiters_leaves_the_sequence() {
+        let ec = EventCount::new();
+        ec.notify_all();
+        assert_eq!(ec.seq.load(Ordering::Relaxed), 0);
+        let key = ec.prepare_wait();
+        assert!(ec.has_waiters());
+        ec.cancel_wait(key);
+        assert!(!ec.has_waiters());
+        ec.notify_all();
+        assert_eq!(ec.seq.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn notify_with_a_waiter_moves_the_sequence() {
+        let ec = EventCount::new();
+        let key = ec.prepare_wait();
+        ec.notify_all();
+        assert_eq!(ec.seq.load(Ordering::Relaxed), 1);
+        assert_eq!(ec.wait(key, Some(Duration::ZERO)), WaitOutcome::Notified);
+        assert!(!ec.has_waiters());
+    }
+
+    #[test]
+    fn wait_times_out_and_unregisters() {
+        let ec = EventCount::new();
+        let key = ec.prepare_wait();
+        let start = Instant::now();
+        assert_eq!(
+            ec.wait(key, Some(Duration::from_millis(30))),
+            WaitOutcome::TimedOut
+        );
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        assert!(!ec.has_waiters());
+        let key = ec.prepare_wait();
+        assert_eq!(ec.wait(key, Some(Duration::ZERO)), WaitOutcome::TimedOut);
+    }
+
+    #[test]
+    fn huge_timeout_is_no_timeout_but_notify_still_wakes() {
+        let ec = EventCount::new();
+        let key = ec.prepare_wait();
+        ec.notify_all();
+        assert_eq!(ec.wait(key, Some(Duration::MAX)), WaitOutcome::Notified);
+    }
+
+    #[test]
+    fn wait_until_returns_at_once_when_true_and_times_out_when_false() {
+        let ec = EventCount::new();
+        assert!(wait_until(&ec, Duration::from_millis(1), None, || true));
+        let past = Instant::now();
+        assert!(!wait_until(&ec, Duration::ZERO, Some(past), || false));
+        let deadline = Instant::now() + Duration::from_millis(20);
+        assert!(!wait_until(
+            &ec,
+            Duration::from_millis(1),
+            Some(deadline),
+            || false
+        ));
+        assert!(Instant::now() >= deadline);
+        assert!(!ec.has_waiters());
+    }
+
+    #[test]
+    fn blocked_thread_is_woken_by_notify() {
+        use crate::sys::testing::{thread_id, wait_blocked_in_futex};
+        let ec = EventCount::new();
+        let flag = AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                tx.send(thread_id()).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                wait_until(&ec, Duration::ZERO, Some(deadline), || {
+                    flag.load(Ordering::Acquire)
+                })
+            });
+            let tid = rx.recv().unwrap();
+            // Make sure the waiter really sleeps in the kernel before notifying.
+            let blocked = wait_blocked_in_futex(tid, Instant::now() + Duration::from_secs(5));
+            flag.store(true, Ordering::Release);
+            ec.notify_all();
+            assert!(
+                waiter.join().unwrap(),
+                "waiter timed out (blocked: {blocked})"
+            );
+        });
+    }
+}
