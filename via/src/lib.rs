@@ -1,6 +1,43 @@
-//! via: a user-level Virtual Interface Architecture provider.
+//! via: a user-level Virtual Interface Architecture (VIA) provider.
 //!
-//! See `docs/design.md` for the data path and the shared-memory contract.
+//! Processes post descriptors to the work queues of a Virtual Interface; the
+//! NIC moves the data and completes the descriptors in memory; completion
+//! queues merge completions. This crate implements the VIA model over a
+//! software NIC (shared memory between the processes of a host), exposes it
+//! as a safe Rust API ([`Nic`], [`Vi`], [`Cq`], [`Region`]) and as the VIPL
+//! 1.0 C ABI (`ffi`, built into `libvipl` by the `vipl` package).
+//!
+//! Where things are: the data path of a send is described in
+//! [`backend::soft`](crate::backend) (module docs), the shared-memory
+//! contract in `shm::layout`, the daemon protocol in [`proto`].
+//!
+//! Configuration comes from the environment; see [`config`].
 
+pub mod agent;
+mod api;
+mod attrs;
+pub(crate) mod backend;
+mod conn;
+mod cq;
+pub mod config;
 pub mod descriptor;
+mod error;
 pub mod ffi;
+pub mod handle;
+mod nic;
+mod notify;
+mod ns;
+mod process;
+pub mod proto;
+pub mod shm;
+pub mod sys;
+mod tpt;
+mod translate;
+mod vi;
+
+pub use api::{ConnRequest, Cq, DescBuilder, Nic, Region, Vi};
+pub use attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};
+pub use error::{Error, Result};
+pub use nic::{AsyncError, ErrorCode, ResourceCode};
+pub use proto::NetAddr;
+pub use vi::{Completion, Which};

@@ -1,0 +1,513 @@
+//! The safe Rust API: RAII handles over the object model.
+//!
+//! ```no_run
+//! use via::{Nic, Region, ViAttributes, Reliability, DescBuilder};
+//! let nic = Nic::open(None).unwrap();
+//! let ptag = nic.create_ptag().unwrap();
+//! let mem = Region::new(&nic, 1 << 16, ptag, false, false).unwrap();
+//! let vi = nic.create_vi(&ViAttributes::new(Reliability::ReliableDelivery, ptag), None, None).unwrap();
+//! // ... connect, then:
+//! let d = DescBuilder::send().segment(&mem, 4096, 8).write(&mem, 0).unwrap();
+//! vi.post_recv(&mem, d).unwrap();
+//! ```
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};
+use crate::cq::CqCore;
+use crate::descriptor::{ALIGNMENT, SEGMENT_SIZE, control};
+use crate::error::{Error, Result};
+use crate::nic::{AsyncError, NicInner};
+use crate::proto::NetAddr;
+use crate::shm::arena::UserRange;
+use crate::shm::mapping::Mapping;
+use crate::vi::{Completion, ViCore, Which};
+
+/// An open NIC. Closed when dropped (or with [`Nic::close`]).
+#[derive(Clone)]
+pub struct Nic {
+    pub(crate) inner: Arc<NicInner>,
+}
+
+impl Nic {
+    /// Opens a NIC: `None`, `"via_lo"` or `"/dev/via_lo"` for the default
+    /// shared-memory NIC.
+    ///
+    /// # Errors
+    /// `InvalidParameter` for an unknown name, `Resource` if viad cannot be
+    /// reached or started.
+    pub fn open(name: Option<&str>) -> Result<Nic> {
+        Ok(Nic {
+            inner: NicInner::open(name)?,
+        })
+    }
+
+    /// Closes the NIC: disconnects its VIs and releases everything.
+    pub fn close(&self) -> Result<()> {
+        self.inner.close()
+    }
+
+    /// The NIC's attributes.
+    pub fn attributes(&self) -> NicAttributes {
+        self.inner.attributes()
+    }
+
+    /// This host's VIA address.
+    pub fn host_address(&self) -> Vec<u8> {
+        self.inner.process.agent.host.clone()
+    }
+
+    /// Creates a protection tag.
+    pub fn create_ptag(&self) -> Result<Ptag> {
+        self.inner.create_ptag()
+    }
+
+    /// Destroys a protection tag (refused while in use).
+    pub fn destroy_ptag(&self, p: Ptag) -> Result<()> {
+        self.inner.destroy_ptag(p)
+    }
+
+    /// Creates a completion queue of `entries`.
+    pub fn create_cq(&self, entries: u32) -> Result<Cq> {
+        Ok(Cq {
+            nic: self.inner.clone(),
+            core: CqCore::create(&self.inner, entries)?,
+        })
+    }
+
+    /// Creates a VI, optionally associating its queues with CQs.
+    pub fn create_vi(&self, attrs: &ViAttributes, send_cq: Option<&Cq>, recv_cq: Option<&Cq>) -> Result<Vi> {
+        for c in [send_cq, recv_cq].into_iter().flatten() {
+            if !Arc::ptr_eq(&c.nic, &self.inner) {
+                return Err(Error::InvalidParameter);
+            }
+        }
+        Ok(Vi {
+            nic: self.inner.clone(),
+            core: ViCore::create(
+                &self.inner,
+                *attrs,
+                send_cq.map(|c| c.core.clone()),
+                recv_cq.map(|c| c.core.clone()),
+            )?,
+        })
+    }
+
+    /// Waits for a connection request on `local` (`VipConnectWait`).
+    pub fn connect_wait(&self, local: &NetAddr, timeout: Option<Duration>) -> Result<ConnRequest> {
+        let (h, remote, attrs) = crate::conn::wait(&self.inner, local.clone(), timeout)?;
+        Ok(ConnRequest {
+            nic: self.inner.clone(),
+            handle: h,
+            remote,
+            attrs,
+        })
+    }
+
+    /// Sets the error callback, run on the provider thread.
+    pub fn set_error_callback(&self, f: impl Fn(&AsyncError) + Send + Sync + 'static) {
+        *self.inner.error_cb.lock().unwrap() = Some(Arc::new(f));
+    }
+
+    /// The VIA address for `discriminator` on this host.
+    pub fn address(&self, discriminator: &[u8]) -> NetAddr {
+        NetAddr {
+            host: self.host_address(),
+            discriminator: discriminator.to_vec(),
+        }
+    }
+
+    /// Resolves a host name to a VIA host address.
+    pub fn resolve(&self, name: &str) -> Result<Vec<u8>> {
+        crate::ns::by_name(&self.inner, name)
+    }
+}
+
+/// A pending connection request, from [`Nic::connect_wait`].
+pub struct ConnRequest {
+    nic: Arc<NicInner>,
+    handle: (u32, u16),
+    /// The requester's address.
+    pub remote: NetAddr,
+    /// The requester's VI attributes.
+    pub attrs: ViAttributes,
+}
+
+impl ConnRequest {
+    /// Accepts with `vi`.
+    pub fn accept(self, vi: &Vi) -> Result<()> {
+        crate::conn::accept(&self.nic, self.handle, &vi.core)
+    }
+
+    /// Rejects.
+    pub fn reject(self) -> Result<()> {
+        crate::conn::reject(&self.nic, self.handle)
+    }
+}
+
+/// A completion queue.
+pub struct Cq {
+    nic: Arc<NicInner>,
+    core: Arc<CqCore>,
+}
+
+impl Cq {
+    /// The next (VI slot, is-receive) with a completion, without blocking.
+    pub fn done(&self) -> Result<(u32, bool)> {
+        self.core.done(&self.nic).map(|(v, r)| (v.slot, r))
+    }
+
+    /// Waits for the next completion.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<(u32, bool)> {
+        self.core.wait(&self.nic, timeout).map(|(v, r)| (v.slot, r))
+    }
+
+    /// Changes the number of entries.
+    pub fn resize(&self, entries: u32) -> Result<()> {
+        self.core.resize(&self.nic, entries)
+    }
+
+    /// Destroys the CQ (refused while VIs use it).
+    pub fn destroy(self) -> Result<()> {
+        self.core.destroy(&self.nic)
+    }
+}
+
+/// A VI.
+pub struct Vi {
+    nic: Arc<NicInner>,
+    core: Arc<ViCore>,
+}
+
+impl Vi {
+    /// Slot of the VI in its NIC (what [`Cq::done`] reports).
+    pub fn slot(&self) -> u32 {
+        self.core.slot
+    }
+
+    /// The VI's state.
+    pub fn state(&self) -> ViState {
+        self.core.vi_state()
+    }
+
+    /// Attributes.
+    pub fn attributes(&self) -> ViAttributes {
+        self.core.query().1
+    }
+
+    /// Changes attributes (idle only).
+    pub fn set_attributes(&self, a: &ViAttributes) -> Result<()> {
+        self.core.set_attributes(&self.nic, *a)
+    }
+
+    /// Whether the send and receive queues are empty.
+    pub fn queues_empty(&self) -> (bool, bool) {
+        let (_, _, s, r) = self.core.query();
+        (s, r)
+    }
+
+    /// Connects to the server at `remote` (`VipConnectRequest`).
+    pub fn connect(&self, local: &NetAddr, remote: &NetAddr, timeout: Option<Duration>) -> Result<ViAttributes> {
+        crate::conn::request(&self.nic, &self.core, local.clone(), remote.clone(), timeout)
+    }
+
+    /// Starts a peer-to-peer connection.
+    pub fn connect_peer(&self, local: &NetAddr, remote: &NetAddr, timeout: Option<Duration>) -> Result<()> {
+        crate::conn::peer_request(&self.nic, &self.core, local.clone(), remote.clone(), timeout)
+    }
+
+    /// Polls a peer-to-peer connection.
+    pub fn connect_peer_done(&self) -> Result<ViAttributes> {
+        crate::conn::peer_done(&self.nic, &self.core, false)
+    }
+
+    /// Waits for a peer-to-peer connection.
+    pub fn connect_peer_wait(&self) -> Result<ViAttributes> {
+        crate::conn::peer_done(&self.nic, &self.core, true)
+    }
+
+    /// Disconnects.
+    pub fn disconnect(&self) -> Result<()> {
+        self.core.disconnect(&self.nic)
+    }
+
+    /// Posts the send descriptor at byte `desc` of `mem`.
+    pub fn post_send(&self, mem: &Region, desc: usize) -> Result<()> {
+        self.core.post_send(&self.nic, mem.addr(desc)?, mem.handle)
+    }
+
+    /// Posts the receive descriptor at byte `desc` of `mem`.
+    pub fn post_recv(&self, mem: &Region, desc: usize) -> Result<()> {
+        self.core.post_recv(&self.nic, mem.addr(desc)?, mem.handle)
+    }
+
+    /// Dequeues a completed send.
+    pub fn send_done(&self) -> Result<Completion> {
+        self.core.done(Which::Send)
+    }
+
+    /// Dequeues a completed receive.
+    pub fn recv_done(&self) -> Result<Completion> {
+        self.core.done(Which::Recv)
+    }
+
+    /// Waits for a completed send.
+    pub fn send_wait(&self, timeout: Option<Duration>) -> Result<Completion> {
+        self.core.wait(&self.nic, Which::Send, timeout)
+    }
+
+    /// Waits for a completed receive.
+    pub fn recv_wait(&self, timeout: Option<Duration>) -> Result<Completion> {
+        self.core.wait(&self.nic, Which::Recv, timeout)
+    }
+
+    /// Runs `f` once, on the provider thread, for the next completed receive.
+    pub fn recv_notify(&self, f: impl FnOnce(Completion) + Send + 'static) {
+        self.core.notify(&self.nic, Which::Recv, Box::new(f))
+    }
+
+    /// Runs `f` once, on the provider thread, for the next completed send.
+    pub fn send_notify(&self, f: impl FnOnce(Completion) + Send + 'static) {
+        self.core.notify(&self.nic, Which::Send, Box::new(f))
+    }
+
+    /// Destroys the VI (idle, empty queues).
+    pub fn destroy(self) -> Result<()> {
+        self.core.destroy(&self.nic)
+    }
+}
+
+/// Page-aligned memory owned by this object and registered with a NIC:
+/// the safe way to get registered memory from Rust. Peers may write it at
+/// any time, so it is read and written by copy, never through references.
+pub struct Region {
+    nic: Arc<NicInner>,
+    map: Mapping,
+    handle: u32,
+}
+
+impl Region {
+    /// Allocates `len` bytes (rounded up to pages) and registers them.
+    pub fn new(nic: &Nic, len: usize, ptag: Ptag, rdma_write: bool, rdma_read: bool) -> Result<Region> {
+        let len = len.max(1).next_multiple_of(regcache::page_size());
+        let map = Mapping::anonymous(len).map_err(|_| Error::Resource)?;
+        // The range is a fresh private mapping owned by `map`: no other data
+        // shares its pages, and it stays mapped while `self` lives.
+        let range = map.user_range();
+        let handle = nic.inner.register(
+            range,
+            &MemAttributes {
+                ptag,
+                enable_rdma_write: rdma_write,
+                enable_rdma_read: rdma_read,
+            },
+        )?;
+        Ok(Region {
+            nic: nic.inner.clone(),
+            map,
+            handle,
+        })
+    }
+
+    /// The memory handle (`VIP_MEM_HANDLE`).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the region is empty (never).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Virtual address of byte `off`.
+    ///
+    /// # Errors
+    /// `InvalidParameter` if `off` is outside the region.
+    pub fn addr(&self, off: usize) -> Result<u64> {
+        if off >= self.map.len() {
+            return Err(Error::InvalidParameter);
+        }
+        Ok((self.map.addr() + off) as u64)
+    }
+
+    /// Copies bytes in at `off`.
+    pub fn write(&self, off: usize, b: &[u8]) -> Result<()> {
+        self.map.write(off, b).then_some(()).ok_or(Error::InvalidParameter)
+    }
+
+    /// Copies bytes out from `off`.
+    pub fn read(&self, off: usize, b: &mut [u8]) -> Result<()> {
+        self.map.read(off, b).then_some(()).ok_or(Error::InvalidParameter)
+    }
+
+    /// Reads the descriptor status at `desc` (what a program spinning on
+    /// `CS.Status` sees).
+    pub fn status(&self, desc: usize) -> u32 {
+        self.map
+            .u32_at(desc + crate::descriptor::offsets::STATUS)
+            .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
+            .unwrap_or(0)
+    }
+
+    /// Reads a control-segment word of the descriptor at `desc` (`Length` is
+    /// at 24, `ImmediateData` at 20).
+    pub fn word(&self, off: usize) -> u32 {
+        let mut b = [0u8; 4];
+        let _ = self.map.read(off, &mut b);
+        u32::from_ne_bytes(b)
+    }
+
+    /// Changes the RDMA attributes or tag.
+    pub fn set_attributes(&self, ptag: Ptag, rdma_write: bool, rdma_read: bool) -> Result<()> {
+        self.nic.set_mem_attributes(
+            self.map.addr() as u64,
+            self.handle,
+            &MemAttributes {
+                ptag,
+                enable_rdma_write: rdma_write,
+                enable_rdma_read: rdma_read,
+            },
+        )
+    }
+
+    /// Deregisters now (also done on drop).
+    pub fn deregister(mut self) -> Result<()> {
+        let h = std::mem::replace(&mut self.handle, 0);
+        self.nic.deregister(self.map.addr() as u64, h)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.handle != 0 {
+            let _ = self.nic.deregister(self.map.addr() as u64, self.handle);
+        }
+    }
+}
+
+/// Builds a descriptor in a [`Region`].
+#[derive(Clone, Debug)]
+pub struct DescBuilder {
+    control: u16,
+    imm: u32,
+    remote: Option<(u64, u32)>,
+    segs: Vec<(u64, u32, u32)>,
+    length: Option<u32>,
+}
+
+impl DescBuilder {
+    /// A send or receive descriptor.
+    pub fn send() -> DescBuilder {
+        DescBuilder {
+            control: control::OP_SENDRECV,
+            imm: 0,
+            remote: None,
+            segs: Vec::new(),
+            length: None,
+        }
+    }
+
+    /// A receive descriptor (same layout as a send).
+    pub fn recv() -> DescBuilder {
+        Self::send()
+    }
+
+    /// An RDMA write to `remote_addr` in the region `remote_handle`.
+    pub fn rdma_write(remote_addr: u64, remote_handle: u32) -> DescBuilder {
+        DescBuilder {
+            control: control::OP_RDMAWRITE,
+            remote: Some((remote_addr, remote_handle)),
+            ..Self::send()
+        }
+    }
+
+    /// An RDMA read from `remote_addr` in the region `remote_handle`.
+    pub fn rdma_read(remote_addr: u64, remote_handle: u32) -> DescBuilder {
+        DescBuilder {
+            control: control::OP_RDMAREAD,
+            remote: Some((remote_addr, remote_handle)),
+            ..Self::send()
+        }
+    }
+
+    /// Adds immediate data.
+    pub fn immediate(mut self, v: u32) -> DescBuilder {
+        self.control |= control::IMMEDIATE;
+        self.imm = v;
+        self
+    }
+
+    /// Sets raw control bits (for error-path tests).
+    pub fn control(mut self, c: u16) -> DescBuilder {
+        self.control = c;
+        self
+    }
+
+    /// Overrides `CS.Length` (defaults to the sum of the segments).
+    pub fn length(mut self, l: u32) -> DescBuilder {
+        self.length = Some(l);
+        self
+    }
+
+    /// Adds `len` bytes at `off` of `mem`.
+    pub fn segment(mut self, mem: &Region, off: usize, len: u32) -> DescBuilder {
+        self.segs.push((mem.map.addr() as u64 + off as u64, mem.handle, len));
+        self
+    }
+
+    /// Adds a raw segment (address, handle, length) (for error-path tests).
+    pub fn raw_segment(mut self, addr: u64, handle: u32, len: u32) -> DescBuilder {
+        self.segs.push((addr, handle, len));
+        self
+    }
+
+    /// Writes the descriptor at `off` of `mem` (must be 64-byte aligned);
+    /// returns `off`.
+    pub fn write(&self, mem: &Region, off: usize) -> Result<usize> {
+        if off % ALIGNMENT != 0 {
+            return Err(Error::InvalidParameter);
+        }
+        let n = self.segs.len() + self.remote.is_some() as usize;
+        let mut b = vec![0u8; 32 + n * SEGMENT_SIZE];
+        let total: u64 = self.segs.iter().map(|s| s.2 as u64).sum();
+        b[12..14].copy_from_slice(&(n as u16).to_ne_bytes());
+        b[14..16].copy_from_slice(&self.control.to_ne_bytes());
+        b[20..24].copy_from_slice(&self.imm.to_ne_bytes());
+        b[24..28].copy_from_slice(&self.length.unwrap_or(total as u32).to_ne_bytes());
+        let mut at = 32;
+        if let Some((a, h)) = self.remote {
+            b[at..at + 8].copy_from_slice(&a.to_ne_bytes());
+            b[at + 8..at + 12].copy_from_slice(&h.to_ne_bytes());
+            at += 16;
+        }
+        for (a, h, l) in &self.segs {
+            b[at..at + 8].copy_from_slice(&a.to_ne_bytes());
+            b[at + 8..at + 12].copy_from_slice(&h.to_ne_bytes());
+            b[at + 12..at + 16].copy_from_slice(&l.to_ne_bytes());
+            at += 16;
+        }
+        mem.write(off, &b)?;
+        Ok(off)
+    }
+}
+
+impl ViAttributes {
+    /// Attributes with `MaxTransferSize` 64 KiB and RDMA disabled.
+    pub fn new(reliability: Reliability, ptag: Ptag) -> ViAttributes {
+        ViAttributes {
+            reliability,
+            max_transfer_size: 65536,
+            qos: 0,
+            ptag,
+            enable_rdma_write: false,
+            enable_rdma_read: false,
+        }
+    }
+}

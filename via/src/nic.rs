@@ -1,0 +1,563 @@
+//! The NIC: one open instance of the soft device and everything it owns.
+//!
+//! `VipOpenNic` creates a [`NicInner`]: a NIC segment (memfd) published to
+//! viad for peers, the translation table inside it, the engine with its
+//! doorbells, the provider thread, and the tables of protection tags,
+//! regions, VIs, CQs and pending connection requests.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::attrs::{MemAttributes, NicAttributes, Ptag, Reliability};
+use crate::backend::Device;
+use crate::backend::soft::engine::Engine;
+use crate::cq::CqCore;
+use crate::error::{Error, Result};
+use crate::handle::Slab;
+use crate::notify::Provider;
+use crate::process::Process;
+use crate::proto::{Endpoint, ObjKey, ObjKind, Request};
+use crate::shm::arena::{Extent, UserRange};
+use crate::shm::layout::{self, ERROR_RING, MAX_CQ, MAX_REGIONS, MAX_SEGS, MAX_VI, NicView, OFFSETS, RQ_SLOTS};
+use crate::shm::mapping::Mapping;
+use crate::shm::rings::MappedRing;
+use crate::tpt::TranslationTable;
+use crate::vi::ViCore;
+
+/// Largest message (`MaxTransferSize`) of the soft NIC.
+pub const MAX_TRANSFER: u32 = 1 << 30;
+/// Largest CQ.
+pub const MAX_CQ_ENTRIES: u32 = 1 << 16;
+/// Protection tags per NIC.
+pub const MAX_PTAGS: u32 = 65535;
+/// Longest discriminator.
+pub const MAX_DISCRIMINATOR: u16 = crate::proto::MAX_DISCRIMINATOR as u16;
+/// Provider version reported by `VipQueryNic` (major << 16 | minor << 8 | patch).
+pub const PROVIDER_VERSION: u64 = 0x0000_0100;
+
+/// Resource an asynchronous error is about (`VIP_RESOURCE_CODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResourceCode {
+    /// The NIC.
+    Nic = 0,
+    /// A VI.
+    Vi = 1,
+    /// A CQ.
+    Cq = 2,
+    /// A descriptor.
+    Descriptor = 3,
+}
+
+/// What went wrong (`VIP_ERROR_CODE`, in VIPL order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// A posted descriptor was malformed.
+    PostDesc = 0,
+    /// The connection was lost (peer gone, disconnected, or broken by an error).
+    ConnLost = 1,
+    /// A message arrived with no receive posted on a reliable VI.
+    RecvqEmpty = 2,
+    /// A work queue overflowed.
+    ViOverrun = 3,
+    /// An incoming RDMA write violated protection.
+    RdmawProt = 4,
+    /// RDMA write data error.
+    RdmawData = 5,
+    /// RDMA write aborted.
+    RdmawAbort = 6,
+    /// An incoming RDMA read violated protection.
+    RdmarProt = 7,
+    /// A completion could not be written.
+    CompProt = 8,
+    /// RDMA transport error.
+    RdmaTransport = 9,
+    /// Unrecoverable (e.g. CQ overrun).
+    Catastrophic = 10,
+}
+
+impl ErrorCode {
+    fn from_u8(v: u8) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        Some(match v {
+            0 => PostDesc,
+            1 => ConnLost,
+            2 => RecvqEmpty,
+            3 => ViOverrun,
+            4 => RdmawProt,
+            5 => RdmawData,
+            6 => RdmawAbort,
+            7 => RdmarProt,
+            8 => CompProt,
+            9 => RdmaTransport,
+            10 => Catastrophic,
+            _ => return None,
+        })
+    }
+}
+
+/// An asynchronous error, as given to the error callback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncError {
+    /// What it is about.
+    pub resource: ResourceCode,
+    /// What happened.
+    pub code: ErrorCode,
+    /// The VI (slot, generation), if any.
+    pub vi: Option<(u32, u16)>,
+    /// The CQ (slot, generation), if any.
+    pub cq: Option<(u32, u16)>,
+    /// Address of the descriptor involved, or 0.
+    pub descriptor: u64,
+}
+
+impl AsyncError {
+    /// Packs the error for the shared error ring (descriptor addresses do not
+    /// cross processes).
+    pub(crate) fn encode(&self) -> u64 {
+        let (idx, generation) = self.vi.or(self.cq).unwrap_or((0, 0));
+        (self.code as u64) | ((self.resource as u64) << 8) | ((idx as u64 & 0xffff) << 16) | ((generation as u64) << 32)
+    }
+
+    pub(crate) fn decode(v: u64) -> Option<AsyncError> {
+        let code = ErrorCode::from_u8(v as u8)?;
+        let resource = match (v >> 8) as u8 {
+            0 => ResourceCode::Nic,
+            1 => ResourceCode::Vi,
+            2 => ResourceCode::Cq,
+            3 => ResourceCode::Descriptor,
+            _ => return None,
+        };
+        let idx = ((v >> 16) & 0xffff) as u32;
+        let generation = (v >> 32) as u16;
+        Some(AsyncError {
+            resource,
+            code,
+            vi: matches!(resource, ResourceCode::Vi | ResourceCode::Descriptor).then_some((idx, generation)),
+            cq: matches!(resource, ResourceCode::Cq).then_some((idx, generation)),
+            descriptor: 0,
+        })
+    }
+}
+
+/// The error callback.
+pub type ErrorHandler = Arc<dyn Fn(&AsyncError) + Send + Sync>;
+
+/// A connection request returned by `VipConnectWait`, waiting for accept or reject.
+pub(crate) struct Incoming {
+    pub conn: u64,
+    pub peer: Endpoint,
+    pub remote: crate::proto::NetAddr,
+}
+
+/// One open NIC.
+pub(crate) struct NicInner {
+    pub process: Arc<Process>,
+    pub slot: u32,
+    pub generation: u16,
+    pub id: u32,
+    pub name: String,
+    pub seg: Arc<Mapping>,
+    pub tpt: TranslationTable,
+    pub errors: MappedRing,
+    pub ptags: Mutex<Slab<u32>>,
+    pub regions: Mutex<HashMap<u32, (Vec<Extent>, u32)>>,
+    pub vis: RwLock<Slab<Arc<ViCore>>>,
+    pub cqs: RwLock<Slab<Arc<CqCore>>>,
+    pub conns: Mutex<Slab<Incoming>>,
+    pub dev: Box<dyn Device>,
+    pub provider: Provider,
+    pub error_cb: Mutex<Option<ErrorHandler>>,
+    pub closed: AtomicBool,
+    pub ns_open: AtomicBool,
+}
+
+/// Accepted device names: the default (`None`, empty), `via_lo` and
+/// `/dev/via_lo`, and `via_<if>` / `/dev/via_<if>` for a network interface
+/// of this host (M-VIA's names), all served by the shared-memory NIC.
+pub fn canonical_name(name: Option<&str>) -> Result<String> {
+    let n = match name {
+        None | Some("") => return Ok("via_lo".into()),
+        Some(n) => n,
+    };
+    let base = n.strip_prefix("/dev/").unwrap_or(n);
+    let Some(ifname) = base.strip_prefix("via_") else {
+        return Err(Error::InvalidParameter);
+    };
+    if ifname == "lo"
+        || (!ifname.is_empty()
+            && !ifname.contains('/')
+            && std::path::Path::new("/sys/class/net").join(ifname).exists())
+    {
+        Ok(base.to_string())
+    } else {
+        Err(Error::InvalidParameter)
+    }
+}
+
+fn total_memory() -> u64 {
+    let page = regcache::page_size() as u64;
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(page * 1024 * 1024)
+}
+
+impl NicInner {
+    /// Opens the device `name` (see [`canonical_name`]).
+    pub fn open(name: Option<&str>) -> Result<Arc<NicInner>> {
+        let name = canonical_name(name)?;
+        let process = Process::get()?;
+        let id = {
+            let mut n = process.next_nic_id.lock().unwrap();
+            *n += 1;
+            *n - 1
+        };
+        let session = process.agent.session;
+        let (fd, map) = Mapping::create(&format!("via-nic:{session}:{id}"), OFFSETS.len).map_err(|e| {
+            log::error!("cannot create the NIC segment: {e}");
+            Error::Resource
+        })?;
+        NicView::init(&map, session, id, process.pid as u32).map_err(|_| Error::Resource)?;
+        let map = Arc::new(map);
+        let (eoff, elen) = NicView::trusted(&map).errors_range();
+        let errors = MappedRing::init(map.clone(), eoff, elen, ERROR_RING).map_err(|e| {
+            log::error!("cannot format the error ring: {e}");
+            Error::Resource
+        })?;
+        errors.get().set_limit(ERROR_RING as usize).map_err(|_| Error::Resource)?;
+        process
+            .agent
+            .publish(
+                ObjKey {
+                    kind: ObjKind::Nic,
+                    nic: id,
+                    id: 0,
+                    generation: 0,
+                },
+                &fd,
+            )
+            .map_err(|e| {
+                log::error!("cannot publish the NIC segment: {e}");
+                Error::Resource
+            })?;
+        drop(fd);
+        let engine = Engine::new(process.config, session, id)?;
+        let salt = (session as u16).wrapping_mul(31).wrapping_add(id as u16).wrapping_mul(0x9e37) | 1;
+        let nic = process
+            .nics
+            .write()
+            .unwrap()
+            .insert_with(|slot, generation| {
+                Arc::new(NicInner {
+                    process: process.clone(),
+                    slot,
+                    generation,
+                    id,
+                    name: name.clone(),
+                    seg: map.clone(),
+                    tpt: TranslationTable::new(map.clone(), salt),
+                    errors,
+                    ptags: Mutex::new(Slab::new(MAX_PTAGS, 1)),
+                    regions: Mutex::new(HashMap::new()),
+                    vis: RwLock::new(Slab::new(MAX_VI, 0)),
+                    cqs: RwLock::new(Slab::new(MAX_CQ, 0)),
+                    conns: Mutex::new(Slab::new(1024, 1)),
+                    dev: Box::new(engine),
+                    provider: Provider::new(),
+                    error_cb: Mutex::new(None),
+                    closed: AtomicBool::new(false),
+                    ns_open: AtomicBool::new(false),
+                })
+            })
+            .cloned()
+            .ok_or(Error::Resource)?;
+        nic.dev.start(&nic);
+        nic.provider.start(&nic);
+        log::debug!("opened {} as NIC {id} of session {session}", nic.name);
+        Ok(nic)
+    }
+
+    /// The segment view.
+    pub fn view(&self) -> NicView<'_> {
+        NicView::trusted(&self.seg)
+    }
+
+    /// `VipQueryNic`.
+    pub fn attributes(&self) -> NicAttributes {
+        let mem = total_memory();
+        NicAttributes {
+            name: self.name.clone(),
+            hardware_version: 1,
+            provider_version: PROVIDER_VERSION,
+            local_address: self.process.agent.host.clone(),
+            thread_safe: true,
+            max_discriminator_len: MAX_DISCRIMINATOR,
+            max_register_bytes: mem,
+            max_register_regions: (MAX_REGIONS - 1) as u64,
+            max_register_block_bytes: mem,
+            max_vi: MAX_VI as u64,
+            max_descriptors_per_queue: RQ_SLOTS as u64,
+            max_segments_per_desc: MAX_SEGS as u64,
+            max_cq: MAX_CQ as u64,
+            max_cq_entries: MAX_CQ_ENTRIES as u64,
+            max_transfer_size: MAX_TRANSFER as u64,
+            native_mtu: MAX_TRANSFER as u64,
+            max_ptags: MAX_PTAGS as u64,
+            reliability_level_support: Reliability::Unreliable.bits()
+                | Reliability::ReliableDelivery.bits()
+                | Reliability::ReliableReception.bits(),
+            rdma_read_support: Reliability::ReliableDelivery.bits() | Reliability::ReliableReception.bits(),
+        }
+    }
+
+    // ---- protection tags ----
+
+    /// `VipCreatePtag`.
+    pub fn create_ptag(&self) -> Result<Ptag> {
+        let (i, g) = self.ptags.lock().unwrap().insert(0).ok_or(Error::Resource)?;
+        Ok(Ptag(((g as u32) << 16) | i))
+    }
+
+    /// Whether `p` is a live tag of this NIC.
+    pub fn ptag_valid(&self, p: Ptag) -> bool {
+        self.ptags.lock().unwrap().get(p.0 & 0xffff, (p.0 >> 16) as u16).is_some()
+    }
+
+    /// Adds (`d = 1`) or drops (`d = -1`) a user of a tag.
+    pub fn ptag_ref(&self, p: Ptag, d: i32) -> Result<()> {
+        let mut t = self.ptags.lock().unwrap();
+        let (i, g) = (p.0 & 0xffff, (p.0 >> 16) as u16);
+        if t.get(i, g).is_none() {
+            return Err(Error::InvalidPtag);
+        }
+        let v = t.get_mut(i, g).unwrap();
+        *v = (*v as i64 + d as i64).max(0) as u32;
+        Ok(())
+    }
+
+    /// `VipDestroyPtag`: refused while a VI or region uses the tag.
+    pub fn destroy_ptag(&self, p: Ptag) -> Result<()> {
+        let mut t = self.ptags.lock().unwrap();
+        let (i, g) = (p.0 & 0xffff, (p.0 >> 16) as u16);
+        match t.get(i, g) {
+            None => Err(Error::InvalidParameter),
+            Some(&n) if n > 0 => Err(Error::InvalidState),
+            Some(_) => {
+                t.remove(i, g);
+                Ok(())
+            }
+        }
+    }
+
+    // ---- memory ----
+
+    fn mem_flags(a: &MemAttributes) -> u32 {
+        (if a.enable_rdma_write { layout::flags::RDMA_WRITE } else { 0 })
+            | (if a.enable_rdma_read { layout::flags::RDMA_READ } else { 0 })
+    }
+
+    /// `VipRegisterMem`.
+    pub fn register(&self, range: UserRange, attrs: &MemAttributes) -> Result<u32> {
+        if !self.ptag_valid(attrs.ptag) {
+            return Err(Error::InvalidPtag);
+        }
+        let extents = self.dev.pin(self, &range).map_err(|e| {
+            log::debug!("registration of {:#x}+{} refused: {e}", range.addr(), range.len());
+            if e.kind() == std::io::ErrorKind::InvalidInput {
+                Error::InvalidParameter
+            } else {
+                Error::Resource
+            }
+        })?;
+        // Too many pieces for one table entry: reach the region by CMA instead.
+        let extents = if extents.len() > layout::MAX_EXTENTS {
+            self.dev.unpin(self, &extents);
+            let first = extents[0].va;
+            let len = extents.iter().map(|e| e.len).sum();
+            vec![Extent {
+                va: first,
+                len,
+                arena: crate::shm::arena::CMA,
+                arena_off: first,
+            }]
+        } else {
+            extents
+        };
+        let handle = match self.tpt.insert(
+            range.addr() as u64,
+            range.len() as u64,
+            attrs.ptag.0,
+            Self::mem_flags(attrs),
+            &extents,
+        ) {
+            Ok(h) => h,
+            Err(e) => {
+                self.dev.unpin(self, &extents);
+                return Err(e);
+            }
+        };
+        self.ptag_ref(attrs.ptag, 1)?;
+        self.regions.lock().unwrap().insert(handle, (extents, attrs.ptag.0));
+        Ok(handle)
+    }
+
+    /// `VipDeregisterMem`. `addr` must be the address the region was registered with.
+    pub fn deregister(&self, addr: u64, handle: u32) -> Result<()> {
+        let snap = self.tpt.lookup(handle).ok_or(Error::InvalidParameter)?;
+        if snap.va != addr {
+            return Err(Error::InvalidParameter);
+        }
+        let Some((extents, ptag)) = self.regions.lock().unwrap().remove(&handle) else {
+            return Err(Error::InvalidParameter);
+        };
+        self.tpt.remove(handle)?;
+        let _ = self.ptag_ref(Ptag(ptag), -1);
+        self.dev.unpin(self, &extents);
+        Ok(())
+    }
+
+    /// `VipQueryMem`.
+    pub fn query_mem(&self, addr: u64, handle: u32) -> Result<MemAttributes> {
+        let s = self.tpt.lookup(handle).ok_or(Error::InvalidParameter)?;
+        if s.va != addr {
+            return Err(Error::InvalidParameter);
+        }
+        Ok(MemAttributes {
+            ptag: Ptag(s.ptag),
+            enable_rdma_write: s.flags & layout::flags::RDMA_WRITE != 0,
+            enable_rdma_read: s.flags & layout::flags::RDMA_READ != 0,
+        })
+    }
+
+    /// `VipSetMemAttributes`.
+    pub fn set_mem_attributes(&self, addr: u64, handle: u32, attrs: &MemAttributes) -> Result<()> {
+        let s = self.tpt.lookup(handle).ok_or(Error::InvalidParameter)?;
+        if s.va != addr {
+            return Err(Error::InvalidParameter);
+        }
+        if !self.ptag_valid(attrs.ptag) {
+            return Err(Error::InvalidPtag);
+        }
+        let old = Ptag(s.ptag);
+        self.tpt.set_attributes(handle, attrs.ptag.0, Self::mem_flags(attrs))?;
+        if old != attrs.ptag {
+            self.ptag_ref(attrs.ptag, 1)?;
+            let _ = self.ptag_ref(old, -1);
+            if let Some(r) = self.regions.lock().unwrap().get_mut(&handle) {
+                r.1 = attrs.ptag.0;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- lookups ----
+
+    /// The VI in `slot` with generation `generation`.
+    pub fn vi(&self, slot: u32, generation: u16) -> Option<Arc<ViCore>> {
+        self.vis.read().unwrap().get(slot, generation).cloned()
+    }
+
+    /// The CQ in `slot` with generation `generation`.
+    pub fn cq(&self, slot: u32, generation: u16) -> Option<Arc<CqCore>> {
+        self.cqs.read().unwrap().get(slot, generation).cloned()
+    }
+
+    /// Every live VI.
+    pub fn all_vis(&self) -> Vec<Arc<ViCore>> {
+        self.vis.read().unwrap().iter().map(|(_, _, v)| v.clone()).collect()
+    }
+
+    // ---- errors ----
+
+    /// Delivers an asynchronous error to the error callback (on the
+    /// provider thread).
+    pub fn report(&self, e: AsyncError) {
+        self.provider.post_error(self, e);
+    }
+
+    /// Runs the error callback for `e` (provider thread only).
+    pub fn run_error_callback(&self, e: &AsyncError) {
+        let cb = self.error_cb.lock().unwrap().clone();
+        match cb {
+            Some(cb) => cb(e),
+            None => log::error!("{}: asynchronous error {:?} on {:?}", self.name, e.code, e.resource),
+        }
+    }
+
+    // ---- events ----
+
+    /// viad says `session` died: every VI connected to it breaks.
+    pub fn peer_died(&self, session: u64) {
+        for vi in self.all_vis() {
+            if vi.peer_session() == Some(session) {
+                vi.break_connection(self, ErrorCode::ConnLost, false, true);
+            }
+        }
+    }
+
+    /// viad says the peer of our VI `me` disconnected.
+    pub fn remote_disconnect(&self, me: &Endpoint) {
+        if let Some(vi) = self.vi(me.vi, me.vi_gen as u16) {
+            vi.break_connection(self, ErrorCode::ConnLost, false, false);
+        }
+    }
+
+    /// Processes the shared async error ring (provider thread).
+    pub fn drain_error_ring(&self) {
+        while let Some(v) = self.errors.get().pop() {
+            let Some(e) = AsyncError::decode(v) else {
+                log::warn!("ignoring a malformed entry {v:#x} in the error ring");
+                continue;
+            };
+            if let Some((slot, generation)) = e.vi {
+                if let Some(vi) = self.vi(slot, generation) {
+                    let reliable = vi.reliability().is_reliable();
+                    if reliable || matches!(e.code, ErrorCode::ConnLost) {
+                        vi.break_connection(self, e.code, false, false);
+                        continue;
+                    }
+                }
+            }
+            self.run_error_callback(&e);
+        }
+    }
+
+    /// `VipCloseNic`: tears everything down.
+    pub fn close(self: &Arc<Self>) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Err(Error::InvalidParameter);
+        }
+        for vi in self.all_vis() {
+            let _ = vi.disconnect(self);
+        }
+        self.provider.stop(self);
+        self.dev.stop();
+        let regions: Vec<_> = self.regions.lock().unwrap().drain().collect();
+        for (h, (extents, _)) in regions {
+            let _ = self.tpt.remove(h);
+            self.dev.unpin(self, &extents);
+        }
+        let _ = self.process.agent.send(&Request::Retire {
+            key: ObjKey {
+                kind: ObjKind::Nic,
+                nic: self.id,
+                id: 0,
+                generation: 0,
+            },
+        });
+        for (_, _, cq) in self.cqs.read().unwrap().iter() {
+            cq.retire(self);
+        }
+        self.vis.write().unwrap().clear();
+        self.cqs.write().unwrap().clear();
+        self.process.nics.write().unwrap().remove(self.slot, self.generation);
+        Ok(())
+    }
+}

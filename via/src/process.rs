@@ -1,0 +1,139 @@
+//! What one process shares among its NICs: the viad session, the
+//! registration arenas, the table of open NICs, and the mappings of peers.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use crate::agent::Agent;
+use crate::backend::soft::remote::RemoteNic;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::handle::Slab;
+use crate::nic::NicInner;
+use crate::proto::{ObjKey, ObjKind, Reply, Request};
+use crate::shm::arena::{Arenas, Publisher};
+use crate::sys;
+
+/// Most NICs one process may open.
+pub const MAX_NICS: u32 = 4095;
+
+/// Process-wide provider state.
+pub(crate) struct Process {
+    pub pid: i32,
+    pub agent: Arc<Agent>,
+    pub arenas: Arenas,
+    pub nics: RwLock<Slab<Arc<NicInner>>>,
+    pub next_nic_id: Mutex<u32>,
+    remotes: Mutex<HashMap<(u64, u32), Weak<RemoteNic>>>,
+    pub config: &'static Config,
+}
+
+struct AgentPublisher(Arc<Agent>);
+
+impl Publisher for AgentPublisher {
+    fn publish(&self, id: u32, fd: &OwnedFd) -> io::Result<()> {
+        self.0.publish(arena_key(id), fd)
+    }
+    fn retire(&self, id: u32) {
+        let _ = self.0.send(&Request::Retire { key: arena_key(id) });
+    }
+}
+
+/// The viad name of arena `id`.
+pub(crate) fn arena_key(id: u32) -> ObjKey {
+    ObjKey {
+        kind: ObjKind::Arena,
+        nic: 0,
+        id,
+        generation: 0,
+    }
+}
+
+static PROCESS: Mutex<Option<Arc<Process>>> = Mutex::new(None);
+
+impl Process {
+    /// The process state, created on first use (and again in a child after
+    /// `fork`: VIA objects do not survive a fork).
+    pub fn get() -> Result<Arc<Process>> {
+        let mut g = PROCESS.lock().unwrap();
+        if let Some(p) = g.as_ref() {
+            if p.pid == sys::getpid() && !p.agent.is_lost() {
+                return Ok(p.clone());
+            }
+        }
+        let config = Config::get();
+        let agent = Arc::new(Agent::connect(Box::new(on_event)).map_err(|e| {
+            log::error!("cannot reach viad: {e}");
+            Error::Resource
+        })?);
+        let arenas = Arenas::new(agent.session, config.register, Box::new(AgentPublisher(agent.clone())));
+        let p = Arc::new(Process {
+            pid: sys::getpid(),
+            agent,
+            arenas,
+            nics: RwLock::new(Slab::new(MAX_NICS, 1)),
+            next_nic_id: Mutex::new(1),
+            remotes: Mutex::new(HashMap::new()),
+            config,
+        });
+        *g = Some(p.clone());
+        Ok(p)
+    }
+
+    /// The current process state if it exists.
+    pub fn current() -> Option<Arc<Process>> {
+        PROCESS.lock().unwrap().clone()
+    }
+
+    /// The NIC in slot (`index`, `generation`).
+    pub fn nic(&self, index: u32, generation: u16) -> Option<Arc<NicInner>> {
+        self.nics.read().unwrap().get(index, generation).cloned()
+    }
+
+    /// A mapping of NIC `nic` of `session`, shared by every VI connected to it.
+    pub fn remote(&self, session: u64, nic: u32) -> io::Result<Arc<RemoteNic>> {
+        let mut g = self.remotes.lock().unwrap();
+        if let Some(r) = g.get(&(session, nic)).and_then(Weak::upgrade) {
+            return Ok(r);
+        }
+        let r = Arc::new(RemoteNic::open(self.agent.clone(), session, nic)?);
+        g.insert((session, nic), Arc::downgrade(&r));
+        g.retain(|_, w| w.strong_count() > 0);
+        Ok(r)
+    }
+
+    /// Forgets the mappings of a dead session.
+    pub fn forget_session(&self, session: u64) {
+        self.remotes.lock().unwrap().retain(|(s, _), _| *s != session);
+    }
+
+    fn all_nics(&self) -> Vec<Arc<NicInner>> {
+        self.nics.read().unwrap().iter().map(|(_, _, n)| n.clone()).collect()
+    }
+}
+
+/// Runs on the agent's event thread for every daemon event.
+fn on_event(ev: Reply) {
+    let Some(p) = Process::current() else { return };
+    match ev {
+        Reply::PeerDied { session } => {
+            log::info!("viad: session {session} died");
+            for nic in p.all_nics() {
+                nic.peer_died(session);
+            }
+            p.forget_session(session);
+        }
+        Reply::RemoteDisconnect { me, token } => {
+            if me.session == p.agent.session {
+                for nic in p.all_nics().into_iter().filter(|n| n.id == me.nic) {
+                    nic.remote_disconnect(&me);
+                }
+            }
+            let _ = p.agent.send(&Request::DisconnectAck { token });
+        }
+        other => log::warn!("unexpected event from viad: {other:?}"),
+    }
+}

@@ -1,0 +1,515 @@
+//! Layout of the soft NIC's shared segment.
+//!
+//! One memfd per open NIC, mapped by its owner and by every process with a
+//! VI connected to it. Everything here is `#[repr(C)]` atomics (so another
+//! process writing concurrently is not a data race) and all-zero is the
+//! initial state of every field. Readers in other processes treat every
+//! value as untrusted: indices are range-checked by the accessors below and
+//! lengths by the engine.
+//!
+//! | part | offset | written by | read by |
+//! |---|---|---|---|
+//! | [`NicHeader`] | 0 | owner, at creation | peers, at attach |
+//! | provider `notify` word | in the header | owner waits | anyone notifies |
+//! | async error ring | `errors_off` | remote engines, owner | owner's provider thread |
+//! | [`ViShared`] × [`MAX_VI`] | `vi_off` | owner | peers' engines |
+//! | [`CqShared`] × [`MAX_CQ`] | `cq_off` | owner | peers' engines |
+//! | [`TptEntry`] × [`MAX_REGIONS`] | `tpt_off` | owner (seqlock) | peers' engines |
+//! | [`RecvSlot`] × [`RQ_SLOTS`] per VI | `rq_off` | owner posts; the connected peer's engine takes | both |
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use doorbell::EventCount;
+
+use super::mapping::{Mapping, Shared};
+
+/// "VIANIC" + layout generation, first word of the segment.
+pub const NIC_MAGIC: u64 = u64::from_le_bytes(*b"VIANIC\x00\x01");
+/// Layout version; bumped on any change below.
+pub const VERSION: u32 = 1;
+/// VIs per NIC.
+pub const MAX_VI: u32 = 1024;
+/// Receive descriptors outstanding per VI (`MaxDescriptorsPerQueue`).
+pub const RQ_SLOTS: u32 = 1024;
+/// Data segments per descriptor (`MaxSegmentsPerDesc`).
+pub const MAX_SEGS: usize = 16;
+/// Translation table entries; index 0 is never used, so no handle is 0.
+pub const MAX_REGIONS: u32 = 65536;
+/// Backing extents per region.
+pub const MAX_EXTENTS: usize = 8;
+/// Completion queues per NIC.
+pub const MAX_CQ: u32 = 1024;
+/// Capacity of the asynchronous error ring.
+pub const ERROR_RING: u32 = 1024;
+/// Largest payload a send may carry inside its doorbell entry.
+pub const MAX_INLINE: usize = 64;
+/// Capacity of the central doorbell.
+pub const DOORBELL_SLOTS: u32 = 4096;
+/// Capacity of each per-VI doorbell.
+pub const VI_DOORBELL_SLOTS: u32 = 1024;
+
+// SAFETY: EventCount is #[repr(C, align(64))], made of atomics, and all-zero
+// is its initial state (doorbell's documented contract).
+unsafe impl Shared for EventCount {}
+
+/// First page of the segment.
+#[repr(C, align(64))]
+pub struct NicHeader {
+    /// [`NIC_MAGIC`].
+    pub magic: AtomicU64,
+    /// [`VERSION`].
+    pub version: AtomicU32,
+    /// Owner's process id (for cross-memory attach).
+    pub pid: AtomicU32,
+    /// Owner's viad session.
+    pub session: AtomicU64,
+    /// NIC id within the owner's session.
+    pub nic_id: AtomicU32,
+    /// Reserved.
+    pub reserved: AtomicU32,
+    /// Offset of the error ring.
+    pub errors_off: AtomicU64,
+    /// Offset of the VI table.
+    pub vi_off: AtomicU64,
+    /// Offset of the CQ table.
+    pub cq_off: AtomicU64,
+    /// Offset of the translation table.
+    pub tpt_off: AtomicU64,
+    /// Offset of the receive rings.
+    pub rq_off: AtomicU64,
+    /// Total length of the segment.
+    pub len: AtomicU64,
+    _pad: [AtomicU64; 6],
+    /// Wakes the owner's provider thread (Notify, async errors).
+    pub notify: EventCount,
+}
+
+/// Bits of [`ViShared::interest`].
+pub mod interest {
+    /// A Notify handler waits on the receive queue.
+    pub const RECV_NOTIFY: u32 = 1;
+    /// A Notify handler waits on the send queue.
+    pub const SEND_NOTIFY: u32 = 2;
+}
+
+/// Bits of [`ViShared::flags`] and [`TptEntry::flags`].
+pub mod flags {
+    /// RDMA write allowed.
+    pub const RDMA_WRITE: u32 = 1;
+    /// RDMA read allowed.
+    pub const RDMA_READ: u32 = 2;
+}
+
+/// What a peer's engine needs to know about one of the owner's VIs.
+#[repr(C, align(64))]
+pub struct ViShared {
+    /// Generation of the VI occupying this slot (0 = free).
+    pub generation: AtomicU32,
+    /// Reliability level bits.
+    pub reliability: AtomicU32,
+    /// [`flags`] of the VI (RDMA enables).
+    pub flags: AtomicU32,
+    /// Protection tag id.
+    pub ptag: AtomicU32,
+    /// Receive CQ index + 1 (0 = none).
+    pub recv_cq: AtomicU32,
+    /// Send CQ index + 1 (0 = none).
+    pub send_cq: AtomicU32,
+    /// [`interest`] bits, read by completers after each completion.
+    pub interest: AtomicU32,
+    _pad: [AtomicU32; 9],
+    /// Sleepers in `VipRecvWait` on this VI.
+    pub recv_wake: EventCount,
+    /// Sleepers in `VipSendWait` on this VI.
+    pub send_wake: EventCount,
+}
+
+/// What a peer's engine needs to know about one of the owner's CQs.
+#[repr(C, align(64))]
+pub struct CqShared {
+    /// Generation of the CQ ring file (changes on resize); 0 = no CQ.
+    pub generation: AtomicU32,
+    /// 0 = entry ring (CQ1), 1 = scan (CQ2, no ring: completers only wake).
+    pub mode: AtomicU32,
+    /// A Notify handler waits on this CQ.
+    pub interest: AtomicU32,
+    _pad: [AtomicU32; 13],
+    /// Sleepers in `VipCQWait`.
+    pub wake: EventCount,
+}
+
+/// One backing extent of a region: `len` bytes at virtual address `va` live
+/// in `arena` at `arena_off` (`arena == CMA`: reached by cross-memory attach
+/// at the owner's virtual address). Extents are whole pages, so the first
+/// may start before the region.
+#[repr(C)]
+pub struct TptExtent {
+    /// First virtual address.
+    pub va: AtomicU64,
+    /// Bytes.
+    pub len: AtomicU64,
+    /// Arena id, or `shm::arena::CMA`.
+    pub arena: AtomicU32,
+    _pad: AtomicU32,
+    /// Offset in the arena file.
+    pub arena_off: AtomicU64,
+}
+
+/// One translation and protection table entry (a registered region).
+///
+/// Written only by the owner under a seqlock: `seq` is odd while the entry
+/// changes. Readers copy the fields and retry if `seq` changed.
+#[repr(C, align(64))]
+pub struct TptEntry {
+    /// Seqlock counter.
+    pub seq: AtomicU32,
+    /// Handle check bits (low 16) and `VALID` (bit 31).
+    pub check: AtomicU32,
+    /// [`flags`] (RDMA enables) of the region.
+    pub flags: AtomicU32,
+    /// Protection tag id.
+    pub ptag: AtomicU32,
+    /// First virtual address of the region.
+    pub va: AtomicU64,
+    /// Length of the region.
+    pub len: AtomicU64,
+    /// Extents in use.
+    pub n_extents: AtomicU32,
+    _pad: [AtomicU32; 7],
+    /// Backing extents, in address order.
+    pub extents: [TptExtent; MAX_EXTENTS],
+}
+
+/// One data segment of a pre-translated receive descriptor: `len` bytes at
+/// `off` in the region of `handle`.
+#[repr(C)]
+pub struct RecvSeg {
+    /// Offset in the region.
+    pub off: AtomicU64,
+    /// Bytes.
+    pub len: AtomicU32,
+    /// Memory handle of the region.
+    pub handle: AtomicU32,
+}
+
+/// A posted receive descriptor, pre-translated by the owner at post time.
+///
+/// `seq` encodes `position * 4 + state` (see [`slot`]). The header and the
+/// first segment share the first cache line, so a one-segment receive costs
+/// the consumer one line.
+#[repr(C, align(64))]
+pub struct RecvSlot {
+    /// Ring position and state.
+    pub seq: AtomicU64,
+    /// Offset of the user descriptor in the region of `desc_handle`.
+    pub desc_off: AtomicU64,
+    /// Memory handle covering the user descriptor.
+    pub desc_handle: AtomicU32,
+    /// Segments in use.
+    pub seg_count: AtomicU32,
+    /// Sum of the segment lengths.
+    pub capacity: AtomicU32,
+    _pad: AtomicU32,
+    /// Segments.
+    pub segs: [RecvSeg; MAX_SEGS],
+}
+
+/// One local data segment of a send: `len` bytes at virtual address `va` in
+/// the region of `handle` (checked at post time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LocalSeg {
+    /// Virtual address in the posting process.
+    pub va: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Memory handle.
+    pub handle: u32,
+}
+
+/// A physical send descriptor: what the engine needs to run one posted send,
+/// RDMA write or RDMA read, translated and checked at post time. This is the
+/// doorbell entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SendPd {
+    /// VI slot.
+    pub vi: u32,
+    /// VI generation.
+    pub vi_gen: u32,
+    /// `CS.Control` of the descriptor.
+    pub control: u16,
+    /// Local segments in use.
+    pub seg_count: u16,
+    /// Error status found at post time (0 = none): the engine completes the
+    /// descriptor with it, in order.
+    pub fault: u32,
+    /// Immediate data.
+    pub imm: u32,
+    /// Total bytes.
+    pub length: u32,
+    /// Virtual address of the user descriptor.
+    pub desc_va: u64,
+    /// Memory handle covering the user descriptor.
+    pub desc_handle: u32,
+    /// Bytes of payload carried in `inline` (0 = use the segments).
+    pub inline_len: u32,
+    /// Remote address of an RDMA operation.
+    pub remote_va: u64,
+    /// Remote memory handle of an RDMA operation.
+    pub remote_handle: u32,
+    /// Queue position of the descriptor in its VI's send queue.
+    pub seq: u32,
+    /// Local segments.
+    pub segs: [LocalSeg; MAX_SEGS],
+    /// Inline payload.
+    pub inline: [u8; MAX_INLINE],
+}
+
+// SAFETY: #[repr(C)] of integers and arrays of integers: every bit pattern is
+// a valid value and there are no pointers.
+unsafe impl doorbell::Plain for SendPd {}
+
+impl Default for SendPd {
+    fn default() -> Self {
+        SendPd {
+            vi: 0,
+            vi_gen: 0,
+            control: 0,
+            seg_count: 0,
+            fault: 0,
+            imm: 0,
+            length: 0,
+            desc_va: 0,
+            desc_handle: 0,
+            inline_len: 0,
+            remote_va: 0,
+            remote_handle: 0,
+            seq: 0,
+            segs: [LocalSeg::default(); MAX_SEGS],
+            inline: [0; MAX_INLINE],
+        }
+    }
+}
+
+/// Receive slot states, the low two bits of [`RecvSlot::seq`].
+pub mod slot {
+    /// Filled by the owner; the peer may take it.
+    pub const POSTED: u64 = 1;
+    /// Taken by the peer's engine, which is moving data into it.
+    pub const TAKEN: u64 = 2;
+    /// Completed by the peer, or flushed by the owner.
+    pub const DONE: u64 = 3;
+
+    /// The `seq` value of `state` at ring position `pos`.
+    pub const fn seq(pos: u64, state: u64) -> u64 {
+        pos.wrapping_mul(4) | state
+    }
+}
+
+// SAFETY (all four): #[repr(C)], only atomics and arrays of Shared types,
+// all-zero is the initial state, alignment 64 or less.
+unsafe impl Shared for NicHeader {}
+// SAFETY: as above.
+unsafe impl Shared for ViShared {}
+// SAFETY: as above.
+unsafe impl Shared for CqShared {}
+// SAFETY: as above.
+unsafe impl Shared for TptEntry {}
+// SAFETY: as above.
+unsafe impl Shared for RecvSlot {}
+
+const _: () = {
+    assert!(size_of::<NicHeader>() == 192);
+    assert!(std::mem::offset_of!(NicHeader, notify) == 128);
+    assert!(size_of::<ViShared>() == 192);
+    assert!(size_of::<CqShared>() == 128);
+    assert!(size_of::<TptExtent>() == 32);
+    assert!(size_of::<TptEntry>() == 320);
+    assert!(std::mem::offset_of!(TptEntry, extents) == 64);
+    assert!(size_of::<RecvSlot>() == 320);
+    assert!(std::mem::offset_of!(RecvSlot, segs) == 32);
+    assert!(size_of::<LocalSeg>() == 16);
+    assert!(std::mem::offset_of!(SendPd, segs) == 56);
+    assert!(size_of::<SendPd>() == 376);
+};
+
+/// Byte offsets of the parts of a NIC segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offsets {
+    /// Async error ring.
+    pub errors: usize,
+    /// VI table.
+    pub vi: usize,
+    /// CQ table.
+    pub cq: usize,
+    /// Translation table.
+    pub tpt: usize,
+    /// Receive rings.
+    pub rq: usize,
+    /// Total length.
+    pub len: usize,
+}
+
+const fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// The layout of this version.
+pub const OFFSETS: Offsets = {
+    let page = 4096;
+    let errors = page;
+    let vi = round_up(errors + cq::EntryRing::bytes_for(ERROR_RING), page);
+    let cqt = round_up(vi + MAX_VI as usize * size_of::<ViShared>(), page);
+    let tpt = round_up(cqt + MAX_CQ as usize * size_of::<CqShared>(), page);
+    let rq = round_up(tpt + MAX_REGIONS as usize * size_of::<TptEntry>(), page);
+    let len = rq + MAX_VI as usize * RQ_SLOTS as usize * size_of::<RecvSlot>();
+    Offsets {
+        errors,
+        vi,
+        cq: cqt,
+        tpt,
+        rq,
+        len,
+    }
+};
+
+/// Why a segment was refused at attach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutError(pub &'static str);
+
+impl std::fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bad NIC segment: {}", self.0)
+    }
+}
+
+/// Typed, bounds-checked access to a NIC segment mapping.
+pub struct NicView<'a> {
+    map: &'a Mapping,
+}
+
+impl<'a> NicView<'a> {
+    /// Formats a fresh (zero-filled) mapping as the segment of `nic_id`.
+    pub fn init(map: &'a Mapping, session: u64, nic_id: u32, pid: u32) -> Result<NicView<'a>, LayoutError> {
+        if map.len() < OFFSETS.len {
+            return Err(LayoutError("mapping too short"));
+        }
+        let v = NicView { map };
+        let h = v.header();
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.pid.store(pid, Ordering::Relaxed);
+        h.session.store(session, Ordering::Relaxed);
+        h.nic_id.store(nic_id, Ordering::Relaxed);
+        h.errors_off.store(OFFSETS.errors as u64, Ordering::Relaxed);
+        h.vi_off.store(OFFSETS.vi as u64, Ordering::Relaxed);
+        h.cq_off.store(OFFSETS.cq as u64, Ordering::Relaxed);
+        h.tpt_off.store(OFFSETS.tpt as u64, Ordering::Relaxed);
+        h.rq_off.store(OFFSETS.rq as u64, Ordering::Relaxed);
+        h.len.store(OFFSETS.len as u64, Ordering::Relaxed);
+        // Release: publishes the fields above; pairs with the Acquire in `attach`.
+        h.magic.store(NIC_MAGIC, Ordering::Release);
+        Ok(v)
+    }
+
+    /// Validates a segment mapped from a peer.
+    pub fn attach(map: &'a Mapping) -> Result<NicView<'a>, LayoutError> {
+        if map.len() < OFFSETS.len {
+            return Err(LayoutError("mapping too short"));
+        }
+        let v = NicView { map };
+        let h = v.header();
+        // Acquire: pairs with the Release in `init`.
+        if h.magic.load(Ordering::Acquire) != NIC_MAGIC {
+            return Err(LayoutError("magic"));
+        }
+        if h.version.load(Ordering::Relaxed) != VERSION {
+            return Err(LayoutError("version"));
+        }
+        let same = h.errors_off.load(Ordering::Relaxed) == OFFSETS.errors as u64
+            && h.vi_off.load(Ordering::Relaxed) == OFFSETS.vi as u64
+            && h.cq_off.load(Ordering::Relaxed) == OFFSETS.cq as u64
+            && h.tpt_off.load(Ordering::Relaxed) == OFFSETS.tpt as u64
+            && h.rq_off.load(Ordering::Relaxed) == OFFSETS.rq as u64
+            && h.len.load(Ordering::Relaxed) == OFFSETS.len as u64;
+        if !same {
+            return Err(LayoutError("offsets"));
+        }
+        Ok(v)
+    }
+
+    /// A view of a segment that was validated with [`NicView::attach`] or
+    /// created with [`NicView::init`] before (all accessors stay bounds
+    /// checked, so a stale validation can only give wrong values).
+    pub fn trusted(map: &'a Mapping) -> NicView<'a> {
+        NicView { map }
+    }
+
+    /// The mapping.
+    pub fn mapping(&self) -> &'a Mapping {
+        self.map
+    }
+
+    /// The header.
+    pub fn header(&self) -> &'a NicHeader {
+        self.map.view(0).expect("checked length")
+    }
+
+    /// VI slot `i` (`None` if out of range).
+    pub fn vi(&self, i: u32) -> Option<&'a ViShared> {
+        (i < MAX_VI).then(|| self.map.view(OFFSETS.vi + i as usize * size_of::<ViShared>()))?
+    }
+
+    /// CQ slot `i`.
+    pub fn cq(&self, i: u32) -> Option<&'a CqShared> {
+        (i < MAX_CQ).then(|| self.map.view(OFFSETS.cq + i as usize * size_of::<CqShared>()))?
+    }
+
+    /// Translation table entry `i` (index 0 is never valid).
+    pub fn tpt(&self, i: u32) -> Option<&'a TptEntry> {
+        (i > 0 && i < MAX_REGIONS).then(|| self.map.view(OFFSETS.tpt + i as usize * size_of::<TptEntry>()))?
+    }
+
+    /// Receive slot for ring position `pos` of VI `vi`.
+    pub fn rq_slot(&self, vi: u32, pos: u64) -> Option<&'a RecvSlot> {
+        if vi >= MAX_VI {
+            return None;
+        }
+        let idx = vi as usize * RQ_SLOTS as usize + (pos % RQ_SLOTS as u64) as usize;
+        self.map.view(OFFSETS.rq + idx * size_of::<RecvSlot>())
+    }
+
+    /// Byte range of the error ring.
+    pub fn errors_range(&self) -> (usize, usize) {
+        (OFFSETS.errors, cq::EntryRing::bytes_for(ERROR_RING))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_are_aligned_and_ordered() {
+        let o = OFFSETS;
+        assert!(o.errors < o.vi && o.vi < o.cq && o.cq < o.tpt && o.tpt < o.rq && o.rq < o.len);
+        for x in [o.errors, o.vi, o.cq, o.tpt, o.rq] {
+            assert_eq!(x % 4096, 0);
+        }
+    }
+
+    #[test]
+    fn init_then_attach() {
+        let (_fd, m) = Mapping::create("via-layout-test", OFFSETS.len).unwrap();
+        assert!(NicView::attach(&m).is_err(), "zero memory has no magic");
+        let v = NicView::init(&m, 7, 3, 99).unwrap();
+        assert!(v.vi(MAX_VI).is_none());
+        assert!(v.tpt(0).is_none());
+        assert!(v.tpt(MAX_REGIONS - 1).is_some());
+        assert!(v.rq_slot(MAX_VI - 1, u64::MAX).is_some());
+        let a = NicView::attach(&m).unwrap();
+        assert_eq!(a.header().session.load(Ordering::Relaxed), 7);
+        a.header().version.store(9, Ordering::Relaxed);
+        assert_eq!(NicView::attach(&m).err(), Some(LayoutError("version")));
+    }
+}

@@ -1,0 +1,335 @@
+//! Owned mappings of shared memory files, with bounds-checked access.
+//!
+//! Every byte the provider moves between processes goes through a
+//! [`Mapping`]: the offsets come from memory another process can write, so
+//! each access checks `off + len <= self.len()` and fails instead of touching
+//! memory outside the mapping.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// A type that may be viewed in place in shared memory.
+///
+/// # Safety
+/// The implementor is `#[repr(C)]`, every field is an atomic integer, an
+/// array of them, or another `Shared` type (so concurrent writes by other
+/// processes are not data races), every bit pattern is a valid value (all-zero
+/// is the initial state of a fresh memory file), and its alignment is at most
+/// 64.
+pub unsafe trait Shared: Sync {}
+
+// SAFETY: atomics are valid for every bit pattern and tolerate concurrent access.
+unsafe impl Shared for AtomicU32 {}
+// SAFETY: as above.
+unsafe impl Shared for AtomicU64 {}
+
+/// An owned `mmap` of (part of) a memory file. Unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; all access goes through atomics or
+// bounds-checked byte copies, so it may be shared and sent between threads.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` at `offset`, shared and read-write.
+    pub fn map_shared(fd: &OwnedFd, offset: u64, len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        let off = libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a new mapping at an address chosen by the kernel does not
+        // alias any Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
+            len,
+        })
+    }
+
+    /// Creates a memory file of `len` bytes (zero-filled) and maps it.
+    pub fn create(name: &str, len: usize) -> io::Result<(OwnedFd, Mapping)> {
+        let fd = crate::sys::memfd_create(name)?;
+        crate::sys::ftruncate(&fd, len as u64)?;
+        let map = Mapping::map_shared(&fd, 0, len)?;
+        Ok((fd, map))
+    }
+
+    /// Maps `len` bytes of private anonymous memory (for [`Mapping::user_range`]).
+    pub fn anonymous(len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        // SAFETY: a new mapping at an address chosen by the kernel does not
+        // alias any Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
+            len,
+        })
+    }
+
+    /// The whole mapping as a range to register. Safe: the pages belong to
+    /// this mapping alone (no other data shares them), they stay mapped while
+    /// `self` lives, and access goes through copies, so moving them into an
+    /// arena loses nothing.
+    pub fn user_range(&self) -> super::arena::UserRange {
+        // SAFETY: see the doc comment; `self` outlives the registration
+        // because the owner deregisters before dropping the mapping.
+        unsafe { super::arena::UserRange::new(self.addr(), self.len) }
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never true: mappings are non-empty).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of the first byte (for logs and tests).
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    fn check(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// Views a `T` at byte offset `off`; `None` if out of bounds or misaligned.
+    pub fn view<T: Shared>(&self, off: usize) -> Option<&T> {
+        if !self.check(off, size_of::<T>()) || (self.addr() + off) % align_of::<T>() != 0 {
+            return None;
+        }
+        // SAFETY: in bounds and aligned (checked above); `T: Shared` makes any
+        // bit pattern valid and concurrent access race-free; the reference
+        // borrows `self`, so the memory stays mapped while it lives.
+        Some(unsafe { &*self.ptr.as_ptr().add(off).cast::<T>() })
+    }
+
+    /// Views `count` consecutive `T`s at `off`.
+    pub fn slice<T: Shared>(&self, off: usize, count: usize) -> Option<&[T]> {
+        let bytes = size_of::<T>().checked_mul(count)?;
+        if !self.check(off, bytes) || (self.addr() + off) % align_of::<T>() != 0 {
+            return None;
+        }
+        // SAFETY: as in `view`, for `count` elements.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off).cast::<T>(), count) })
+    }
+
+    /// The atomic word at `off` (must be 4-byte aligned).
+    pub fn u32_at(&self, off: usize) -> Option<&AtomicU32> {
+        self.view::<AtomicU32>(off)
+    }
+
+    /// Copies `dst.len()` bytes out of the mapping. `false` if out of bounds.
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> bool {
+        if !self.check(off, dst.len()) {
+            return false;
+        }
+        // SAFETY: the source range is inside the mapping (checked); `dst` is a
+        // distinct Rust buffer. Another process may write the source
+        // concurrently: the bytes read are then unspecified, never unsafe.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        true
+    }
+
+    /// Copies `src` into the mapping. `false` if out of bounds.
+    pub fn write(&self, off: usize, src: &[u8]) -> bool {
+        if !self.check(off, src.len()) {
+            return false;
+        }
+        // SAFETY: the destination range is inside the mapping (checked);
+        // `src` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) };
+        true
+    }
+
+    /// Copies `len` bytes from `src[src_off..]` to `dst[dst_off..]`.
+    /// `false` (and nothing copied) if either range is out of bounds.
+    pub fn copy(src: &Mapping, src_off: usize, dst: &Mapping, dst_off: usize, len: usize) -> bool {
+        if !src.check(src_off, len) || !dst.check(dst_off, len) {
+            return false;
+        }
+        // SAFETY: both ranges are inside their mappings (checked). They may
+        // be two views of the same pages, so use `copy` (memmove semantics).
+        unsafe { std::ptr::copy(src.ptr.as_ptr().add(src_off), dst.ptr.as_ptr().add(dst_off), len) };
+        true
+    }
+
+    /// Fills `len` bytes at `off` with zero.
+    pub fn zero(&self, off: usize, len: usize) -> bool {
+        if !self.check(off, len) {
+            return false;
+        }
+        // SAFETY: the range is inside the mapping (checked).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(off), 0, len) };
+        true
+    }
+
+    /// Pointer to `off` if `off + len` is inside the mapping. Using it is the
+    /// caller's business (ring views in `shm::rings`).
+    pub fn raw(&self, off: usize, len: usize) -> Option<NonNull<u8>> {
+        // SAFETY: in bounds (checked), so the pointer stays inside the mapping.
+        self.check(off, len).then(|| unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(off)) })
+    }
+
+    /// Moves `len` bytes from another process's memory at `remote` into the
+    /// mapping at `off` (`process_vm_readv`). `Ok(false)` if out of bounds.
+    pub fn cma_read_into(&self, off: usize, len: usize, pid: i32, remote: u64) -> io::Result<bool> {
+        if !self.check(off, len) {
+            return Ok(false);
+        }
+        let l = libc::iovec {
+            // SAFETY: in bounds (checked above).
+            iov_base: unsafe { self.ptr.as_ptr().add(off) }.cast(),
+            iov_len: len,
+        };
+        let r = libc::iovec {
+            iov_base: remote as usize as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: the local iovec lies inside our mapping; the remote one is
+        // validated by the kernel against the target process.
+        let n = unsafe { libc::process_vm_readv(pid, &l, 1, &r, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != len {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short cross-memory read"));
+        }
+        Ok(true)
+    }
+
+    /// Moves `len` bytes at `off` of the mapping into another process's
+    /// memory at `remote` (`process_vm_writev`). `Ok(false)` if out of bounds.
+    pub fn cma_write_from(&self, off: usize, len: usize, pid: i32, remote: u64) -> io::Result<bool> {
+        if !self.check(off, len) {
+            return Ok(false);
+        }
+        let l = libc::iovec {
+            // SAFETY: in bounds (checked above).
+            iov_base: unsafe { self.ptr.as_ptr().add(off) }.cast(),
+            iov_len: len,
+        };
+        let r = libc::iovec {
+            iov_base: remote as usize as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: as in `cma_read_into`.
+        let n = unsafe { libc::process_vm_writev(pid, &l, 1, &r, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != len {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short cross-memory write"));
+        }
+        Ok(true)
+    }
+
+    /// Creates a second mapping of the same pages (`mremap` with
+    /// `old_size == 0`), used to get a library-owned view of pages that are
+    /// also mapped elsewhere.
+    pub fn duplicate(&self, off: usize, len: usize) -> io::Result<Mapping> {
+        if !self.check(off, len) || len == 0 {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        // SAFETY: the source is a shared mapping we own; mremap with
+        // old_size 0 creates a new mapping and leaves the old one intact.
+        unsafe { dup_mapping(self.ptr.as_ptr().add(off) as usize, len) }
+    }
+}
+
+/// Maps the same pages as the shared mapping at `addr` a second time.
+///
+/// # Safety
+/// `addr..addr + len` must lie in a `MAP_SHARED` mapping of this process.
+pub(crate) unsafe fn dup_mapping(addr: usize, len: usize) -> io::Result<Mapping> {
+    // SAFETY: guaranteed by the caller; the new mapping is chosen by the kernel.
+    let p = unsafe { libc::mremap(addr as *mut libc::c_void, 0, len, libc::MREMAP_MAYMOVE) };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Mapping {
+        ptr: NonNull::new(p.cast()).expect("mremap returned NULL"),
+        len,
+    })
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping; no reference derived from it outlives
+        // `self` (views borrow `self`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_checked() {
+        let (_fd, m) = Mapping::create("via-test", 4096).unwrap();
+        assert!(m.write(4090, &[1; 6]));
+        assert!(!m.write(4091, &[1; 6]));
+        assert!(!m.write(usize::MAX, &[1]));
+        let mut b = [0u8; 6];
+        assert!(m.read(4090, &mut b));
+        assert_eq!(b, [1; 6]);
+        assert!(m.view::<AtomicU64>(4096).is_none());
+        assert!(m.view::<AtomicU64>(4).is_none(), "misaligned");
+        assert!(m.slice::<AtomicU64>(0, 512).is_some());
+        assert!(m.slice::<AtomicU64>(0, 513).is_none());
+    }
+
+    #[test]
+    fn two_mappings_share_pages() {
+        let (fd, a) = Mapping::create("via-test", 8192).unwrap();
+        let b = Mapping::map_shared(&fd, 4096, 4096).unwrap();
+        assert!(a.write(4096 + 10, b"hello"));
+        let mut out = [0u8; 5];
+        assert!(b.read(10, &mut out));
+        assert_eq!(&out, b"hello");
+        let c = a.duplicate(4096, 4096).unwrap();
+        assert!(c.write(0, b"x"));
+        let mut one = [0u8; 1];
+        assert!(b.read(0, &mut one));
+        assert_eq!(&one, b"x");
+        assert!(Mapping::copy(&a, 4096, &a, 0, 16));
+        assert!(!Mapping::copy(&a, 8190, &a, 0, 16));
+    }
+}

@@ -1,0 +1,453 @@
+//! Raw system calls used by the provider, each wrapped in a safe function.
+//!
+//! This is the only module besides `shm/` and `ffi/` that calls into `libc`
+//! with raw pointers. Every wrapper checks its result and turns `-1` into an
+//! `io::Error`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn cvt_isize(r: isize) -> io::Result<usize> {
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Creates an anonymous memory file (`memfd_create`, close-on-exec).
+///
+/// The name shows up in `/proc/<pid>/maps` as `/memfd:<name> (deleted)`,
+/// which is how the registration path recognises its own arenas.
+pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
+    let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call.
+    let fd = cvt(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) })?;
+    // SAFETY: memfd_create returned a fresh descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets the size of a file.
+pub fn ftruncate(fd: &OwnedFd, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: plain syscall on an owned descriptor.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })?;
+    Ok(())
+}
+
+/// Size of the file behind `fd`.
+pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
+    // SAFETY: `st` is written by fstat before it is read.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.st_size as u64)
+}
+
+/// Reads into `local` from another process's memory at `remote`
+/// (`process_vm_readv`, cross-memory attach). Returns bytes read.
+pub fn process_vm_read(pid: i32, local: &mut [u8], remote: u64) -> io::Result<usize> {
+    let l = libc::iovec {
+        iov_base: local.as_mut_ptr().cast(),
+        iov_len: local.len(),
+    };
+    let r = libc::iovec {
+        iov_base: remote as usize as *mut libc::c_void,
+        iov_len: local.len(),
+    };
+    // SAFETY: the local iovec describes `local`, which we borrow mutably; the
+    // remote iovec is only interpreted by the kernel in the target process and
+    // is validated there.
+    cvt_isize(unsafe { libc::process_vm_readv(pid, &l, 1, &r, 1, 0) })
+}
+
+/// Writes `local` into another process's memory at `remote`
+/// (`process_vm_writev`). Returns bytes written.
+pub fn process_vm_write(pid: i32, local: &[u8], remote: u64) -> io::Result<usize> {
+    let l = libc::iovec {
+        iov_base: local.as_ptr() as *mut libc::c_void,
+        iov_len: local.len(),
+    };
+    let r = libc::iovec {
+        iov_base: remote as usize as *mut libc::c_void,
+        iov_len: local.len(),
+    };
+    // SAFETY: the local iovec describes `local` (only read by the kernel); the
+    // remote iovec is validated by the kernel in the target process.
+    cvt_isize(unsafe { libc::process_vm_writev(pid, &l, 1, &r, 1, 0) })
+}
+
+/// Credentials of the process at the other end of a Unix socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id.
+    pub pid: i32,
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// `SO_PEERCRED` of a connected Unix socket.
+pub fn peer_cred(fd: RawFd) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid out-pointers of the right size.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(PeerCred {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// A pidfd for `pid`: becomes readable when the whole process has exited.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// Maximum number of descriptors passed in one message.
+pub const MAX_FDS: usize = 4;
+
+/// Sends one datagram with optional descriptors (`SCM_RIGHTS`).
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    assert!(fds.len() <= MAX_FDS, "at most {MAX_FDS} fds per message");
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = [0u64; 8]; // 64 bytes, aligned for cmsghdr
+    // SAFETY: zeroed msghdr is a valid empty header; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let payload = std::mem::size_of_val(fds) as u32;
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
+        debug_assert!(space <= std::mem::size_of_val(&cbuf));
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points to `cbuf`, large enough for one cmsg
+        // carrying `fds` (checked above); CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    loop {
+        // SAFETY: `msg` describes live buffers for the duration of the call.
+        let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        match cvt_isize(r) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Receives one datagram into `buf` with up to [`MAX_FDS`] descriptors.
+/// Returns the byte count (0 = orderly shutdown) and the received fds.
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 16];
+    // SAFETY: zeroed msghdr is a valid empty header; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: `msg` describes live buffers for the duration of the call.
+        let r = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        match cvt_isize(r) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other?,
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG_* macros
+    // walk only within that buffer, and every fd in an SCM_RIGHTS payload is
+    // a fresh descriptor owned by us.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "message truncated"));
+    }
+    Ok((n, fds))
+}
+
+/// Current process id.
+pub fn getpid() -> i32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() }
+}
+
+/// Real user id.
+pub fn getuid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Whether process `pid` exists (signal 0).
+pub fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (viad holds one fd per
+/// shared object of every client).
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    // SAFETY: `lim` is a valid out-pointer.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to an rlimit.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: valid pointer to an rlimit.
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    Ok(lim.rlim_cur)
+}
+
+/// Bounds of the calling thread's stack (`pthread_getattr_np`).
+pub fn current_thread_stack() -> Option<std::ops::Range<usize>> {
+    // SAFETY: `attr` is initialised by pthread_getattr_np before use and
+    // destroyed afterwards; the out-pointers are valid.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let r = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if r != 0 {
+            return None;
+        }
+        Some(addr as usize..addr as usize + size)
+    }
+}
+
+/// `poll(2)` on a set of descriptors. Returns the number ready.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+    // SAFETY: `fds` is a valid slice of pollfd for the call.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    Ok(cvt(r)? as usize)
+}
+
+/// CPU time (user + system) of this process, for benchmarks.
+pub fn rusage_cpu() -> std::time::Duration {
+    // SAFETY: `ru` is a valid out-pointer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: all-zero is a valid sockaddr_un.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if name.len() + 1 > sa.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket name too long"));
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // Abstract namespace: sun_path[0] stays 0, the name follows.
+    for (i, b) in name.iter().enumerate() {
+        sa.sun_path[i + 1] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    Ok((sa, len as libc::socklen_t))
+}
+
+fn seqpacket_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Binds and listens on an abstract `SOCK_SEQPACKET` socket. Fails with
+/// `AddrInUse` if another process already listens there: the bind is the
+/// daemon's single-instance lock.
+pub fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket_socket()?;
+    let (sa, len) = abstract_addr(name)?;
+    // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) })?;
+    // SAFETY: plain syscall.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    Ok(fd)
+}
+
+/// Connects to an abstract `SOCK_SEQPACKET` socket.
+pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket_socket()?;
+    let (sa, len) = abstract_addr(name)?;
+    loop {
+        // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
+        let r = unsafe { libc::connect(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) };
+        match cvt(r) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(fd),
+        }
+    }
+}
+
+/// Accepts a connection (non-blocking listener: `WouldBlock` when none).
+pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: null address pointers are allowed by accept4.
+    let fd = cvt(unsafe { libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })?;
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets or clears `O_NONBLOCK`.
+pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we hold.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+/// Sets a receive timeout on a socket.
+pub fn set_recv_timeout(fd: RawFd, t: std::time::Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: `tv` is a valid timeval of the stated size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+/// Detaches the calling process from its session and terminal (`setsid`).
+pub fn setsid() -> io::Result<()> {
+    // SAFETY: plain syscall.
+    cvt(unsafe { libc::setsid() })?;
+    Ok(())
+}
+
+/// Host name (`gethostname`).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is valid for its length.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Number of threads in this process (from `/proc/self/status`).
+pub fn thread_count() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// Forks; the parent exits at once with status 0 and the child returns,
+/// detached from the session and with stdio on `/dev/null` (or on `log`).
+/// Only allowed while the process has a single thread.
+pub fn daemonize(log: Option<&std::path::Path>) -> io::Result<()> {
+    if thread_count() != Some(1) {
+        return Err(io::Error::other("daemonize needs a single-threaded process"));
+    }
+    // SAFETY: the process has one thread (checked above), so the child is a
+    // complete copy and may run arbitrary code.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            setsid()?;
+            let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+            let out = match log {
+                Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p)?,
+                None => null.try_clone()?,
+            };
+            for (src, dst) in [(null.as_raw_fd(), 0), (out.as_raw_fd(), 1), (out.as_raw_fd(), 2)] {
+                // SAFETY: dup2 onto the standard descriptors, which we own.
+                cvt(unsafe { libc::dup2(src, dst) })?;
+            }
+            Ok(())
+        }
+        // SAFETY: _exit skips atexit handlers and destructors that belong to the child now.
+        _ => unsafe { libc::_exit(0) },
+    }
+}
+
+/// Path of the shared object (or executable) that contains this code, from
+/// `dladdr`: lets `libvipl.so` find the `viad` installed beside it.
+pub fn own_object_path() -> Option<std::path::PathBuf> {
+    // SAFETY: `info` is written by dladdr before it is read; the address is
+    // that of a function in this object.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        let addr = own_object_path as *const () as *const libc::c_void;
+        if libc::dladdr(addr, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        let c = std::ffi::CStr::from_ptr(info.dli_fname);
+        Some(std::path::PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked(c.to_bytes())))
+    }
+}

@@ -1,0 +1,319 @@
+//! The translation and protection table: registered regions by memory handle.
+//!
+//! The table lives in the NIC segment ([`crate::shm::layout::TptEntry`]) so
+//! that the engines of connected peers can check an RDMA target or a
+//! pre-translated receive against it without asking the owner. The owner is
+//! the only writer and uses a seqlock per entry; readers take a consistent
+//! [`Snapshot`] and retry (bounded) while an entry changes.
+//!
+//! A memory handle (`VIP_MEM_HANDLE`) is `check << 16 | index`: `index`
+//! selects the entry, `check` mixes the entry's generation with a per-NIC
+//! salt, so a deregistered handle or a handle of another NIC is refused.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{Ordering, fence};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::shm::arena::Extent;
+use crate::shm::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
+use crate::shm::mapping::Mapping;
+
+/// Bit of [`TptEntry::check`] marking a live entry.
+pub const VALID: u32 = 1 << 31;
+
+/// A registered region as seen at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Handle check bits.
+    pub check: u16,
+    /// RDMA enable flags.
+    pub flags: u32,
+    /// Protection tag id.
+    pub ptag: u32,
+    /// First address.
+    pub va: u64,
+    /// Length.
+    pub len: u64,
+    /// Extents in use.
+    pub n_extents: usize,
+    /// Extents (virtual address, len, arena, arena offset); the first may
+    /// start before the region (extents are whole pages).
+    pub extents: [Extent; MAX_EXTENTS],
+}
+
+const NO_EXTENT: Extent = Extent {
+    va: 0,
+    len: 0,
+    arena: 0,
+    arena_off: 0,
+};
+
+impl Snapshot {
+    /// Whether `va..va+len` lies inside the region.
+    pub fn covers(&self, va: u64, len: u64) -> bool {
+        va >= self.va && va.checked_add(len).is_some_and(|e| e <= self.va + self.len)
+    }
+
+    /// Locates `len` bytes at region offset `off`: returns the extent holding
+    /// `off` and how many bytes of the request it covers.
+    pub fn locate(&self, off: u64) -> Option<(Extent, u64)> {
+        let va = self.va.checked_add(off)?;
+        for e in &self.extents[..self.n_extents] {
+            if va >= e.va && va - e.va < e.len {
+                let within = va - e.va;
+                return Some((
+                    Extent {
+                        va,
+                        len: e.len - within,
+                        arena: e.arena,
+                        arena_off: e.arena_off + within,
+                    },
+                    e.len - within,
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// Splits a handle into (index, check).
+pub fn split(handle: u32) -> (u32, u16) {
+    (handle & 0xffff, (handle >> 16) as u16)
+}
+
+/// Reads entry `index` of a (possibly remote, untrusted) table and checks it
+/// against `check`. `None` if the handle is invalid or the entry keeps
+/// changing.
+pub fn read(view: &NicView<'_>, handle: u32) -> Option<Snapshot> {
+    let (index, check) = split(handle);
+    let e = view.tpt(index)?;
+    snapshot(e).filter(|s| s.check == check)
+}
+
+fn snapshot(e: &TptEntry) -> Option<Snapshot> {
+    for _ in 0..64 {
+        // Acquire: pairs with the Release that ends a write, so the fields
+        // below are at least as new as this sequence value.
+        let s1 = e.seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let check = e.check.load(Ordering::Relaxed);
+        let mut snap = Snapshot {
+            check: check as u16,
+            flags: e.flags.load(Ordering::Relaxed),
+            ptag: e.ptag.load(Ordering::Relaxed),
+            va: e.va.load(Ordering::Relaxed),
+            len: e.len.load(Ordering::Relaxed),
+            n_extents: (e.n_extents.load(Ordering::Relaxed) as usize).min(MAX_EXTENTS),
+            extents: [NO_EXTENT; MAX_EXTENTS],
+        };
+        for i in 0..snap.n_extents {
+            let x = &e.extents[i];
+            snap.extents[i] = Extent {
+                va: x.va.load(Ordering::Relaxed),
+                len: x.len.load(Ordering::Relaxed),
+                arena: x.arena.load(Ordering::Relaxed),
+                arena_off: x.arena_off.load(Ordering::Relaxed),
+            };
+        }
+        // Acquire fence: the field loads above happen before the re-check.
+        fence(Ordering::Acquire);
+        if e.seq.load(Ordering::Relaxed) == s1 {
+            if check & VALID == 0 || snap.va.checked_add(snap.len).is_none() {
+                return None;
+            }
+            return Some(snap);
+        }
+    }
+    log::warn!("translation entry kept changing; treating it as invalid");
+    None
+}
+
+struct Alloc {
+    gens: Vec<u16>,
+    free: std::collections::VecDeque<u32>,
+    next: u32,
+}
+
+/// The owner's side of the table.
+pub struct TranslationTable {
+    map: Arc<Mapping>,
+    salt: u16,
+    alloc: Mutex<Alloc>,
+}
+
+impl TranslationTable {
+    /// The table inside the NIC segment `map`; `salt` distinguishes NICs.
+    pub fn new(map: Arc<Mapping>, salt: u16) -> TranslationTable {
+        TranslationTable {
+            map,
+            salt,
+            alloc: Mutex::new(Alloc {
+                gens: vec![0; MAX_REGIONS as usize],
+                free: Default::default(),
+                next: 1,
+            }),
+        }
+    }
+
+    fn view(&self) -> NicView<'_> {
+        NicView::attach(&self.map).expect("own segment")
+    }
+
+    fn check_of(&self, generation: u16) -> u16 {
+        (generation ^ self.salt).max(1)
+    }
+
+    fn write(e: &TptEntry, f: impl FnOnce(&TptEntry)) {
+        let s = e.seq.load(Ordering::Relaxed);
+        e.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        // Release fence: orders the odd sequence before the field stores, so
+        // a reader that sees a new field also sees the odd sequence.
+        fence(Ordering::Release);
+        f(e);
+        // Release: publishes the fields; pairs with the Acquire in `snapshot`.
+        e.seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Adds a region; returns its memory handle.
+    ///
+    /// # Errors
+    /// `Resource` when the table is full or the region needs more than
+    /// [`MAX_EXTENTS`] extents.
+    pub fn insert(&self, va: u64, len: u64, ptag: u32, flags: u32, extents: &[Extent]) -> Result<u32> {
+        if extents.len() > MAX_EXTENTS {
+            return Err(Error::Resource);
+        }
+        let (index, generation) = {
+            let mut a = self.alloc.lock().unwrap();
+            let index = match a.free.pop_front() {
+                Some(i) => i,
+                None if a.next < MAX_REGIONS => {
+                    a.next += 1;
+                    a.next - 1
+                }
+                None => return Err(Error::Resource),
+            };
+            a.gens[index as usize] = a.gens[index as usize].wrapping_add(1);
+            (index, a.gens[index as usize])
+        };
+        let check = self.check_of(generation);
+        let view = self.view();
+        let e = view.tpt(index).expect("index in range");
+        Self::write(e, |e| {
+            e.flags.store(flags, Ordering::Relaxed);
+            e.ptag.store(ptag, Ordering::Relaxed);
+            e.va.store(va, Ordering::Relaxed);
+            e.len.store(len, Ordering::Relaxed);
+            e.n_extents.store(extents.len() as u32, Ordering::Relaxed);
+            for (slot, x) in e.extents.iter().zip(extents) {
+                slot.va.store(x.va, Ordering::Relaxed);
+                slot.len.store(x.len, Ordering::Relaxed);
+                slot.arena.store(x.arena, Ordering::Relaxed);
+                slot.arena_off.store(x.arena_off, Ordering::Relaxed);
+            }
+            e.check.store(VALID | check as u32, Ordering::Relaxed);
+        });
+        Ok(((check as u32) << 16) | index)
+    }
+
+    /// Looks up a handle of this table.
+    pub fn lookup(&self, handle: u32) -> Option<Snapshot> {
+        read(&self.view(), handle)
+    }
+
+    /// Invalidates a handle; returns the region as it was.
+    ///
+    /// # Errors
+    /// `InvalidParameter` if the handle is not live.
+    pub fn remove(&self, handle: u32) -> Result<Snapshot> {
+        let snap = self.lookup(handle).ok_or(Error::InvalidParameter)?;
+        let (index, _) = split(handle);
+        let view = self.view();
+        Self::write(view.tpt(index).expect("checked"), |e| e.check.store(0, Ordering::Relaxed));
+        self.alloc.lock().unwrap().free.push_back(index);
+        Ok(snap)
+    }
+
+    /// Changes the protection attributes of a live region.
+    ///
+    /// # Errors
+    /// `InvalidParameter` if the handle is not live.
+    pub fn set_attributes(&self, handle: u32, ptag: u32, flags: u32) -> Result<()> {
+        self.lookup(handle).ok_or(Error::InvalidParameter)?;
+        let (index, _) = split(handle);
+        let view = self.view();
+        Self::write(view.tpt(index).expect("checked"), |e| {
+            e.ptag.store(ptag, Ordering::Relaxed);
+            e.flags.store(flags, Ordering::Relaxed);
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::arena::CMA;
+    use crate::shm::layout::OFFSETS;
+
+    fn table(salt: u16) -> TranslationTable {
+        let (_fd, m) = Mapping::create("via-tpt-test", OFFSETS.len).unwrap();
+        NicView::init(&m, 1, 1, 1).unwrap();
+        TranslationTable::new(Arc::new(m), salt)
+    }
+
+    #[test]
+    fn insert_lookup_remove() {
+        let t = table(0x1234);
+        let ext = [
+            Extent {
+                va: 0x10000,
+                len: 0x1000,
+                arena: 3,
+                arena_off: 0,
+            },
+            Extent {
+                va: 0x11000,
+                len: 0x1000,
+                arena: CMA,
+                arena_off: 0x11000,
+            },
+        ];
+        let h = t.insert(0x10100, 0x1800, 7, 1, &ext).unwrap();
+        assert_ne!(h, 0);
+        let s = t.lookup(h).unwrap();
+        assert_eq!((s.va, s.len, s.ptag, s.flags, s.n_extents), (0x10100, 0x1800, 7, 1, 2));
+        assert!(s.covers(0x10100, 0x1800));
+        assert!(!s.covers(0x10100, 0x1801));
+        assert!(!s.covers(0x100ff, 1));
+        // Offset 0 of the region is 0x100 into the first extent.
+        let (e, n) = s.locate(0).unwrap();
+        assert_eq!((e.arena, e.arena_off, n), (3, 0x100, 0xf00));
+        let (e, _) = s.locate(0xf00).unwrap();
+        assert_eq!((e.arena, e.arena_off), (CMA, 0x11000));
+        t.set_attributes(h, 8, 3).unwrap();
+        assert_eq!(t.lookup(h).unwrap().ptag, 8);
+        t.remove(h).unwrap();
+        assert!(t.lookup(h).is_none(), "deregistered handle refused");
+        assert_eq!(t.remove(h), Err(Error::InvalidParameter));
+        let h2 = t.insert(1, 1, 1, 0, &[]).unwrap();
+        assert_eq!(h2 & 0xffff, h & 0xffff, "slot reused");
+        assert_ne!(h2, h, "with a new check");
+        assert!(t.lookup(h).is_none());
+    }
+
+    #[test]
+    fn handles_of_another_table_are_refused() {
+        let a = table(0x1111);
+        let b = table(0x2222);
+        let ha = a.insert(0, 10, 1, 0, &[]).unwrap();
+        b.insert(0, 10, 1, 0, &[]).unwrap();
+        assert!(b.lookup(ha).is_none());
+        assert!(a.lookup(0).is_none());
+        assert!(a.lookup(0xffff_ffff).is_none());
+    }
+}

@@ -1,0 +1,608 @@
+//! The Virtual Interface: two work queues and a connection state machine.
+//!
+//! ```text
+//!            connect request/accept/peer          break (error, peer lost,
+//!   IDLE ─────────► CONNECT_PENDING ─────► CONNECTED ────── remote disconnect) ──► ERROR
+//!    ▲                   │ refused/timeout       │                                 │
+//!    └───────────────────┘◄──────── VipDisconnect┴─────────────────────────────────┘
+//! ```
+//!
+//! Each work queue is a FIFO of posted descriptors kept here (for
+//! `Vip*Done`/`Vip*Wait`, which dequeue in posting order); completion is
+//! written into the descriptor in memory by whichever engine ran it.
+//! Receives are also published, pre-translated, in the VI's receive ring in
+//! the NIC segment, where the connected peer's engine takes them.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::agent::Pending;
+use crate::attrs::{Reliability, ViAttributes, ViState};
+use crate::backend::soft::complete;
+use crate::backend::soft::remote::PeerLink;
+use crate::cq::CqCore;
+use crate::descriptor::status;
+use crate::error::{Error, Result};
+use crate::nic::{AsyncError, ErrorCode, MAX_TRANSFER, NicInner, ResourceCode};
+use crate::proto::{Endpoint, NetAddr, Request};
+use crate::shm::layout::{RQ_SLOTS, ViShared, flags, interest};
+use crate::translate::{self, StatusLoc};
+
+/// A posted descriptor waiting to be dequeued.
+#[derive(Clone)]
+pub(crate) struct Posted {
+    pub desc_va: u64,
+    pub status: StatusLoc,
+    pub pos: u64,
+}
+
+/// One work queue as this process sees it.
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub fifo: VecDeque<Posted>,
+    /// Completions already returned by a scanning CQ (CQ2), from the head.
+    pub reported: usize,
+    /// Next ring position (receive queue) or sequence number (send queue).
+    pub tail: u64,
+    /// Receive ring positions before this one are finished (taken or flushed).
+    pub consumer_pos: u64,
+}
+
+/// A completed descriptor, dequeued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// Address of the descriptor.
+    pub desc: u64,
+    /// Its final `CS.Status`.
+    pub status: u32,
+}
+
+/// Which work queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    /// The send queue.
+    Send,
+    /// The receive queue.
+    Recv,
+}
+
+/// A notify handler: runs once, on the provider thread, with the dequeued
+/// descriptor.
+pub(crate) type ViHandler = Box<dyn FnOnce(Completion) + Send>;
+
+pub(crate) struct State {
+    pub state: ViState,
+    pub peer: Option<Endpoint>,
+    pub peer_request: Option<Pending>,
+    pub peer_local: Option<NetAddr>,
+}
+
+/// A VI.
+pub(crate) struct ViCore {
+    pub slot: u32,
+    pub generation: u16,
+    pub attrs: RwLock<ViAttributes>,
+    pub state: Mutex<State>,
+    /// Set (before the state changes) when the connection breaks, so the
+    /// engine stops using it at once.
+    pub broken: AtomicBool,
+    pub link: RwLock<Option<Arc<PeerLink>>>,
+    pub send: Mutex<Queue>,
+    pub recv: Mutex<Queue>,
+    pub send_cq: Option<Arc<CqCore>>,
+    pub recv_cq: Option<Arc<CqCore>>,
+    pub notify_send: Mutex<VecDeque<ViHandler>>,
+    pub notify_recv: Mutex<VecDeque<ViHandler>>,
+}
+
+fn check_attrs(nic: &NicInner, a: &ViAttributes) -> Result<()> {
+    if a.max_transfer_size == 0 || a.max_transfer_size > MAX_TRANSFER {
+        return Err(Error::InvalidMtu);
+    }
+    if !nic.ptag_valid(a.ptag) {
+        return Err(Error::InvalidPtag);
+    }
+    if a.enable_rdma_read && !a.reliability.is_reliable() {
+        return Err(Error::InvalidRdmaRead);
+    }
+    Ok(())
+}
+
+impl ViCore {
+    /// `VipCreateVi`.
+    pub fn create(
+        nic: &Arc<NicInner>,
+        attrs: ViAttributes,
+        send_cq: Option<Arc<CqCore>>,
+        recv_cq: Option<Arc<CqCore>>,
+    ) -> Result<Arc<ViCore>> {
+        check_attrs(nic, &attrs)?;
+        let vi = nic
+            .vis
+            .write()
+            .unwrap()
+            .insert_with(|slot, generation| {
+                Arc::new(ViCore {
+                    slot,
+                    generation,
+                    attrs: RwLock::new(attrs),
+                    state: Mutex::new(State {
+                        state: ViState::Idle,
+                        peer: None,
+                        peer_request: None,
+                        peer_local: None,
+                    }),
+                    broken: AtomicBool::new(false),
+                    link: RwLock::new(None),
+                    send: Mutex::new(Queue::default()),
+                    recv: Mutex::new(Queue::default()),
+                    send_cq,
+                    recv_cq,
+                    notify_send: Mutex::new(VecDeque::new()),
+                    notify_recv: Mutex::new(VecDeque::new()),
+                })
+            })
+            .cloned()
+            .ok_or(Error::Resource)?;
+        nic.ptag_ref(attrs.ptag, 1)?;
+        let sh = vi.shared(nic);
+        vi.publish_attrs(nic);
+        sh.recv_cq
+            .store(vi.recv_cq.as_ref().map_or(0, |c| c.slot + 1), Ordering::Relaxed);
+        sh.send_cq
+            .store(vi.send_cq.as_ref().map_or(0, |c| c.slot + 1), Ordering::Relaxed);
+        sh.interest.store(0, Ordering::Relaxed);
+        // Release: the fields above are visible to a peer that sees the generation.
+        sh.generation.store(vi.generation as u32, Ordering::Release);
+        for (cq, recv) in [(&vi.send_cq, false), (&vi.recv_cq, true)] {
+            if let Some(cq) = cq {
+                cq.attach(&vi, recv);
+            }
+        }
+        if let Err(e) = nic.dev.add_vi(nic, vi.slot) {
+            let _ = vi.destroy(nic);
+            return Err(e);
+        }
+        Ok(vi)
+    }
+
+    /// The VI's entry in the NIC segment.
+    pub fn shared<'a>(&self, nic: &'a NicInner) -> &'a ViShared {
+        nic.view().vi(self.slot).expect("slot in range")
+    }
+
+    fn publish_attrs(&self, nic: &NicInner) {
+        let a = *self.attrs.read().unwrap();
+        let sh = self.shared(nic);
+        sh.reliability.store(a.reliability.bits(), Ordering::Relaxed);
+        sh.ptag.store(a.ptag.id(), Ordering::Relaxed);
+        sh.flags.store(
+            (if a.enable_rdma_write { flags::RDMA_WRITE } else { 0 })
+                | (if a.enable_rdma_read { flags::RDMA_READ } else { 0 }),
+            Ordering::Release,
+        );
+    }
+
+    /// The reliability level.
+    pub fn reliability(&self) -> Reliability {
+        self.attrs.read().unwrap().reliability
+    }
+
+    /// The current state.
+    pub fn vi_state(&self) -> ViState {
+        let s = self.state.lock().unwrap().state;
+        if s == ViState::Connected && self.broken.load(Ordering::Acquire) {
+            ViState::Error
+        } else {
+            s
+        }
+    }
+
+    /// Session of the connected peer.
+    pub fn peer_session(&self) -> Option<u64> {
+        self.state.lock().unwrap().peer.as_ref().map(|p| p.session)
+    }
+
+    /// `VipQueryVi`: state, attributes, and whether each queue is empty.
+    pub fn query(&self) -> (ViState, ViAttributes, bool, bool) {
+        (
+            self.vi_state(),
+            *self.attrs.read().unwrap(),
+            self.send.lock().unwrap().fifo.is_empty(),
+            self.recv.lock().unwrap().fifo.is_empty(),
+        )
+    }
+
+    /// `VipSetViAttributes`: only while idle.
+    pub fn set_attributes(&self, nic: &NicInner, a: ViAttributes) -> Result<()> {
+        let st = self.state.lock().unwrap();
+        if st.state != ViState::Idle {
+            return Err(Error::InvalidState);
+        }
+        check_attrs(nic, &a)?;
+        let old = *self.attrs.read().unwrap();
+        if old.ptag != a.ptag {
+            nic.ptag_ref(a.ptag, 1)?;
+            let _ = nic.ptag_ref(old.ptag, -1);
+        }
+        *self.attrs.write().unwrap() = a;
+        self.publish_attrs(nic);
+        Ok(())
+    }
+
+    /// `VipDestroyVi`: the VI must be idle with both queues empty.
+    pub fn destroy(self: &Arc<Self>, nic: &NicInner) -> Result<()> {
+        let st = self.state.lock().unwrap();
+        if st.state != ViState::Idle || !self.send.lock().unwrap().fifo.is_empty() || !self.recv.lock().unwrap().fifo.is_empty() {
+            return Err(Error::InvalidState);
+        }
+        drop(st);
+        nic.dev.remove_vi(self.slot);
+        self.shared(nic).generation.store(0, Ordering::Release);
+        nic.vis.write().unwrap().remove(self.slot, self.generation);
+        for cq in [&self.send_cq, &self.recv_cq].into_iter().flatten() {
+            cq.detach(self);
+        }
+        let _ = nic.ptag_ref(self.attrs.read().unwrap().ptag, -1);
+        Ok(())
+    }
+
+    /// This VI as its peer needs to know it.
+    pub fn endpoint(&self, nic: &NicInner) -> Endpoint {
+        let a = *self.attrs.read().unwrap();
+        Endpoint {
+            session: nic.process.agent.session,
+            nic: nic.id,
+            vi: self.slot,
+            vi_gen: self.generation as u32,
+            reliability: a.reliability.bits(),
+            mtu: a.max_transfer_size,
+            rdma_write: a.enable_rdma_write,
+            rdma_read: a.enable_rdma_read,
+            rq_pos: self.recv.lock().unwrap().consumer_pos,
+        }
+    }
+
+    // ---- posting ----
+
+    /// `VipPostSend`.
+    pub fn post_send(&self, nic: &NicInner, desc_va: u64, handle: u32) -> Result<()> {
+        let state = self.state.lock().unwrap().state;
+        match state {
+            ViState::Connected | ViState::Error => {}
+            ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
+        }
+        let a = *self.attrs.read().unwrap();
+        let d = translate::read_desc(nic, desc_va, handle, a.ptag.id())?;
+        let pd = translate::send_pd(
+            nic,
+            &d,
+            &translate::SendCtx {
+                vi: (self.slot, self.generation),
+                ptag: a.ptag.id(),
+                mtu: a.max_transfer_size,
+                reliable: a.reliability.is_reliable(),
+                inline_max: nic.process.config.inline,
+                desc_va,
+                desc_handle: handle,
+            },
+        )?;
+        {
+            let mut q = self.send.lock().unwrap();
+            if q.fifo.len() >= RQ_SLOTS as usize {
+                return Err(Error::Resource);
+            }
+            // Clear the status so that polling the descriptor in memory is
+            // meaningful from now on.
+            d.status.complete(0, None, None);
+            let mut pd = pd;
+            pd.seq = q.tail as u32;
+            q.tail += 1;
+            q.fifo.push_back(Posted {
+                desc_va,
+                status: d.status,
+                pos: pd.seq as u64,
+            });
+            // Pushed under the queue lock: the doorbell sees this VI's
+            // descriptors in posting order.
+            nic.dev.post_send(nic, self, pd)?;
+        }
+        nic.dev.kick(nic);
+        Ok(())
+    }
+
+    /// `VipPostRecv`.
+    pub fn post_recv(&self, nic: &NicInner, desc_va: u64, handle: u32) -> Result<()> {
+        let a = *self.attrs.read().unwrap();
+        let d = translate::read_desc(nic, desc_va, handle, a.ptag.id())?;
+        let pd = translate::recv_pd(nic, &d, desc_va, handle, a.ptag.id());
+        let state = self.vi_state();
+        let mut q = self.recv.lock().unwrap();
+        if q.fifo.len() >= RQ_SLOTS as usize {
+            return Err(Error::Resource);
+        }
+        let pos = q.tail;
+        q.tail += 1;
+        d.status.complete(0, None, None);
+        let immediate = if pd.fault != 0 {
+            Some(status::DONE | status::OP_RECEIVE | pd.fault)
+        } else if state == ViState::Error {
+            Some(status::DONE | status::OP_RECEIVE | status::DESC_FLUSHED_ERROR)
+        } else {
+            None
+        };
+        q.fifo.push_back(Posted {
+            desc_va,
+            status: d.status.clone(),
+            pos,
+        });
+        match immediate {
+            Some(st) => {
+                // Never offered to the peer: its engine skips finished slots.
+                nic.dev.skip_recv(nic, self, pos);
+                drop(q);
+                complete::local(nic, self, Which::Recv, &d.status, st, None, None);
+            }
+            None => nic.dev.post_recv(nic, self, pos, &pd)?,
+        }
+        Ok(())
+    }
+
+    // ---- completion ----
+
+    fn queue(&self, w: Which) -> &Mutex<Queue> {
+        match w {
+            Which::Send => &self.send,
+            Which::Recv => &self.recv,
+        }
+    }
+
+    /// `VipSendDone` / `VipRecvDone`: dequeues the head if it completed.
+    pub fn done(&self, w: Which) -> Result<Completion> {
+        let mut q = self.queue(w).lock().unwrap();
+        let head = q.fifo.front().ok_or(Error::NotDone)?;
+        let st = head.status.status();
+        if st & status::DONE == 0 {
+            return Err(Error::NotDone);
+        }
+        let desc = head.desc_va;
+        q.fifo.pop_front();
+        q.reported = q.reported.saturating_sub(1);
+        Ok(Completion { desc, status: st })
+    }
+
+    fn head_done(&self, w: Which) -> bool {
+        let q = self.queue(w).lock().unwrap();
+        q.fifo.front().is_some_and(|h| h.status.status() & status::DONE != 0)
+    }
+
+    /// `VipSendWait` / `VipRecvWait`: spin, then sleep until the head
+    /// completes or the timeout passes (`None` = forever).
+    pub fn wait(&self, nic: &NicInner, w: Which, timeout: Option<Duration>) -> Result<Completion> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let sh = self.shared(nic);
+        let ec = match w {
+            Which::Send => &sh.send_wake,
+            Which::Recv => &sh.recv_wake,
+        };
+        loop {
+            match self.done(w) {
+                Err(Error::NotDone) => {}
+                r => return r,
+            }
+            let ok = doorbell::wait_until(ec, nic.process.config.spin, deadline, || self.head_done(w));
+            if !ok {
+                return match self.done(w) {
+                    Err(Error::NotDone) => Err(Error::Timeout),
+                    r => r,
+                };
+            }
+        }
+    }
+
+    /// Claims one completion not yet reported through a scanning CQ.
+    pub fn take_unreported(&self, w: Which) -> bool {
+        let mut q = self.queue(w).lock().unwrap();
+        let i = q.reported;
+        match q.fifo.get(i) {
+            Some(p) if p.status.status() & status::DONE != 0 => {
+                q.reported += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `VipSendNotify` / `VipRecvNotify`: `h` runs once for the next completion.
+    pub fn notify(&self, nic: &NicInner, w: Which, h: ViHandler) {
+        let bit = match w {
+            Which::Send => interest::SEND_NOTIFY,
+            Which::Recv => interest::RECV_NOTIFY,
+        };
+        match w {
+            Which::Send => self.notify_send.lock().unwrap(),
+            Which::Recv => self.notify_recv.lock().unwrap(),
+        }
+        .push_back(h);
+        // SeqCst: pairs with the completer's fence between writing a status
+        // and reading `interest` (Dekker), so either it sees the bit or the
+        // provider's scan sees the completion.
+        self.shared(nic).interest.fetch_or(bit, Ordering::SeqCst);
+        nic.provider.arm(nic, self.slot, self.generation);
+    }
+
+    /// Runs pending notify handlers whose completion arrived (provider
+    /// thread). Returns whether one ran, and whether any is still pending.
+    pub fn run_notifies(&self, nic: &NicInner) -> (bool, bool) {
+        let mut ran = false;
+        let mut pending = false;
+        for (w, list, bit) in [
+            (Which::Send, &self.notify_send, interest::SEND_NOTIFY),
+            (Which::Recv, &self.notify_recv, interest::RECV_NOTIFY),
+        ] {
+            loop {
+                let mut l = list.lock().unwrap();
+                if l.is_empty() {
+                    self.shared(nic).interest.fetch_and(!bit, Ordering::SeqCst);
+                    // A handler registered after the clear re-sets the bit.
+                    if !l.is_empty() {
+                        self.shared(nic).interest.fetch_or(bit, Ordering::SeqCst);
+                    }
+                    break;
+                }
+                match self.done(w) {
+                    Ok(c) => {
+                        let h = l.pop_front().unwrap();
+                        drop(l);
+                        h(c);
+                        ran = true;
+                    }
+                    Err(_) => {
+                        pending = true;
+                        break;
+                    }
+                }
+            }
+        }
+        (ran, pending)
+    }
+
+    // ---- connection ----
+
+    /// Moves IDLE → CONNECT_PENDING.
+    pub fn begin_connect(&self) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.state != ViState::Idle || st.peer_request.is_some() {
+            return Err(Error::InvalidState);
+        }
+        st.state = ViState::ConnectPending;
+        Ok(())
+    }
+
+    /// Back to IDLE after a failed attempt.
+    pub fn abort_connect(&self) {
+        let mut st = self.state.lock().unwrap();
+        if st.state == ViState::ConnectPending {
+            st.state = ViState::Idle;
+        }
+        st.peer_request = None;
+    }
+
+    /// Maps the peer of a connection being set up.
+    pub fn open_link(&self, nic: &NicInner, peer: &Endpoint) -> Result<PeerLink> {
+        let mtu = self.attrs.read().unwrap().max_transfer_size.min(peer.mtu);
+        PeerLink::open(nic, peer, mtu).map_err(|e| {
+            log::error!("cannot map the peer's NIC: {e}");
+            Error::Resource
+        })
+    }
+
+    /// CONNECT_PENDING → CONNECTED over `link`.
+    pub fn install(&self, link: PeerLink, peer: &Endpoint) {
+        let mut st = self.state.lock().unwrap();
+        *self.link.write().unwrap() = Some(Arc::new(link));
+        self.broken.store(false, Ordering::Release);
+        st.state = ViState::Connected;
+        st.peer = Some(peer.clone());
+    }
+
+    /// Connects to `peer` (CONNECT_PENDING → CONNECTED).
+    pub fn complete_connect(&self, nic: &NicInner, peer: &Endpoint) -> Result<()> {
+        let link = self.open_link(nic, peer)?;
+        self.install(link, peer);
+        Ok(())
+    }
+
+    /// Breaks the connection: the VI enters ERROR, outstanding descriptors
+    /// complete with `DESC_FLUSHED_ERROR`, and the error callback runs with
+    /// `code`. `tell_peer` pushes `CONN_LOST` into the peer's error ring;
+    /// `peer_dead` also flushes receives a dead peer had taken.
+    pub fn break_connection(&self, nic: &NicInner, code: ErrorCode, tell_peer: bool, peer_dead: bool) {
+        {
+            let mut st = self.state.lock().unwrap();
+            if st.state != ViState::Connected {
+                return;
+            }
+            st.state = ViState::Error;
+            self.broken.store(true, Ordering::Release);
+        }
+        let link = self.link.write().unwrap().take();
+        if let (true, Some(l)) = (tell_peer, &link) {
+            l.tell_peer(ErrorCode::ConnLost);
+        }
+        self.flush(nic, peer_dead);
+        log::debug!("VI {} broke: {code:?}", self.slot);
+        nic.report(AsyncError {
+            resource: ResourceCode::Vi,
+            code,
+            vi: Some((self.slot, self.generation)),
+            cq: None,
+            descriptor: 0,
+        });
+    }
+
+    /// Completes every outstanding descriptor with `DESC_FLUSHED_ERROR`.
+    pub fn flush(&self, nic: &NicInner, peer_dead: bool) {
+        // Sends: run what is in the doorbells; with the link gone the engine
+        // completes this VI's descriptors as flushed, in order.
+        nic.dev.quiesce(nic);
+        let flushed = status::DONE | status::DESC_FLUSHED_ERROR;
+        let mut todo = Vec::new();
+        {
+            let mut q = self.recv.lock().unwrap();
+            for p in &q.fifo {
+                if p.status.status() & status::DONE == 0 && nic.dev.cancel_recv(nic, self, p.pos, peer_dead) {
+                    todo.push(p.status.clone());
+                }
+            }
+            q.consumer_pos = q.tail;
+        }
+        for st in todo {
+            complete::local(nic, self, Which::Recv, &st, flushed | status::OP_RECEIVE, None, None);
+        }
+    }
+
+    /// `VipDisconnect`.
+    pub fn disconnect(&self, nic: &NicInner) -> Result<()> {
+        let peer = {
+            let mut st = self.state.lock().unwrap();
+            match st.state {
+                ViState::Connected | ViState::Error => {}
+                ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
+            }
+            let was_connected = st.state == ViState::Connected;
+            st.state = ViState::Error;
+            self.broken.store(true, Ordering::Release);
+            let peer = st.peer.take();
+            if was_connected { peer } else { None }
+        };
+        let link = self.link.write().unwrap().take();
+        if let (Some(peer), Some(_)) = (peer, link) {
+            // Wait until the peer's engine no longer uses this connection.
+            let me = self.endpoint(nic);
+            if let Err(e) = nic.process.agent.call(&Request::Disconnect { peer, me }, None) {
+                log::warn!("disconnect: viad unreachable ({e}); flushing anyway");
+            }
+        }
+        self.flush(nic, true);
+        let mut st = self.state.lock().unwrap();
+        st.state = ViState::Idle;
+        self.broken.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// A work queue as a CQ2 probe: (VI, is-receive-queue).
+pub(crate) struct QueueProbe(pub Arc<ViCore>, pub bool);
+
+impl cq::Probe for QueueProbe {
+    fn take_ready(&self) -> Option<u64> {
+        let w = if self.1 { Which::Recv } else { Which::Send };
+        self.0
+            .take_unreported(w)
+            .then(|| crate::cq::entry(self.0.slot, self.0.generation, self.1))
+    }
+}
