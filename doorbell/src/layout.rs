@@ -138,10 +138,18 @@ pub(crate) struct Slot<T> {
     pub(crate) value: UnsafeCell<MaybeUninit<T>>,
 }
 
-/// Sleep/wake word pair for one consumer condition (see [`crate::EventCount`] methods).
+/// EventCount: a futex-backed sleep/wake handshake for one condition in shared memory.
 ///
-/// Lives in zero-filled shared memory: all-zero bytes are the valid initial state (no waiters,
-/// sequence 0). It fills one cache line of its own so notifiers hammering it do not slow the
+/// A waiter calls [`prepare_wait`](EventCount::prepare_wait), re-checks its condition, then
+/// [`wait`](EventCount::wait)s (or [`cancel_wait`](EventCount::cancel_wait)s); whoever makes
+/// the condition true publishes it and then calls [`notify_all`](EventCount::notify_all).
+/// A SeqCst fence on each side (after registering, before reading the waiter count) makes
+/// sure that either the notifier sees the waiter or the waiter's re-check sees the condition,
+/// so no wake-up is lost. [`wait_until`](crate::wait_until) packages the waiter side.
+///
+/// The futex is the shared (non-private) one, so waiters and notifiers may be in different
+/// processes. Lives in zero-filled shared memory: all-zero bytes are the valid initial state
+/// (no waiters, sequence 0). It fills a cache line of its own so notifiers do not slow the
 /// ring indices down.
 #[repr(C, align(64))]
 pub struct EventCount {

@@ -4,6 +4,8 @@
 //! side; the child inherits the memfd. Before the first wake the child waits until the
 //! parent's thread is seen sleeping in a futex, so the wake must cross processes through the
 //! shared (non-private) futex: with a private futex the parent would sleep until its timeout.
+// Needs real processes, memfds and futexes: not under loom (models in loom.rs) or Miri.
+#![cfg(not(any(loom, miri)))]
 
 mod common;
 
