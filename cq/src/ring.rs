@@ -169,9 +169,10 @@ impl EntryRing {
     ///
     /// # Safety
     ///
-    /// `mem` must point to at least `bytes_for(capacity)` bytes, aligned to
-    /// 64, holding an initialised header and slot array (all bytes valid
-    /// atomics), and must stay mapped while any view of the ring exists.
+    /// `capacity` must be a power of two. `mem` must point to at least
+    /// `bytes_for(capacity)` bytes, aligned to 64, that stay mapped while any
+    /// view of the ring exists and that this process accesses only through
+    /// ring views (atomics); any bit pattern is a valid header and slot.
     #[cfg(not(loom))]
     unsafe fn from_raw(mem: NonNull<u8>, capacity: u32) -> Self {
         // SAFETY: `HEADER_BYTES < bytes_for(capacity)` bytes are inside the
@@ -258,8 +259,10 @@ impl EntryRing {
     /// # Safety
     ///
     /// `mem..mem + len` must be readable and writable memory that stays
-    /// mapped while any view exists. Its contents may be anything (and may be
-    /// changed concurrently by other processes through atomic accesses).
+    /// mapped while any view exists, and that this process accesses only
+    /// through ring views. Its contents may be anything, and other processes
+    /// may change them at any time: nothing but the validated capacity is
+    /// trusted afterwards.
     #[cfg(not(loom))]
     pub unsafe fn attach(mem: NonNull<u8>, len: usize) -> Result<Self, LayoutError> {
         check_region(mem, len, HEADER_BYTES)?;

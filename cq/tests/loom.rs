@@ -15,7 +15,7 @@ use loom::thread;
 /// Explores `f` with a small preemption bound so each model finishes quickly.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
+    builder.preemption_bound = Some(3);
     builder.check(f);
 }
 
@@ -127,6 +127,112 @@ fn commit_racing_with_tombstone() {
         assert!(ring.is_empty());
         ring.push(8).unwrap();
         assert_eq!(ring.pop(), Some(8));
+    });
+}
+
+#[test]
+fn one_producer_two_consumers() {
+    // Two consumers race for the head; each entry goes to exactly one, and a
+    // consumer sees one producer's entries in push order.
+    model(|| {
+        let ring = EntryRing::new_in_heap(2);
+        let producer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                ring.push(1).unwrap();
+                ring.push(2).unwrap();
+            })
+        };
+        let consumer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                for _ in 0..2 {
+                    if let Some(e) = ring.pop() {
+                        got.push(e);
+                    }
+                }
+                got
+            })
+        };
+        let mut mine = Vec::new();
+        if let Some(e) = ring.pop() {
+            mine.push(e);
+        }
+        producer.join().unwrap();
+        let theirs = consumer.join().unwrap();
+        assert!(theirs.is_sorted());
+        drain(&ring, &mut mine);
+        assert!(mine.is_sorted());
+        let mut all: Vec<u64> = mine.into_iter().chain(theirs).collect();
+        all.sort_unstable();
+        assert_eq!(all, [1, 2]);
+    });
+}
+
+#[test]
+fn two_consumers_race_for_committed_entries() {
+    // The entries are committed before the consumers start: with a
+    // concurrent producer, loom 0.7 does not explore every consumer/consumer
+    // interleaving (see the README), and this race is the point here.
+    model(|| {
+        let ring = EntryRing::new_in_heap(2);
+        ring.push(1).unwrap();
+        ring.push(2).unwrap();
+        let consumer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                for _ in 0..2 {
+                    if let Some(e) = ring.pop() {
+                        got.push(e);
+                    }
+                }
+                got
+            })
+        };
+        let mut all = Vec::new();
+        for _ in 0..2 {
+            if let Some(e) = ring.pop() {
+                all.push(e);
+            }
+        }
+        let theirs = consumer.join().unwrap();
+        assert!(theirs.is_sorted() && all.is_sorted());
+        all.extend(theirs);
+        drain(&ring, &mut all);
+        all.sort_unstable();
+        assert_eq!(all, [1, 2]);
+        // Both slots were released: a full lap fits again.
+        ring.push(3).unwrap();
+        ring.push(4).unwrap();
+        assert_eq!(ring.push(5), Err(PushError::Overrun));
+    });
+}
+
+#[test]
+fn repair_racing_with_two_producers() {
+    // Both producers may be tombstoned mid-push; each retries, and the
+    // consumer skips the tombstones: both entries arrive exactly once.
+    model(|| {
+        let ring = EntryRing::new_in_heap(4);
+        let producers: Vec<_> = [5u64, 6]
+            .into_iter()
+            .map(|e| {
+                let ring = ring.clone();
+                thread::spawn(move || ring.push(e))
+            })
+            .collect();
+        let tombstoned = ring.repair(Duration::ZERO);
+        for p in producers {
+            assert_eq!(p.join().unwrap(), Ok(()));
+        }
+        let mut got = Vec::new();
+        drain(&ring, &mut got);
+        got.sort_unstable();
+        assert_eq!(got, [5, 6]);
+        assert!(tombstoned <= 2);
+        assert!(ring.is_empty());
     });
 }
 
