@@ -451,3 +451,31 @@ pub fn own_object_path() -> Option<std::path::PathBuf> {
         Some(std::path::PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked(c.to_bytes())))
     }
 }
+
+/// Pins the calling thread to `cpu` (`sched_setaffinity`).
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: `set` is a plain bit set initialised by CPU_ZERO/CPU_SET.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        cvt(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set))?;
+    }
+    Ok(())
+}
+
+/// Number of online CPUs (not limited by this process's affinity mask).
+pub fn cpu_count() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n < 1 { 1 } else { n as usize }
+}
+
+/// Clears `FD_CLOEXEC` so that a child process inherits `fd`.
+pub fn clear_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller holds.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) })?;
+    Ok(())
+}
