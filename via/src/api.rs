@@ -21,7 +21,6 @@ use crate::descriptor::{ALIGNMENT, SEGMENT_SIZE, control};
 use crate::error::{Error, Result};
 use crate::nic::{AsyncError, NicInner};
 use crate::proto::NetAddr;
-use crate::shm::arena::UserRange;
 use crate::shm::mapping::Mapping;
 use crate::vi::{Completion, ViCore, Which};
 
@@ -78,7 +77,12 @@ impl Nic {
     }
 
     /// Creates a VI, optionally associating its queues with CQs.
-    pub fn create_vi(&self, attrs: &ViAttributes, send_cq: Option<&Cq>, recv_cq: Option<&Cq>) -> Result<Vi> {
+    pub fn create_vi(
+        &self,
+        attrs: &ViAttributes,
+        send_cq: Option<&Cq>,
+        recv_cq: Option<&Cq>,
+    ) -> Result<Vi> {
         for c in [send_cq, recv_cq].into_iter().flatten() {
             if !Arc::ptr_eq(&c.nic, &self.inner) {
                 return Err(Error::InvalidParameter);
@@ -209,13 +213,35 @@ impl Vi {
     }
 
     /// Connects to the server at `remote` (`VipConnectRequest`).
-    pub fn connect(&self, local: &NetAddr, remote: &NetAddr, timeout: Option<Duration>) -> Result<ViAttributes> {
-        crate::conn::request(&self.nic, &self.core, local.clone(), remote.clone(), timeout)
+    pub fn connect(
+        &self,
+        local: &NetAddr,
+        remote: &NetAddr,
+        timeout: Option<Duration>,
+    ) -> Result<ViAttributes> {
+        crate::conn::request(
+            &self.nic,
+            &self.core,
+            local.clone(),
+            remote.clone(),
+            timeout,
+        )
     }
 
     /// Starts a peer-to-peer connection.
-    pub fn connect_peer(&self, local: &NetAddr, remote: &NetAddr, timeout: Option<Duration>) -> Result<()> {
-        crate::conn::peer_request(&self.nic, &self.core, local.clone(), remote.clone(), timeout)
+    pub fn connect_peer(
+        &self,
+        local: &NetAddr,
+        remote: &NetAddr,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        crate::conn::peer_request(
+            &self.nic,
+            &self.core,
+            local.clone(),
+            remote.clone(),
+            timeout,
+        )
     }
 
     /// Polls a peer-to-peer connection.
@@ -290,7 +316,13 @@ pub struct Region {
 
 impl Region {
     /// Allocates `len` bytes (rounded up to pages) and registers them.
-    pub fn new(nic: &Nic, len: usize, ptag: Ptag, rdma_write: bool, rdma_read: bool) -> Result<Region> {
+    pub fn new(
+        nic: &Nic,
+        len: usize,
+        ptag: Ptag,
+        rdma_write: bool,
+        rdma_read: bool,
+    ) -> Result<Region> {
         let len = len.max(1).next_multiple_of(regcache::page_size());
         let map = Mapping::anonymous(len).map_err(|_| Error::Resource)?;
         // The range is a fresh private mapping owned by `map`: no other data
@@ -339,12 +371,18 @@ impl Region {
 
     /// Copies bytes in at `off`.
     pub fn write(&self, off: usize, b: &[u8]) -> Result<()> {
-        self.map.write(off, b).then_some(()).ok_or(Error::InvalidParameter)
+        self.map
+            .write(off, b)
+            .then_some(())
+            .ok_or(Error::InvalidParameter)
     }
 
     /// Copies bytes out from `off`.
     pub fn read(&self, off: usize, b: &mut [u8]) -> Result<()> {
-        self.map.read(off, b).then_some(()).ok_or(Error::InvalidParameter)
+        self.map
+            .read(off, b)
+            .then_some(())
+            .ok_or(Error::InvalidParameter)
     }
 
     /// Reads the descriptor status at `desc` (what a program spinning on
@@ -458,7 +496,8 @@ impl DescBuilder {
 
     /// Adds `len` bytes at `off` of `mem`.
     pub fn segment(mut self, mem: &Region, off: usize, len: u32) -> DescBuilder {
-        self.segs.push((mem.map.addr() as u64 + off as u64, mem.handle, len));
+        self.segs
+            .push((mem.map.addr() as u64 + off as u64, mem.handle, len));
         self
     }
 

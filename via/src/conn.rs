@@ -62,7 +62,11 @@ fn viad_gone(e: std::io::Error) -> Error {
 
 /// `VipConnectWait`: the next request for `local`. Returns the connection
 /// handle (slot, generation), the requester's address and VI attributes.
-pub fn wait(nic: &NicInner, local: NetAddr, timeout: Option<Duration>) -> Result<((u32, u16), NetAddr, ViAttributes)> {
+pub fn wait(
+    nic: &NicInner,
+    local: NetAddr,
+    timeout: Option<Duration>,
+) -> Result<((u32, u16), NetAddr, ViAttributes)> {
     check_addr(&local)?;
     let req = Request::Listen {
         local,
@@ -75,11 +79,7 @@ pub fn wait(nic: &NicInner, local: NetAddr, timeout: Option<Duration>) -> Result
                 .conns
                 .lock()
                 .unwrap()
-                .insert(Incoming {
-                    conn,
-                    peer,
-                    remote: remote.clone(),
-                })
+                .insert(Incoming { conn, peer })
                 .ok_or(Error::Resource)?;
             Ok((h, remote, attrs))
         }
@@ -89,7 +89,12 @@ pub fn wait(nic: &NicInner, local: NetAddr, timeout: Option<Duration>) -> Result
 
 /// `VipConnectAccept`.
 pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> {
-    let inc = nic.conns.lock().unwrap().remove(conn.0, conn.1).ok_or(Error::InvalidParameter)?;
+    let inc = nic
+        .conns
+        .lock()
+        .unwrap()
+        .remove(conn.0, conn.1)
+        .ok_or(Error::InvalidParameter)?;
     if let Err(e) = vi.begin_connect() {
         // Keep the request: the server may accept it with another VI.
         let _ = nic.conns.lock().unwrap().insert(inc);
@@ -122,7 +127,11 @@ pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> 
         }
     };
     let me = vi.endpoint(nic);
-    match nic.process.agent.call(&Request::Accept { conn: inc.conn, me }, None) {
+    match nic
+        .process
+        .agent
+        .call(&Request::Accept { conn: inc.conn, me }, None)
+    {
         Ok((Reply::Ok, _)) => {
             vi.install(link, &inc.peer);
             Ok(())
@@ -140,7 +149,12 @@ pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> 
 
 /// `VipConnectReject`.
 pub fn reject(nic: &NicInner, conn: (u32, u16)) -> Result<()> {
-    let inc = nic.conns.lock().unwrap().remove(conn.0, conn.1).ok_or(Error::InvalidParameter)?;
+    let inc = nic
+        .conns
+        .lock()
+        .unwrap()
+        .remove(conn.0, conn.1)
+        .ok_or(Error::InvalidParameter)?;
     match nic
         .process
         .agent
@@ -161,7 +175,13 @@ pub fn reject(nic: &NicInner, conn: (u32, u16)) -> Result<()> {
 }
 
 /// `VipConnectRequest`: returns the server VI's attributes.
-pub fn request(nic: &NicInner, vi: &Arc<ViCore>, local: NetAddr, remote: NetAddr, timeout: Option<Duration>) -> Result<ViAttributes> {
+pub fn request(
+    nic: &NicInner,
+    vi: &Arc<ViCore>,
+    local: NetAddr,
+    remote: NetAddr,
+    timeout: Option<Duration>,
+) -> Result<ViAttributes> {
     check_addr(&local)?;
     check_addr(&remote)?;
     vi.begin_connect()?;
@@ -175,7 +195,11 @@ pub fn request(nic: &NicInner, vi: &Arc<ViCore>, local: NetAddr, remote: NetAddr
     finish(nic, vi, answer.map(|a| a.0))
 }
 
-fn finish(nic: &NicInner, vi: &Arc<ViCore>, answer: std::io::Result<Reply>) -> Result<ViAttributes> {
+fn finish(
+    nic: &NicInner,
+    vi: &Arc<ViCore>,
+    answer: std::io::Result<Reply>,
+) -> Result<ViAttributes> {
     match answer {
         Ok(Reply::Connected { peer }) => {
             if peer.reliability != vi.reliability().bits() {
@@ -200,7 +224,13 @@ fn finish(nic: &NicInner, vi: &Arc<ViCore>, answer: std::io::Result<Reply>) -> R
 }
 
 /// `VipConnectPeerRequest`: starts a peer-to-peer connection.
-pub fn peer_request(nic: &NicInner, vi: &Arc<ViCore>, local: NetAddr, remote: NetAddr, timeout: Option<Duration>) -> Result<()> {
+pub fn peer_request(
+    nic: &NicInner,
+    vi: &Arc<ViCore>,
+    local: NetAddr,
+    remote: NetAddr,
+    timeout: Option<Duration>,
+) -> Result<()> {
     check_addr(&local)?;
     check_addr(&remote)?;
     vi.begin_connect()?;
@@ -224,7 +254,13 @@ pub fn peer_request(nic: &NicInner, vi: &Arc<ViCore>, local: NetAddr, remote: Ne
 
 /// `VipConnectPeerDone` (`block == false`) / `VipConnectPeerWait`.
 pub fn peer_done(nic: &NicInner, vi: &Arc<ViCore>, block: bool) -> Result<ViAttributes> {
-    let pending = vi.state.lock().unwrap().peer_request.take().ok_or(Error::InvalidState)?;
+    let pending = vi
+        .state
+        .lock()
+        .unwrap()
+        .peer_request
+        .take()
+        .ok_or(Error::InvalidState)?;
     let answer = if block {
         pending.wait()
     } else {

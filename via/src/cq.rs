@@ -24,7 +24,7 @@ use crate::proto::{ObjKey, ObjKind, Request};
 use crate::shm::layout::{CqShared, interest};
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
-use crate::vi::{ViCore, Which};
+use crate::vi::ViCore;
 
 /// Packs a CQ entry: VI slot, generation, and whether it is the receive queue.
 pub(crate) fn entry(slot: u32, generation: u16, recv: bool) -> u64 {
@@ -65,10 +65,18 @@ pub(crate) struct CqCore {
 fn new_ring(nic: &NicInner, slot: u32, generation: u32, entries: u32) -> Result<Arc<MappedRing>> {
     let cap = entries.next_power_of_two().max(64);
     let len = cq::EntryRing::bytes_for(cap);
-    let (fd, map) = Mapping::create(&format!("via-cq:{}:{}:{slot}:{generation}", nic.process.agent.session, nic.id), len)
-        .map_err(|_| Error::Resource)?;
+    let (fd, map) = Mapping::create(
+        &format!(
+            "via-cq:{}:{}:{slot}:{generation}",
+            nic.process.agent.session, nic.id
+        ),
+        len,
+    )
+    .map_err(|_| Error::Resource)?;
     let ring = MappedRing::init(Arc::new(map), 0, len, cap).map_err(|_| Error::Resource)?;
-    ring.get().set_limit(entries as usize).map_err(|_| Error::Resource)?;
+    ring.get()
+        .set_limit(entries as usize)
+        .map_err(|_| Error::Resource)?;
     nic.process
         .agent
         .publish(ring_key(nic.id, slot, generation), &fd)
@@ -103,7 +111,8 @@ impl CqCore {
             .cloned()
             .ok_or(Error::Resource)?;
         let sh = cq.shared(nic);
-        sh.mode.store(matches!(mode, cq::Mode::Scan) as u32, Ordering::Relaxed);
+        sh.mode
+            .store(matches!(mode, cq::Mode::Scan) as u32, Ordering::Relaxed);
         sh.interest.store(0, Ordering::Relaxed);
         if mode == cq::Mode::Ring {
             let generation = sh.generation.load(Ordering::Relaxed).wrapping_add(1).max(1);
@@ -131,7 +140,10 @@ impl CqCore {
     }
 
     pub(crate) fn attach(&self, vi: &Arc<ViCore>, recv: bool) {
-        self.members.lock().unwrap().push((Arc::downgrade(vi), recv));
+        self.members
+            .lock()
+            .unwrap()
+            .push((Arc::downgrade(vi), recv));
     }
 
     pub(crate) fn detach(&self, vi: &ViCore) {
@@ -177,7 +189,11 @@ impl CqCore {
                         .iter()
                         .filter_map(|(w, r)| w.upgrade().map(|v| crate::vi::QueueProbe(v, *r)))
                         .collect();
-                    self.scan.lock().unwrap().next(&probes).ok_or(Error::NotDone)?
+                    self.scan
+                        .lock()
+                        .unwrap()
+                        .next(&probes)
+                        .ok_or(Error::NotDone)?
                 }
             };
             let (slot, generation, recv) = unpack(e);
@@ -191,10 +207,19 @@ impl CqCore {
 
     fn ready(&self) -> bool {
         match self.mode {
-            cq::Mode::Ring => self.ring.read().unwrap().as_ref().is_some_and(|r| !r.get().is_empty()),
+            cq::Mode::Ring => self
+                .ring
+                .read()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|r| !r.get().is_empty()),
             cq::Mode::Scan => self.members.lock().unwrap().iter().any(|(w, r)| {
                 w.upgrade().is_some_and(|v| {
-                    let q = if *r { v.recv.lock().unwrap() } else { v.send.lock().unwrap() };
+                    let q = if *r {
+                        v.recv.lock().unwrap()
+                    } else {
+                        v.send.lock().unwrap()
+                    };
                     q.fifo
                         .get(q.reported)
                         .is_some_and(|p| p.status.status() & crate::descriptor::status::DONE != 0)
@@ -225,7 +250,9 @@ impl CqCore {
     pub fn notify(&self, nic: &NicInner, h: CqHandler) {
         self.notify.lock().unwrap().push_back(h);
         // SeqCst: see `ViCore::notify`.
-        self.shared(nic).interest.store(interest::RECV_NOTIFY, Ordering::SeqCst);
+        self.shared(nic)
+            .interest
+            .store(interest::RECV_NOTIFY, Ordering::SeqCst);
         nic.provider.arm_cq(nic, self.slot, self.generation);
     }
 
@@ -237,7 +264,9 @@ impl CqCore {
             if l.is_empty() {
                 self.shared(nic).interest.store(0, Ordering::SeqCst);
                 if !l.is_empty() {
-                    self.shared(nic).interest.store(interest::RECV_NOTIFY, Ordering::SeqCst);
+                    self.shared(nic)
+                        .interest
+                        .store(interest::RECV_NOTIFY, Ordering::SeqCst);
                 }
                 return (ran, false);
             }
@@ -268,7 +297,9 @@ impl CqCore {
             return Err(Error::InvalidState);
         }
         if entries as usize <= old.get().capacity() {
-            old.get().set_limit(entries as usize).map_err(|_| Error::InvalidState)?;
+            old.get()
+                .set_limit(entries as usize)
+                .map_err(|_| Error::InvalidState)?;
             self.limit.store(entries, Ordering::Relaxed);
             return Ok(());
         }
@@ -282,7 +313,9 @@ impl CqCore {
         *g = Some(new);
         self.ring_gen.store(generation, Ordering::Relaxed);
         // Release: peers that see the new generation find the new ring.
-        self.shared(nic).generation.store(generation, Ordering::Release);
+        self.shared(nic)
+            .generation
+            .store(generation, Ordering::Release);
         self.limit.store(entries, Ordering::Relaxed);
         let _ = nic.process.agent.send(&Request::Retire {
             key: ring_key(nic.id, self.slot, generation - 1),
@@ -310,13 +343,6 @@ impl CqCore {
                 key: ring_key(nic.id, self.slot, self.ring_gen.load(Ordering::Relaxed)),
             });
         }
-    }
-
-    /// Whether a queue of `vi` is associated with this CQ.
-    pub fn has(&self, vi: &ViCore, w: Which) -> bool {
-        self.members.lock().unwrap().iter().any(|(m, r)| {
-            *r == (w == Which::Recv) && m.upgrade().is_some_and(|v| std::ptr::eq(&*v, vi))
-        })
     }
 }
 

@@ -37,7 +37,10 @@ pub struct Handle {
 impl Handle {
     /// The pointer-sized value handed to C (never 0).
     pub fn encode(self) -> u64 {
-        ((self.kind as u64) << 60) | (((self.nic as u64) & 0xfff) << 48) | ((self.generation as u64) << 32) | self.index as u64
+        ((self.kind as u64) << 60)
+            | (((self.nic as u64) & 0xfff) << 48)
+            | ((self.generation as u64) << 32)
+            | self.index as u64
     }
 
     /// Decodes a value from C; `None` for NULL or an unknown kind.
@@ -84,7 +87,10 @@ impl<T> Slab<T> {
     pub fn new(limit: u32, first: u32) -> Slab<T> {
         let mut slots = Vec::new();
         for _ in 0..first {
-            slots.push(Slot { generation: 0, value: None });
+            slots.push(Slot {
+                generation: 0,
+                value: None,
+            });
         }
         Slab {
             slots,
@@ -103,7 +109,10 @@ impl<T> Slab<T> {
                 if i >= self.limit {
                     return None;
                 }
-                self.slots.push(Slot { generation: 0, value: None });
+                self.slots.push(Slot {
+                    generation: 0,
+                    value: None,
+                });
                 i
             }
         };
@@ -124,7 +133,10 @@ impl<T> Slab<T> {
                 if i >= self.limit {
                     return None;
                 }
-                self.slots.push(Slot { generation: 0, value: None });
+                self.slots.push(Slot {
+                    generation: 0,
+                    value: None,
+                });
                 i
             }
         };

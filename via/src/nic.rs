@@ -20,7 +20,9 @@ use crate::notify::Provider;
 use crate::process::Process;
 use crate::proto::{Endpoint, ObjKey, ObjKind, Request};
 use crate::shm::arena::{Extent, UserRange};
-use crate::shm::layout::{self, ERROR_RING, MAX_CQ, MAX_REGIONS, MAX_SEGS, MAX_VI, NicView, OFFSETS, RQ_SLOTS};
+use crate::shm::layout::{
+    self, ERROR_RING, MAX_CQ, MAX_REGIONS, MAX_SEGS, MAX_VI, NicView, OFFSETS, RQ_SLOTS,
+};
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
 use crate::tpt::TranslationTable;
@@ -117,7 +119,10 @@ impl AsyncError {
     /// cross processes).
     pub(crate) fn encode(&self) -> u64 {
         let (idx, generation) = self.vi.or(self.cq).unwrap_or((0, 0));
-        (self.code as u64) | ((self.resource as u64) << 8) | ((idx as u64 & 0xffff) << 16) | ((generation as u64) << 32)
+        (self.code as u64)
+            | ((self.resource as u64) << 8)
+            | ((idx as u64 & 0xffff) << 16)
+            | ((generation as u64) << 32)
     }
 
     pub(crate) fn decode(v: u64) -> Option<AsyncError> {
@@ -134,7 +139,8 @@ impl AsyncError {
         Some(AsyncError {
             resource,
             code,
-            vi: matches!(resource, ResourceCode::Vi | ResourceCode::Descriptor).then_some((idx, generation)),
+            vi: matches!(resource, ResourceCode::Vi | ResourceCode::Descriptor)
+                .then_some((idx, generation)),
             cq: matches!(resource, ResourceCode::Cq).then_some((idx, generation)),
             descriptor: 0,
         })
@@ -148,7 +154,6 @@ pub type ErrorHandler = Arc<dyn Fn(&AsyncError) + Send + Sync>;
 pub(crate) struct Incoming {
     pub conn: u64,
     pub peer: Endpoint,
-    pub remote: crate::proto::NetAddr,
 }
 
 /// One open NIC.
@@ -220,10 +225,11 @@ impl NicInner {
             *n - 1
         };
         let session = process.agent.session;
-        let (fd, map) = Mapping::create(&format!("via-nic:{session}:{id}"), OFFSETS.len).map_err(|e| {
-            log::error!("cannot create the NIC segment: {e}");
-            Error::Resource
-        })?;
+        let (fd, map) =
+            Mapping::create(&format!("via-nic:{session}:{id}"), OFFSETS.len).map_err(|e| {
+                log::error!("cannot create the NIC segment: {e}");
+                Error::Resource
+            })?;
         NicView::init(&map, session, id, process.pid as u32).map_err(|_| Error::Resource)?;
         let map = Arc::new(map);
         let (eoff, elen) = NicView::trusted(&map).errors_range();
@@ -231,7 +237,10 @@ impl NicInner {
             log::error!("cannot format the error ring: {e}");
             Error::Resource
         })?;
-        errors.get().set_limit(ERROR_RING as usize).map_err(|_| Error::Resource)?;
+        errors
+            .get()
+            .set_limit(ERROR_RING as usize)
+            .map_err(|_| Error::Resource)?;
         process
             .agent
             .publish(
@@ -249,7 +258,11 @@ impl NicInner {
             })?;
         drop(fd);
         let engine = Engine::new(process.config, session, id)?;
-        let salt = (session as u16).wrapping_mul(31).wrapping_add(id as u16).wrapping_mul(0x9e37) | 1;
+        let salt = (session as u16)
+            .wrapping_mul(31)
+            .wrapping_add(id as u16)
+            .wrapping_mul(0x9e37)
+            | 1;
         let nic = process
             .nics
             .write()
@@ -280,7 +293,11 @@ impl NicInner {
             .ok_or(Error::Resource)?;
         nic.dev.start(&nic);
         nic.provider.start(&nic);
-        log::debug!("opened {} as NIC {id} of session {session}", nic.name);
+        log::debug!(
+            "opened {} ({} device) as NIC {id} of session {session}",
+            nic.name,
+            nic.dev.kind()
+        );
         Ok(nic)
     }
 
@@ -313,7 +330,8 @@ impl NicInner {
             reliability_level_support: Reliability::Unreliable.bits()
                 | Reliability::ReliableDelivery.bits()
                 | Reliability::ReliableReception.bits(),
-            rdma_read_support: Reliability::ReliableDelivery.bits() | Reliability::ReliableReception.bits(),
+            rdma_read_support: Reliability::ReliableDelivery.bits()
+                | Reliability::ReliableReception.bits(),
         }
     }
 
@@ -321,13 +339,22 @@ impl NicInner {
 
     /// `VipCreatePtag`.
     pub fn create_ptag(&self) -> Result<Ptag> {
-        let (i, g) = self.ptags.lock().unwrap().insert(0).ok_or(Error::Resource)?;
+        let (i, g) = self
+            .ptags
+            .lock()
+            .unwrap()
+            .insert(0)
+            .ok_or(Error::Resource)?;
         Ok(Ptag(((g as u32) << 16) | i))
     }
 
     /// Whether `p` is a live tag of this NIC.
     pub fn ptag_valid(&self, p: Ptag) -> bool {
-        self.ptags.lock().unwrap().get(p.0 & 0xffff, (p.0 >> 16) as u16).is_some()
+        self.ptags
+            .lock()
+            .unwrap()
+            .get(p.0 & 0xffff, (p.0 >> 16) as u16)
+            .is_some()
     }
 
     /// Adds (`d = 1`) or drops (`d = -1`) a user of a tag.
@@ -359,8 +386,15 @@ impl NicInner {
     // ---- memory ----
 
     fn mem_flags(a: &MemAttributes) -> u32 {
-        (if a.enable_rdma_write { layout::flags::RDMA_WRITE } else { 0 })
-            | (if a.enable_rdma_read { layout::flags::RDMA_READ } else { 0 })
+        (if a.enable_rdma_write {
+            layout::flags::RDMA_WRITE
+        } else {
+            0
+        }) | (if a.enable_rdma_read {
+            layout::flags::RDMA_READ
+        } else {
+            0
+        })
     }
 
     /// `VipRegisterMem`.
@@ -369,7 +403,11 @@ impl NicInner {
             return Err(Error::InvalidPtag);
         }
         let extents = self.dev.pin(self, &range).map_err(|e| {
-            log::debug!("registration of {:#x}+{} refused: {e}", range.addr(), range.len());
+            log::debug!(
+                "registration of {:#x}+{} refused: {e}",
+                range.addr(),
+                range.len()
+            );
             if e.kind() == std::io::ErrorKind::InvalidInput {
                 Error::InvalidParameter
             } else {
@@ -390,12 +428,24 @@ impl NicInner {
         } else {
             extents
         };
+        let resolved: Vec<_> = extents
+            .iter()
+            .map(|e| {
+                (
+                    *e,
+                    (e.arena != crate::shm::arena::CMA)
+                        .then(|| self.process.arenas.shadow(e.arena))
+                        .flatten(),
+                )
+            })
+            .collect();
         let handle = match self.tpt.insert(
             range.addr() as u64,
             range.len() as u64,
             attrs.ptag.0,
             Self::mem_flags(attrs),
-            &extents,
+            &resolved,
+            self.process.pid,
         ) {
             Ok(h) => h,
             Err(e) => {
@@ -404,7 +454,10 @@ impl NicInner {
             }
         };
         self.ptag_ref(attrs.ptag, 1)?;
-        self.regions.lock().unwrap().insert(handle, (extents, attrs.ptag.0));
+        self.regions
+            .lock()
+            .unwrap()
+            .insert(handle, (extents, attrs.ptag.0));
         Ok(handle)
     }
 
@@ -446,7 +499,8 @@ impl NicInner {
             return Err(Error::InvalidPtag);
         }
         let old = Ptag(s.ptag);
-        self.tpt.set_attributes(handle, attrs.ptag.0, Self::mem_flags(attrs))?;
+        self.tpt
+            .set_attributes(handle, attrs.ptag.0, Self::mem_flags(attrs))?;
         if old != attrs.ptag {
             self.ptag_ref(attrs.ptag, 1)?;
             let _ = self.ptag_ref(old, -1);
@@ -471,7 +525,12 @@ impl NicInner {
 
     /// Every live VI.
     pub fn all_vis(&self) -> Vec<Arc<ViCore>> {
-        self.vis.read().unwrap().iter().map(|(_, _, v)| v.clone()).collect()
+        self.vis
+            .read()
+            .unwrap()
+            .iter()
+            .map(|(_, _, v)| v.clone())
+            .collect()
     }
 
     // ---- errors ----
@@ -487,7 +546,12 @@ impl NicInner {
         let cb = self.error_cb.lock().unwrap().clone();
         match cb {
             Some(cb) => cb(e),
-            None => log::error!("{}: asynchronous error {:?} on {:?}", self.name, e.code, e.resource),
+            None => log::error!(
+                "{}: asynchronous error {:?} on {:?}",
+                self.name,
+                e.code,
+                e.resource
+            ),
         }
     }
 
@@ -557,7 +621,11 @@ impl NicInner {
         }
         self.vis.write().unwrap().clear();
         self.cqs.write().unwrap().clear();
-        self.process.nics.write().unwrap().remove(self.slot, self.generation);
+        self.process
+            .nics
+            .write()
+            .unwrap()
+            .remove(self.slot, self.generation);
         Ok(())
     }
 }

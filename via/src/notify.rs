@@ -87,7 +87,10 @@ impl Provider {
     /// Watches VI (`slot`, `generation`) for notify handlers.
     pub fn arm(&self, nic: &NicInner, slot: u32, generation: u16) {
         let mut a = self.armed.lock().unwrap();
-        if !a.iter().any(|x| matches!(x, Armed::Vi(s, g) if *s == slot && *g == generation)) {
+        if !a
+            .iter()
+            .any(|x| matches!(x, Armed::Vi(s, g) if *s == slot && *g == generation))
+        {
             a.push(Armed::Vi(slot, generation));
         }
         drop(a);
@@ -97,7 +100,10 @@ impl Provider {
     /// Watches CQ (`slot`, `generation`) for notify handlers.
     pub fn arm_cq(&self, nic: &NicInner, slot: u32, generation: u16) {
         let mut a = self.armed.lock().unwrap();
-        if !a.iter().any(|x| matches!(x, Armed::Cq(s, g) if *s == slot && *g == generation)) {
+        if !a
+            .iter()
+            .any(|x| matches!(x, Armed::Cq(s, g) if *s == slot && *g == generation))
+        {
             a.push(Armed::Cq(slot, generation));
         }
         drop(a);

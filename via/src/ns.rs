@@ -31,7 +31,12 @@ pub fn by_addr(nic: &NicInner, host: &[u8]) -> Result<String> {
     let r = nic
         .process
         .agent
-        .call(&Request::ResolveAddr { host: host.to_vec() }, None)
+        .call(
+            &Request::ResolveAddr {
+                host: host.to_vec(),
+            },
+            None,
+        )
         .map_err(|_| Error::NameService)?;
     match r.0 {
         Reply::Name { name } => Ok(name),

@@ -69,7 +69,11 @@ impl Process {
             log::error!("cannot reach viad: {e}");
             Error::Resource
         })?);
-        let arenas = Arenas::new(agent.session, config.register, Box::new(AgentPublisher(agent.clone())));
+        let arenas = Arenas::new(
+            agent.session,
+            config.register,
+            Box::new(AgentPublisher(agent.clone())),
+        );
         let p = Arc::new(Process {
             pid: sys::getpid(),
             agent,
@@ -107,11 +111,19 @@ impl Process {
 
     /// Forgets the mappings of a dead session.
     pub fn forget_session(&self, session: u64) {
-        self.remotes.lock().unwrap().retain(|(s, _), _| *s != session);
+        self.remotes
+            .lock()
+            .unwrap()
+            .retain(|(s, _), _| *s != session);
     }
 
     fn all_nics(&self) -> Vec<Arc<NicInner>> {
-        self.nics.read().unwrap().iter().map(|(_, _, n)| n.clone()).collect()
+        self.nics
+            .read()
+            .unwrap()
+            .iter()
+            .map(|(_, _, n)| n.clone())
+            .collect()
     }
 }
 

@@ -575,7 +575,11 @@ impl Reply {
     pub fn encode(&self, id: u32) -> Vec<u8> {
         let mut w = W(Vec::new());
         let kind = match self {
-            Reply::Welcome { session, host, name } => {
+            Reply::Welcome {
+                session,
+                host,
+                name,
+            } => {
                 w.u64(*session);
                 w.bytes(host);
                 w.bytes(name.as_bytes());
@@ -714,7 +718,10 @@ mod tests {
                 remote: addr(),
                 timeout_ms: 0,
             },
-            Request::Disconnect { peer: ep(), me: ep() },
+            Request::Disconnect {
+                peer: ep(),
+                me: ep(),
+            },
             Request::DisconnectAck { token: 4 },
             Request::ResolveName { name: "h".into() },
             Request::ResolveAddr { host: vec![1] },
@@ -762,7 +769,10 @@ mod tests {
         extra.push(0);
         assert!(Request::decode(&extra).is_err());
         assert!(Request::decode(&Request::Hello { version: 1 }.encode(0)).is_err());
-        let long = Request::ResolveName { name: "x".repeat(300) }.encode(1);
+        let long = Request::ResolveName {
+            name: "x".repeat(300),
+        }
+        .encode(1);
         assert!(Request::decode(&long).is_err());
     }
 

@@ -38,7 +38,8 @@ pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
 
 /// Sets the size of a file.
 pub fn ftruncate(fd: &OwnedFd, len: u64) -> io::Result<()> {
-    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let len =
+        libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: plain syscall on an owned descriptor.
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })?;
     Ok(())
@@ -220,7 +221,10 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
         }
     }
     if msg.msg_flags & libc::MSG_TRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "message truncated"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message truncated",
+        ));
     }
     Ok((n, fds))
 }
@@ -298,7 +302,10 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
     // SAFETY: all-zero is a valid sockaddr_un.
     let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     if name.len() + 1 > sa.sun_path.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket name too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket name too long",
+        ));
     }
     sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
     // Abstract namespace: sun_path[0] stays 0, the name follows.
@@ -311,7 +318,8 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
 
 fn seqpacket_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain syscall.
-    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: fresh descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -323,7 +331,13 @@ pub fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket_socket()?;
     let (sa, len) = abstract_addr(name)?;
     // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) })?;
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    })?;
     // SAFETY: plain syscall.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
     Ok(fd)
@@ -335,7 +349,13 @@ pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let (sa, len) = abstract_addr(name)?;
     loop {
         // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
-        let r = unsafe { libc::connect(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) };
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
         match cvt(r) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
@@ -347,7 +367,14 @@ pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
 /// Accepts a connection (non-blocking listener: `WouldBlock` when none).
 pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: null address pointers are allowed by accept4.
-    let fd = cvt(unsafe { libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })?;
+    let fd = cvt(unsafe {
+        libc::accept4(
+            listener,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    })?;
     // SAFETY: fresh descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -356,7 +383,11 @@ pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
 pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor we hold.
     let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
-    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
     // SAFETY: as above.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
     Ok(())
@@ -403,7 +434,9 @@ pub fn hostname() -> String {
 /// Number of threads in this process (from `/proc/self/status`).
 pub fn thread_count() -> Option<usize> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok())
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Forks; the parent exits at once with status 0 and the child returns,
@@ -411,7 +444,9 @@ pub fn thread_count() -> Option<usize> {
 /// Only allowed while the process has a single thread.
 pub fn daemonize(log: Option<&std::path::Path>) -> io::Result<()> {
     if thread_count() != Some(1) {
-        return Err(io::Error::other("daemonize needs a single-threaded process"));
+        return Err(io::Error::other(
+            "daemonize needs a single-threaded process",
+        ));
     }
     // SAFETY: the process has one thread (checked above), so the child is a
     // complete copy and may run arbitrary code.
@@ -420,12 +455,22 @@ pub fn daemonize(log: Option<&std::path::Path>) -> io::Result<()> {
         -1 => Err(io::Error::last_os_error()),
         0 => {
             setsid()?;
-            let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+            let null = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")?;
             let out = match log {
-                Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p)?,
+                Some(p) => std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?,
                 None => null.try_clone()?,
             };
-            for (src, dst) in [(null.as_raw_fd(), 0), (out.as_raw_fd(), 1), (out.as_raw_fd(), 2)] {
+            for (src, dst) in [
+                (null.as_raw_fd(), 0),
+                (out.as_raw_fd(), 1),
+                (out.as_raw_fd(), 2),
+            ] {
                 // SAFETY: dup2 onto the standard descriptors, which we own.
                 cvt(unsafe { libc::dup2(src, dst) })?;
             }
@@ -448,7 +493,9 @@ pub fn own_object_path() -> Option<std::path::PathBuf> {
             return None;
         }
         let c = std::ffi::CStr::from_ptr(info.dli_fname);
-        Some(std::path::PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked(c.to_bytes())))
+        Some(std::path::PathBuf::from(
+            std::ffi::OsStr::from_encoded_bytes_unchecked(c.to_bytes()),
+        ))
     }
 }
 
@@ -459,7 +506,11 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_ZERO(&mut set);
         libc::CPU_SET(cpu, &mut set);
-        cvt(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set))?;
+        cvt(libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ))?;
     }
     Ok(())
 }

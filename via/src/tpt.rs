@@ -11,11 +11,12 @@
 //! salt, so a deregistered handle or a handle of another NIC is refused.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{Ordering, fence};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex, RwLock};
 
+use crate::backend::soft::memory::{Resolved, ResolvedExtent};
 use crate::error::{Error, Result};
-use crate::shm::arena::Extent;
+use crate::shm::arena::{CMA, Extent};
 use crate::shm::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
 use crate::shm::mapping::Mapping;
 
@@ -54,27 +55,6 @@ impl Snapshot {
     pub fn covers(&self, va: u64, len: u64) -> bool {
         va >= self.va && va.checked_add(len).is_some_and(|e| e <= self.va + self.len)
     }
-
-    /// Locates `len` bytes at region offset `off`: returns the extent holding
-    /// `off` and how many bytes of the request it covers.
-    pub fn locate(&self, off: u64) -> Option<(Extent, u64)> {
-        let va = self.va.checked_add(off)?;
-        for e in &self.extents[..self.n_extents] {
-            if va >= e.va && va - e.va < e.len {
-                let within = va - e.va;
-                return Some((
-                    Extent {
-                        va,
-                        len: e.len - within,
-                        arena: e.arena,
-                        arena_off: e.arena_off + within,
-                    },
-                    e.len - within,
-                ));
-            }
-        }
-        None
-    }
 }
 
 /// Splits a handle into (index, check).
@@ -84,14 +64,23 @@ pub fn split(handle: u32) -> (u32, u16) {
 
 /// Reads entry `index` of a (possibly remote, untrusted) table and checks it
 /// against `check`. `None` if the handle is invalid or the entry keeps
-/// changing.
-pub fn read(view: &NicView<'_>, handle: u32) -> Option<Snapshot> {
+/// changing. Also returns the entry's sequence value, which changes with
+/// any later write (for caches).
+pub fn read(view: &NicView<'_>, handle: u32) -> Option<(Snapshot, u32)> {
     let (index, check) = split(handle);
     let e = view.tpt(index)?;
-    snapshot(e).filter(|s| s.check == check)
+    snapshot(e).filter(|(s, _)| s.check == check)
 }
 
-fn snapshot(e: &TptEntry) -> Option<Snapshot> {
+/// The current sequence value of the entry of `handle` (cache validation:
+/// equal to a value returned by [`read`] means the entry is unchanged).
+pub fn seq(view: &NicView<'_>, handle: u32) -> Option<u32> {
+    // Acquire: pairs with the writer's final Release, as in `snapshot`.
+    view.tpt(split(handle).0)
+        .map(|e| e.seq.load(Ordering::Acquire))
+}
+
+fn snapshot(e: &TptEntry) -> Option<(Snapshot, u32)> {
     for _ in 0..64 {
         // Acquire: pairs with the Release that ends a write, so the fields
         // below are at least as new as this sequence value.
@@ -125,7 +114,7 @@ fn snapshot(e: &TptEntry) -> Option<Snapshot> {
             if check & VALID == 0 || snap.va.checked_add(snap.len).is_none() {
                 return None;
             }
-            return Some(snap);
+            return Some((snap, s1));
         }
     }
     log::warn!("translation entry kept changing; treating it as invalid");
@@ -138,11 +127,49 @@ struct Alloc {
     next: u32,
 }
 
-/// The owner's side of the table.
+/// The owner's side of the table: the shared entries, plus a process-local
+/// mirror with every extent already mapped (the posting path and the
+/// engine look regions up here, with no seqlock and no arena lookup).
 pub struct TranslationTable {
     map: Arc<Mapping>,
     salt: u16,
     alloc: Mutex<Alloc>,
+    local: RwLock<Vec<Option<Arc<Resolved>>>>,
+    version: AtomicU64,
+}
+
+/// A small cache of local regions for one user of the table (a work queue,
+/// the engine): valid while the table's version is unchanged, so a hit costs
+/// one load instead of a lock.
+#[derive(Default)]
+pub(crate) struct RegionCache {
+    version: u64,
+    entries: Vec<Arc<Resolved>>,
+}
+
+impl RegionCache {
+    /// Entries kept.
+    const SIZE: usize = 4;
+
+    /// The region of `handle`, from the cache or the table.
+    pub fn get(&mut self, t: &TranslationTable, handle: u32) -> Option<&Arc<Resolved>> {
+        // Acquire: pairs with the Release bump after a table change, so a
+        // cache validated here holds only regions that are still current.
+        let v = t.version.load(Ordering::Acquire);
+        if v != self.version {
+            self.entries.clear();
+            self.version = v;
+        }
+        if let Some(i) = self.entries.iter().position(|r| r.handle == handle) {
+            return Some(&self.entries[i]);
+        }
+        let r = t.local(handle)?;
+        if self.entries.len() >= Self::SIZE {
+            self.entries.remove(0);
+        }
+        self.entries.push(r);
+        self.entries.last()
+    }
 }
 
 impl TranslationTable {
@@ -156,7 +183,36 @@ impl TranslationTable {
                 free: Default::default(),
                 next: 1,
             }),
+            local: RwLock::new(Vec::new()),
+            version: AtomicU64::new(1),
         }
+    }
+
+    /// The current version (changes with every registration change).
+    pub fn version(&self) -> u64 {
+        // Acquire: pairs with the Release bump in `set_local`.
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The region of `handle` in this process, resolved.
+    pub fn local(&self, handle: u32) -> Option<Arc<Resolved>> {
+        let (index, _) = split(handle);
+        let g = self.local.read().unwrap();
+        g.get(index as usize)?
+            .as_ref()
+            .filter(|r| r.handle == handle)
+            .cloned()
+    }
+
+    fn set_local(&self, index: u32, r: Option<Arc<Resolved>>) {
+        let mut g = self.local.write().unwrap();
+        if g.len() <= index as usize {
+            g.resize(index as usize + 1, None);
+        }
+        g[index as usize] = r;
+        // Release: publishes the new table contents to caches that see the
+        // new version (pairs with the Acquire in `RegionCache::get`).
+        self.version.fetch_add(1, Ordering::Release);
     }
 
     fn view(&self) -> NicView<'_> {
@@ -183,7 +239,15 @@ impl TranslationTable {
     /// # Errors
     /// `Resource` when the table is full or the region needs more than
     /// [`MAX_EXTENTS`] extents.
-    pub fn insert(&self, va: u64, len: u64, ptag: u32, flags: u32, extents: &[Extent]) -> Result<u32> {
+    pub fn insert(
+        &self,
+        va: u64,
+        len: u64,
+        ptag: u32,
+        flags: u32,
+        extents: &[(Extent, Option<Arc<Mapping>>)],
+        pid: i32,
+    ) -> Result<u32> {
         if extents.len() > MAX_EXTENTS {
             return Err(Error::Resource);
         }
@@ -209,7 +273,7 @@ impl TranslationTable {
             e.va.store(va, Ordering::Relaxed);
             e.len.store(len, Ordering::Relaxed);
             e.n_extents.store(extents.len() as u32, Ordering::Relaxed);
-            for (slot, x) in e.extents.iter().zip(extents) {
+            for (slot, (x, _)) in e.extents.iter().zip(extents) {
                 slot.va.store(x.va, Ordering::Relaxed);
                 slot.len.store(x.len, Ordering::Relaxed);
                 slot.arena.store(x.arena, Ordering::Relaxed);
@@ -217,12 +281,31 @@ impl TranslationTable {
             }
             e.check.store(VALID | check as u32, Ordering::Relaxed);
         });
-        Ok(((check as u32) << 16) | index)
+        let handle = ((check as u32) << 16) | index;
+        let resolved = Resolved {
+            handle,
+            va,
+            len,
+            ptag,
+            flags,
+            pid,
+            extents: extents
+                .iter()
+                .map(|(x, m)| ResolvedExtent {
+                    va: x.va,
+                    len: x.len,
+                    map: if x.arena == CMA { None } else { m.clone() },
+                    map_off: if x.arena == CMA { 0 } else { x.arena_off },
+                })
+                .collect(),
+        };
+        self.set_local(index, Some(Arc::new(resolved)));
+        Ok(handle)
     }
 
     /// Looks up a handle of this table.
     pub fn lookup(&self, handle: u32) -> Option<Snapshot> {
-        read(&self.view(), handle)
+        read(&self.view(), handle).map(|(s, _)| s)
     }
 
     /// Invalidates a handle; returns the region as it was.
@@ -232,8 +315,11 @@ impl TranslationTable {
     pub fn remove(&self, handle: u32) -> Result<Snapshot> {
         let snap = self.lookup(handle).ok_or(Error::InvalidParameter)?;
         let (index, _) = split(handle);
+        self.set_local(index, None);
         let view = self.view();
-        Self::write(view.tpt(index).expect("checked"), |e| e.check.store(0, Ordering::Relaxed));
+        Self::write(view.tpt(index).expect("checked"), |e| {
+            e.check.store(0, Ordering::Relaxed)
+        });
         self.alloc.lock().unwrap().free.push_back(index);
         Ok(snap)
     }
@@ -250,6 +336,12 @@ impl TranslationTable {
             e.ptag.store(ptag, Ordering::Relaxed);
             e.flags.store(flags, Ordering::Relaxed);
         });
+        if let Some(old) = self.local(handle) {
+            let mut r = (*old).clone();
+            r.ptag = ptag;
+            r.flags = flags;
+            self.set_local(index, Some(Arc::new(r)));
+        }
         Ok(())
     }
 }
@@ -257,7 +349,6 @@ impl TranslationTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::arena::CMA;
     use crate::shm::layout::OFFSETS;
 
     fn table(salt: u16) -> TranslationTable {
@@ -270,37 +361,44 @@ mod tests {
     fn insert_lookup_remove() {
         let t = table(0x1234);
         let ext = [
-            Extent {
-                va: 0x10000,
-                len: 0x1000,
-                arena: 3,
-                arena_off: 0,
-            },
-            Extent {
-                va: 0x11000,
-                len: 0x1000,
-                arena: CMA,
-                arena_off: 0x11000,
-            },
+            (
+                Extent {
+                    va: 0x10000,
+                    len: 0x1000,
+                    arena: 3,
+                    arena_off: 0,
+                },
+                None,
+            ),
+            (
+                Extent {
+                    va: 0x11000,
+                    len: 0x1000,
+                    arena: CMA,
+                    arena_off: 0x11000,
+                },
+                None,
+            ),
         ];
-        let h = t.insert(0x10100, 0x1800, 7, 1, &ext).unwrap();
+        let h = t.insert(0x10100, 0x1800, 7, 1, &ext, 1).unwrap();
+        assert_eq!(t.local(h).unwrap().extents.len(), 2);
         assert_ne!(h, 0);
         let s = t.lookup(h).unwrap();
-        assert_eq!((s.va, s.len, s.ptag, s.flags, s.n_extents), (0x10100, 0x1800, 7, 1, 2));
+        assert_eq!(
+            (s.va, s.len, s.ptag, s.flags, s.n_extents),
+            (0x10100, 0x1800, 7, 1, 2)
+        );
         assert!(s.covers(0x10100, 0x1800));
         assert!(!s.covers(0x10100, 0x1801));
         assert!(!s.covers(0x100ff, 1));
-        // Offset 0 of the region is 0x100 into the first extent.
-        let (e, n) = s.locate(0).unwrap();
-        assert_eq!((e.arena, e.arena_off, n), (3, 0x100, 0xf00));
-        let (e, _) = s.locate(0xf00).unwrap();
-        assert_eq!((e.arena, e.arena_off), (CMA, 0x11000));
         t.set_attributes(h, 8, 3).unwrap();
         assert_eq!(t.lookup(h).unwrap().ptag, 8);
+        assert_eq!(t.local(h).unwrap().ptag, 8);
         t.remove(h).unwrap();
         assert!(t.lookup(h).is_none(), "deregistered handle refused");
+        assert!(t.local(h).is_none());
         assert_eq!(t.remove(h), Err(Error::InvalidParameter));
-        let h2 = t.insert(1, 1, 1, 0, &[]).unwrap();
+        let h2 = t.insert(1, 1, 1, 0, &[], 1).unwrap();
         assert_eq!(h2 & 0xffff, h & 0xffff, "slot reused");
         assert_ne!(h2, h, "with a new check");
         assert!(t.lookup(h).is_none());
@@ -310,9 +408,10 @@ mod tests {
     fn handles_of_another_table_are_refused() {
         let a = table(0x1111);
         let b = table(0x2222);
-        let ha = a.insert(0, 10, 1, 0, &[]).unwrap();
-        b.insert(0, 10, 1, 0, &[]).unwrap();
+        let ha = a.insert(0, 10, 1, 0, &[], 1).unwrap();
+        b.insert(0, 10, 1, 0, &[], 1).unwrap();
         assert!(b.lookup(ha).is_none());
+        assert!(b.local(ha).is_none());
         assert!(a.lookup(0).is_none());
         assert!(a.lookup(0xffff_ffff).is_none());
     }

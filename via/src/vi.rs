@@ -15,7 +15,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use crate::cq::CqCore;
 use crate::descriptor::status;
 use crate::error::{Error, Result};
 use crate::nic::{AsyncError, ErrorCode, MAX_TRANSFER, NicInner, ResourceCode};
-use crate::proto::{Endpoint, NetAddr, Request};
+use crate::proto::{Endpoint, Request};
 use crate::shm::layout::{RQ_SLOTS, ViShared, flags, interest};
 use crate::translate::{self, StatusLoc};
 
@@ -49,6 +49,8 @@ pub(crate) struct Queue {
     pub tail: u64,
     /// Receive ring positions before this one are finished (taken or flushed).
     pub consumer_pos: u64,
+    /// Translations of the regions this queue's descriptors use.
+    pub regions: crate::tpt::RegionCache,
 }
 
 /// A completed descriptor, dequeued.
@@ -77,7 +79,14 @@ pub(crate) struct State {
     pub state: ViState,
     pub peer: Option<Endpoint>,
     pub peer_request: Option<Pending>,
-    pub peer_local: Option<NetAddr>,
+}
+
+#[derive(Default)]
+struct Fast {
+    state: AtomicU32,
+    ptag: AtomicU32,
+    mtu: AtomicU32,
+    reliable: AtomicBool,
 }
 
 /// A VI.
@@ -85,11 +94,16 @@ pub(crate) struct ViCore {
     pub slot: u32,
     pub generation: u16,
     pub attrs: RwLock<ViAttributes>,
+    /// What the posting path needs of the attributes and state, readable
+    /// without a lock; written under the `state` lock.
+    fast: Fast,
     pub state: Mutex<State>,
     /// Set (before the state changes) when the connection breaks, so the
     /// engine stops using it at once.
     pub broken: AtomicBool,
     pub link: RwLock<Option<Arc<PeerLink>>>,
+    /// Bumped whenever `link` changes (engines cache the link by epoch).
+    link_epoch: AtomicU32,
     pub send: Mutex<Queue>,
     pub recv: Mutex<Queue>,
     pub send_cq: Option<Arc<CqCore>>,
@@ -129,14 +143,15 @@ impl ViCore {
                     slot,
                     generation,
                     attrs: RwLock::new(attrs),
+                    fast: Fast::default(),
                     state: Mutex::new(State {
                         state: ViState::Idle,
                         peer: None,
                         peer_request: None,
-                        peer_local: None,
                     }),
                     broken: AtomicBool::new(false),
                     link: RwLock::new(None),
+                    link_epoch: AtomicU32::new(0),
                     send: Mutex::new(Queue::default()),
                     recv: Mutex::new(Queue::default()),
                     send_cq,
@@ -150,10 +165,14 @@ impl ViCore {
         nic.ptag_ref(attrs.ptag, 1)?;
         let sh = vi.shared(nic);
         vi.publish_attrs(nic);
-        sh.recv_cq
-            .store(vi.recv_cq.as_ref().map_or(0, |c| c.slot + 1), Ordering::Relaxed);
-        sh.send_cq
-            .store(vi.send_cq.as_ref().map_or(0, |c| c.slot + 1), Ordering::Relaxed);
+        sh.recv_cq.store(
+            vi.recv_cq.as_ref().map_or(0, |c| c.slot + 1),
+            Ordering::Relaxed,
+        );
+        sh.send_cq.store(
+            vi.send_cq.as_ref().map_or(0, |c| c.slot + 1),
+            Ordering::Relaxed,
+        );
         sh.interest.store(0, Ordering::Relaxed);
         // Release: the fields above are visible to a peer that sees the generation.
         sh.generation.store(vi.generation as u32, Ordering::Release);
@@ -176,14 +195,43 @@ impl ViCore {
 
     fn publish_attrs(&self, nic: &NicInner) {
         let a = *self.attrs.read().unwrap();
+        self.fast.ptag.store(a.ptag.id(), Ordering::Relaxed);
+        self.fast.mtu.store(a.max_transfer_size, Ordering::Relaxed);
+        self.fast
+            .reliable
+            .store(a.reliability.is_reliable(), Ordering::Relaxed);
         let sh = self.shared(nic);
-        sh.reliability.store(a.reliability.bits(), Ordering::Relaxed);
+        sh.reliability
+            .store(a.reliability.bits(), Ordering::Relaxed);
         sh.ptag.store(a.ptag.id(), Ordering::Relaxed);
         sh.flags.store(
-            (if a.enable_rdma_write { flags::RDMA_WRITE } else { 0 })
-                | (if a.enable_rdma_read { flags::RDMA_READ } else { 0 }),
+            (if a.enable_rdma_write {
+                flags::RDMA_WRITE
+            } else {
+                0
+            }) | (if a.enable_rdma_read {
+                flags::RDMA_READ
+            } else {
+                0
+            }),
             Ordering::Release,
         );
+    }
+
+    /// The link epoch (see `link_epoch`).
+    pub fn link_epoch(&self) -> u32 {
+        // Acquire: pairs with the Release bump in `set_link`.
+        self.link_epoch.load(Ordering::Acquire)
+    }
+
+    /// Replaces the link; returns the old one. Callers then quiesce the
+    /// engine before relying on the old link being unused.
+    fn set_link(&self, l: Option<Arc<PeerLink>>) -> Option<Arc<PeerLink>> {
+        let mut g = self.link.write().unwrap();
+        let old = std::mem::replace(&mut *g, l);
+        // Release: an engine that sees the new epoch reads the new link.
+        self.link_epoch.fetch_add(1, Ordering::Release);
+        old
     }
 
     /// The reliability level.
@@ -193,12 +241,24 @@ impl ViCore {
 
     /// The current state.
     pub fn vi_state(&self) -> ViState {
-        let s = self.state.lock().unwrap().state;
+        let s = match self.fast.state.load(Ordering::Acquire) {
+            0 => ViState::Idle,
+            1 => ViState::Connected,
+            2 => ViState::ConnectPending,
+            _ => ViState::Error,
+        };
         if s == ViState::Connected && self.broken.load(Ordering::Acquire) {
             ViState::Error
         } else {
             s
         }
+    }
+
+    /// Changes the state (caller holds the `state` lock, passed as `st`).
+    fn set_state(&self, st: &mut State, s: ViState) {
+        st.state = s;
+        // Release: pairs with the Acquire in `vi_state`.
+        self.fast.state.store(s.code(), Ordering::Release);
     }
 
     /// Session of the connected peer.
@@ -236,7 +296,10 @@ impl ViCore {
     /// `VipDestroyVi`: the VI must be idle with both queues empty.
     pub fn destroy(self: &Arc<Self>, nic: &NicInner) -> Result<()> {
         let st = self.state.lock().unwrap();
-        if st.state != ViState::Idle || !self.send.lock().unwrap().fifo.is_empty() || !self.recv.lock().unwrap().fifo.is_empty() {
+        if st.state != ViState::Idle
+            || !self.send.lock().unwrap().fifo.is_empty()
+            || !self.recv.lock().unwrap().fifo.is_empty()
+        {
             return Err(Error::InvalidState);
         }
         drop(st);
@@ -270,35 +333,36 @@ impl ViCore {
 
     /// `VipPostSend`.
     pub fn post_send(&self, nic: &NicInner, desc_va: u64, handle: u32) -> Result<()> {
-        let state = self.state.lock().unwrap().state;
-        match state {
+        match self.vi_state() {
             ViState::Connected | ViState::Error => {}
             ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
         }
-        let a = *self.attrs.read().unwrap();
-        let d = translate::read_desc(nic, desc_va, handle, a.ptag.id())?;
-        let pd = translate::send_pd(
-            nic,
-            &d,
-            &translate::SendCtx {
-                vi: (self.slot, self.generation),
-                ptag: a.ptag.id(),
-                mtu: a.max_transfer_size,
-                reliable: a.reliability.is_reliable(),
-                inline_max: nic.process.config.inline,
-                desc_va,
-                desc_handle: handle,
-            },
-        )?;
+        let ptag = self.fast.ptag.load(Ordering::Relaxed);
         {
             let mut q = self.send.lock().unwrap();
             if q.fifo.len() >= RQ_SLOTS as usize {
                 return Err(Error::Resource);
             }
+            let d = translate::read_desc(nic, desc_va, handle, ptag, &mut q.regions)?;
+            let mut pd = crate::shm::layout::SendPd::default();
+            translate::send_pd(
+                nic,
+                &d,
+                &translate::SendCtx {
+                    vi: (self.slot, self.generation),
+                    ptag,
+                    mtu: self.fast.mtu.load(Ordering::Relaxed),
+                    reliable: self.fast.reliable.load(Ordering::Relaxed),
+                    inline_max: nic.process.config.inline,
+                    desc_va,
+                    desc_handle: handle,
+                },
+                &mut pd,
+                &mut q.regions,
+            )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
             d.status.complete(0, None, None);
-            let mut pd = pd;
             pd.seq = q.tail as u32;
             q.tail += 1;
             q.fifo.push_back(Posted {
@@ -310,20 +374,20 @@ impl ViCore {
             // descriptors in posting order.
             nic.dev.post_send(nic, self, pd)?;
         }
-        nic.dev.kick(nic);
+        nic.dev.kick(nic, Some(self));
         Ok(())
     }
 
     /// `VipPostRecv`.
     pub fn post_recv(&self, nic: &NicInner, desc_va: u64, handle: u32) -> Result<()> {
-        let a = *self.attrs.read().unwrap();
-        let d = translate::read_desc(nic, desc_va, handle, a.ptag.id())?;
-        let pd = translate::recv_pd(nic, &d, desc_va, handle, a.ptag.id());
+        let ptag = self.fast.ptag.load(Ordering::Relaxed);
         let state = self.vi_state();
         let mut q = self.recv.lock().unwrap();
         if q.fifo.len() >= RQ_SLOTS as usize {
             return Err(Error::Resource);
         }
+        let d = translate::read_desc(nic, desc_va, handle, ptag, &mut q.regions)?;
+        let pd = translate::recv_pd(nic, &d, desc_va, handle, ptag, &mut q.regions);
         let pos = q.tail;
         q.tail += 1;
         d.status.complete(0, None, None);
@@ -376,7 +440,9 @@ impl ViCore {
 
     fn head_done(&self, w: Which) -> bool {
         let q = self.queue(w).lock().unwrap();
-        q.fifo.front().is_some_and(|h| h.status.status() & status::DONE != 0)
+        q.fifo
+            .front()
+            .is_some_and(|h| h.status.status() & status::DONE != 0)
     }
 
     /// `VipSendWait` / `VipRecvWait`: spin, then sleep until the head
@@ -393,7 +459,8 @@ impl ViCore {
                 Err(Error::NotDone) => {}
                 r => return r,
             }
-            let ok = doorbell::wait_until(ec, nic.process.config.spin, deadline, || self.head_done(w));
+            let ok =
+                doorbell::wait_until(ec, nic.process.config.spin, deadline, || self.head_done(w));
             if !ok {
                 return match self.done(w) {
                     Err(Error::NotDone) => Err(Error::Timeout),
@@ -478,7 +545,7 @@ impl ViCore {
         if st.state != ViState::Idle || st.peer_request.is_some() {
             return Err(Error::InvalidState);
         }
-        st.state = ViState::ConnectPending;
+        self.set_state(&mut st, ViState::ConnectPending);
         Ok(())
     }
 
@@ -486,7 +553,7 @@ impl ViCore {
     pub fn abort_connect(&self) {
         let mut st = self.state.lock().unwrap();
         if st.state == ViState::ConnectPending {
-            st.state = ViState::Idle;
+            self.set_state(&mut st, ViState::Idle);
         }
         st.peer_request = None;
     }
@@ -503,9 +570,9 @@ impl ViCore {
     /// CONNECT_PENDING → CONNECTED over `link`.
     pub fn install(&self, link: PeerLink, peer: &Endpoint) {
         let mut st = self.state.lock().unwrap();
-        *self.link.write().unwrap() = Some(Arc::new(link));
+        self.set_link(Some(Arc::new(link)));
         self.broken.store(false, Ordering::Release);
-        st.state = ViState::Connected;
+        self.set_state(&mut st, ViState::Connected);
         st.peer = Some(peer.clone());
     }
 
@@ -520,16 +587,22 @@ impl ViCore {
     /// complete with `DESC_FLUSHED_ERROR`, and the error callback runs with
     /// `code`. `tell_peer` pushes `CONN_LOST` into the peer's error ring;
     /// `peer_dead` also flushes receives a dead peer had taken.
-    pub fn break_connection(&self, nic: &NicInner, code: ErrorCode, tell_peer: bool, peer_dead: bool) {
+    pub fn break_connection(
+        &self,
+        nic: &NicInner,
+        code: ErrorCode,
+        tell_peer: bool,
+        peer_dead: bool,
+    ) {
         {
             let mut st = self.state.lock().unwrap();
             if st.state != ViState::Connected {
                 return;
             }
-            st.state = ViState::Error;
+            self.set_state(&mut st, ViState::Error);
             self.broken.store(true, Ordering::Release);
         }
-        let link = self.link.write().unwrap().take();
+        let link = self.set_link(None);
         if let (true, Some(l)) = (tell_peer, &link) {
             l.tell_peer(ErrorCode::ConnLost);
         }
@@ -554,14 +627,24 @@ impl ViCore {
         {
             let mut q = self.recv.lock().unwrap();
             for p in &q.fifo {
-                if p.status.status() & status::DONE == 0 && nic.dev.cancel_recv(nic, self, p.pos, peer_dead) {
+                if p.status.status() & status::DONE == 0
+                    && nic.dev.cancel_recv(nic, self, p.pos, peer_dead)
+                {
                     todo.push(p.status.clone());
                 }
             }
             q.consumer_pos = q.tail;
         }
         for st in todo {
-            complete::local(nic, self, Which::Recv, &st, flushed | status::OP_RECEIVE, None, None);
+            complete::local(
+                nic,
+                self,
+                Which::Recv,
+                &st,
+                flushed | status::OP_RECEIVE,
+                None,
+                None,
+            );
         }
     }
 
@@ -574,22 +657,26 @@ impl ViCore {
                 ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
             }
             let was_connected = st.state == ViState::Connected;
-            st.state = ViState::Error;
+            self.set_state(&mut st, ViState::Error);
             self.broken.store(true, Ordering::Release);
             let peer = st.peer.take();
             if was_connected { peer } else { None }
         };
-        let link = self.link.write().unwrap().take();
+        let link = self.set_link(None);
         if let (Some(peer), Some(_)) = (peer, link) {
             // Wait until the peer's engine no longer uses this connection.
             let me = self.endpoint(nic);
-            if let Err(e) = nic.process.agent.call(&Request::Disconnect { peer, me }, None) {
+            if let Err(e) = nic
+                .process
+                .agent
+                .call(&Request::Disconnect { peer, me }, None)
+            {
                 log::warn!("disconnect: viad unreachable ({e}); flushing anyway");
             }
         }
         self.flush(nic, true);
         let mut st = self.state.lock().unwrap();
-        st.state = ViState::Idle;
+        self.set_state(&mut st, ViState::Idle);
         self.broken.store(false, Ordering::Release);
         Ok(())
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use via::descriptor::status;
 use via::shm::mapping::Mapping;
-use via::{DescBuilder, Nic, Reliability, Region, Vi, ViAttributes};
+use via::{DescBuilder, Nic, Region, Reliability, Vi, ViAttributes};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
@@ -82,11 +82,13 @@ fn parse_opts(args: &[String]) -> Opts {
             "--reps" => o.reps = val().parse().unwrap_or_else(|_| usage()),
             "--sizes" => o.sizes = Some(val().split(',').map(parse_size).collect()),
             "--iters" => o.iters = Some(val().parse().unwrap_or_else(|_| usage())),
-            "--wait" => o.block = match val().as_str() {
-                "poll" => false,
-                "block" => true,
-                _ => usage(),
-            },
+            "--wait" => {
+                o.block = match val().as_str() {
+                    "poll" => false,
+                    "block" => true,
+                    _ => usage(),
+                }
+            }
             "--reliability" => {
                 o.rel = match val().as_str() {
                     "u" => Reliability::Unreliable,
@@ -116,16 +118,33 @@ fn main() {
         "report" => report(&parse_opts(rest)),
         "pingpong" => {
             let o = parse_opts(rest);
-            let sizes = o.sizes.clone().unwrap_or_else(|| (0..=22).step_by(2).map(|p| 1 << p).collect());
-            println!("{:>10} {:>12} {:>12} {:>12}", "bytes", "half-RTT us", "MB/s", "cpu %");
+            let sizes = o
+                .sizes
+                .clone()
+                .unwrap_or_else(|| (0..=22).step_by(2).map(|p| 1 << p).collect());
+            println!(
+                "{:>10} {:>12} {:>10} {:>10} {:>12} {:>8}",
+                "bytes", "half-RTT us", "median", "p99", "MB/s", "cpu %"
+            );
             for s in sizes {
                 let r = via_pingpong(&o, s, o.iters.unwrap_or(iters_for(s, o.quick)));
-                println!("{:>10} {:>12.3} {:>12.1} {:>12.0}", s, r.half_rtt_us, r.mbps(s), r.cpu_pct);
+                println!(
+                    "{:>10} {:>12.3} {:>10.3} {:>10.3} {:>12.1} {:>8.0}",
+                    s,
+                    r.half_rtt_us,
+                    r.median_us,
+                    r.p99_us,
+                    r.mbps(s),
+                    r.cpu_pct
+                );
             }
         }
         "bw" => {
             let o = parse_opts(rest);
-            let sizes = o.sizes.clone().unwrap_or_else(|| vec![4 * KIB, 64 * KIB, MIB, 4 * MIB]);
+            let sizes = o
+                .sizes
+                .clone()
+                .unwrap_or_else(|| vec![4 * KIB, 64 * KIB, MIB, 4 * MIB]);
             println!("{:>10} {:>12}", "bytes", "MB/s");
             for s in sizes {
                 let gbps = via_stream(&o, s, o.iters.unwrap_or(iters_for(s, o.quick)));
@@ -158,9 +177,23 @@ fn pin(cpu: usize) {
 fn serve(args: &[String]) {
     pin(1);
     match args.first().map(String::as_str) {
-        Some("via") => serve_echo(&args[1], args[2].parse().unwrap(), rel_of(&args[3]), args[4] == "block"),
-        Some("shm") => serve_shm(args[1].parse().unwrap(), args[2].parse().unwrap(), args[3].parse().unwrap()),
-        Some("stream") => serve_stream(&args[1], args[2].parse().unwrap(), args[3].parse().unwrap(), rel_of(&args[4])),
+        Some("via") => serve_echo(
+            &args[1],
+            args[2].parse().unwrap(),
+            rel_of(&args[3]),
+            args[4] == "block",
+        ),
+        Some("shm") => serve_shm(
+            args[1].parse().unwrap(),
+            args[2].parse().unwrap(),
+            args[3].parse().unwrap(),
+        ),
+        Some("stream") => serve_stream(
+            &args[1],
+            args[2].parse().unwrap(),
+            args[3].parse().unwrap(),
+            rel_of(&args[4]),
+        ),
         _ => usage(),
     }
 }
@@ -199,7 +232,11 @@ fn ends(bytes: usize, rel: Reliability) -> Ends {
 
 fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
     let r = if block {
-        if recv { vi.recv_wait(Some(Duration::from_secs(30))) } else { vi.send_wait(Some(Duration::from_secs(30))) }
+        if recv {
+            vi.recv_wait(Some(Duration::from_secs(30)))
+        } else {
+            vi.send_wait(Some(Duration::from_secs(30)))
+        }
     } else {
         let t0 = Instant::now();
         loop {
@@ -227,11 +264,20 @@ fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
 fn serve_echo(disc: &str, max: usize, rel: Reliability, block: bool) {
     let e = ends(2 * max + 8192, rel);
     let (rbuf, sbuf) = (4096, 4096 + max);
-    let rd = DescBuilder::recv().segment(&e.mem, rbuf, max as u32).write(&e.mem, 0).unwrap();
+    let rd = DescBuilder::recv()
+        .segment(&e.mem, rbuf, max as u32)
+        .write(&e.mem, 0)
+        .unwrap();
     e.vi.post_recv(&e.mem, rd).unwrap();
     println!("READY");
     std::io::stdout().flush().unwrap();
-    let req = e.nic.connect_wait(&e.nic.address(disc.as_bytes()), Some(Duration::from_secs(30))).expect("wait");
+    let req = e
+        .nic
+        .connect_wait(
+            &e.nic.address(disc.as_bytes()),
+            Some(Duration::from_secs(30)),
+        )
+        .expect("wait");
     req.accept(&e.vi).expect("accept");
     // The reply has the request's length; rebuild its descriptor when it changes.
     let mut sd_len = u32::MAX;
@@ -243,7 +289,10 @@ fn serve_echo(disc: &str, max: usize, rel: Reliability, block: bool) {
         let len = e.mem.word(rd + 24);
         e.vi.post_recv(&e.mem, rd).unwrap();
         if len != sd_len {
-            DescBuilder::send().segment(&e.mem, sbuf, len).write(&e.mem, 128).unwrap();
+            DescBuilder::send()
+                .segment(&e.mem, sbuf, len)
+                .write(&e.mem, 128)
+                .unwrap();
             sd_len = len;
         }
         e.vi.post_send(&e.mem, 128).unwrap();
@@ -269,7 +318,13 @@ fn serve_stream(disc: &str, max: usize, window: usize, rel: Reliability) {
     }
     println!("READY");
     std::io::stdout().flush().unwrap();
-    let req = e.nic.connect_wait(&e.nic.address(disc.as_bytes()), Some(Duration::from_secs(30))).expect("wait");
+    let req = e
+        .nic
+        .connect_wait(
+            &e.nic.address(disc.as_bytes()),
+            Some(Duration::from_secs(30)),
+        )
+        .expect("wait");
     req.accept(&e.vi).expect("accept");
     loop {
         let mut last = 0;
@@ -349,7 +404,11 @@ struct Lat {
 
 impl Lat {
     fn mbps(&self, size: usize) -> f64 {
-        if self.half_rtt_us == 0.0 { 0.0 } else { size as f64 / self.half_rtt_us }
+        if self.half_rtt_us == 0.0 {
+            0.0
+        } else {
+            size as f64 / self.half_rtt_us
+        }
     }
 }
 
@@ -360,7 +419,11 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("bench-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "bench-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn via_pingpong(o: &Opts, size: usize, iters: usize) -> Lat {
@@ -375,11 +438,21 @@ fn via_pingpong(o: &Opts, size: usize, iters: usize) -> Lat {
         if o.block { "block" } else { "poll" }.into(),
     ]);
     let e = ends(2 * max + 8192, o.rel);
-    e.vi.connect(&e.nic.address(b"client"), &e.nic.address(disc.as_bytes()), Some(Duration::from_secs(30)))
-        .expect("connect");
+    e.vi.connect(
+        &e.nic.address(b"client"),
+        &e.nic.address(disc.as_bytes()),
+        Some(Duration::from_secs(30)),
+    )
+    .expect("connect");
     let (rbuf, sbuf) = (4096, 4096 + max);
-    let rd = DescBuilder::recv().segment(&e.mem, rbuf, max as u32).write(&e.mem, 0).unwrap();
-    let sd = DescBuilder::send().segment(&e.mem, sbuf, size as u32).write(&e.mem, 128).unwrap();
+    let rd = DescBuilder::recv()
+        .segment(&e.mem, rbuf, max as u32)
+        .write(&e.mem, 0)
+        .unwrap();
+    let sd = DescBuilder::send()
+        .segment(&e.mem, sbuf, size as u32)
+        .write(&e.mem, 128)
+        .unwrap();
     let prof = std::env::var_os("VIA_BENCH_PROFILE").is_some();
     let acc = std::cell::Cell::new([0u128; 4]);
     let hist = std::cell::RefCell::new(Vec::<(u32, u32, u32)>::new());
@@ -399,7 +472,11 @@ fn via_pingpong(o: &Opts, size: usize, iters: usize) -> Lat {
             a[2] += (t3 - t2).as_nanos();
             a[3] += 1;
             acc.set(a);
-            hist.borrow_mut().push(((t1 - t0).as_nanos() as u32, (t2 - t1).as_nanos() as u32, (t3 - t2).as_nanos() as u32));
+            hist.borrow_mut().push((
+                (t1 - t0).as_nanos() as u32,
+                (t2 - t1).as_nanos() as u32,
+                (t3 - t2).as_nanos() as u32,
+            ));
         }
     };
     for _ in 0..(iters / 10).max(10) {
@@ -427,7 +504,14 @@ fn via_pingpong(o: &Opts, size: usize, iters: usize) -> Lat {
         for k in 0..3 {
             let mut v: Vec<u32> = h.iter().map(|x| [x.0, x.1, x.2][k]).collect();
             v.sort();
-            eprintln!("  part {k}: min {} p50 {} p90 {} p99 {} max {}", v[0], v[v.len() / 2], v[v.len() * 9 / 10], v[v.len() * 99 / 100], v[v.len() - 1]);
+            eprintln!(
+                "  part {k}: min {} p50 {} p90 {} p99 {} max {}",
+                v[0],
+                v[v.len() / 2],
+                v[v.len() * 9 / 10],
+                v[v.len() * 99 / 100],
+                v[v.len() - 1]
+            );
         }
     }
     // Disconnecting flushes the server's receive: its signal to stop.
@@ -446,20 +530,40 @@ fn via_stream(o: &Opts, size: usize, iters: usize) -> f64 {
     let w = o.window.max(1);
     let rounds = (iters / w).max(2);
     let disc = unique("bw");
-    let child = Child::start(&["stream".into(), disc.clone(), size.max(8).to_string(), w.to_string(), rel_name(o.rel).into()]);
+    let child = Child::start(&[
+        "stream".into(),
+        disc.clone(),
+        size.max(8).to_string(),
+        w.to_string(),
+        rel_name(o.rel).into(),
+    ]);
     let e = ends(size.max(8) + 8192, o.rel);
-    e.vi.connect(&e.nic.address(b"client"), &e.nic.address(disc.as_bytes()), Some(Duration::from_secs(30)))
-        .expect("connect");
+    e.vi.connect(
+        &e.nic.address(b"client"),
+        &e.nic.address(disc.as_bytes()),
+        Some(Duration::from_secs(30)),
+    )
+    .expect("connect");
     let sbuf = 4096;
-    let sd = DescBuilder::send().segment(&e.mem, sbuf, size as u32).write(&e.mem, 0).unwrap();
-    let last = DescBuilder::send().segment(&e.mem, sbuf, 0).write(&e.mem, 64).unwrap();
+    let sd = DescBuilder::send()
+        .segment(&e.mem, sbuf, size as u32)
+        .write(&e.mem, 0)
+        .unwrap();
+    let last = DescBuilder::send()
+        .segment(&e.mem, sbuf, 0)
+        .write(&e.mem, 64)
+        .unwrap();
     let ack = DescBuilder::recv().write(&e.mem, 128).unwrap();
-    let mut run = |n: usize, stop: bool| {
+    let run = |n: usize, stop: bool| {
         let t0 = Instant::now();
         for r in 0..n {
             e.vi.post_recv(&e.mem, ack).unwrap();
             for i in 0..w {
-                let d = if stop && r == n - 1 && i == w - 1 { last } else { sd };
+                let d = if stop && r == n - 1 && i == w - 1 {
+                    last
+                } else {
+                    sd
+                };
                 e.vi.post_send(&e.mem, d).unwrap();
             }
             for _ in 0..w {
@@ -480,7 +584,12 @@ fn shm_floor(iters: u64) -> Lat {
     let (fd, map) = Mapping::create("via-bench-floor", 4096).expect("memfd");
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     via::sys::clear_cloexec(raw).ok();
-    let child = Child::start(&["shm".into(), std::process::id().to_string(), raw.to_string(), iters.to_string()]);
+    let child = Child::start(&[
+        "shm".into(),
+        std::process::id().to_string(),
+        raw.to_string(),
+        iters.to_string(),
+    ]);
     let ping = map.view::<AtomicU64>(0).unwrap();
     let ping_data = map.view::<AtomicU64>(8).unwrap();
     let pong = map.view::<AtomicU64>(128).unwrap();
@@ -499,7 +608,11 @@ fn shm_floor(iters: u64) -> Lat {
         samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
     let total = t0.elapsed();
-    assert_eq!(sum, (1..=iters).map(|i| i * 3).sum::<u64>(), "payload check");
+    assert_eq!(
+        sum,
+        (1..=iters).map(|i| i * 3).sum::<u64>(),
+        "payload check"
+    );
     child.finish();
     Lat {
         half_rtt_us: total.as_secs_f64() * 1e6 / iters as f64 / 2.0,
@@ -552,7 +665,12 @@ fn report(o: &Opts) {
         let it = iters_for(s, o.quick);
         let (mut m, mut pp, mut st) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..reps {
-            eprintln!("  [{}/{}] {} KiB: memcpy, ping-pong, stream", r + 1, reps, s / KIB);
+            eprintln!(
+                "  [{}/{}] {} KiB: memcpy, ping-pong, stream",
+                r + 1,
+                reps,
+                s / KIB
+            );
             m.push(memcpy_gbps(s, it));
             pp.push(via_pingpong(o, s, it).mbps(s) / 1000.0);
             st.push(via_stream(o, s, it));
@@ -563,9 +681,23 @@ fn report(o: &Opts) {
     println!();
     println!("8-byte half round trip (polling), median of {reps} runs of {lat_iters} iterations");
     println!("{:<32} {:>10} {:>10}", "", "mean us", "median us");
-    println!("{:<32} {:>10.3} {:>10.3}", "bare shared-memory ping-pong", fl, median(floor_med));
-    println!("{:<32} {:>10.3} {:>10.3}", "VIA send/recv", vl, median(via_med));
-    println!("{:<32} {:>10.2}   (goal <= 1.5)", "ratio VIA / floor", vl / fl);
+    println!(
+        "{:<32} {:>10.3} {:>10.3}",
+        "bare shared-memory ping-pong",
+        fl,
+        median(floor_med)
+    );
+    println!(
+        "{:<32} {:>10.3} {:>10.3}",
+        "VIA send/recv",
+        vl,
+        median(via_med)
+    );
+    println!(
+        "{:<32} {:>10.2}   (goal <= 1.5)",
+        "ratio VIA / floor",
+        vl / fl
+    );
     println!();
     println!("bandwidth, GB/s (10^9 bytes/s), median of {reps} runs");
     println!(
@@ -584,9 +716,15 @@ fn report(o: &Opts) {
         );
     }
     let one_mib = rows.iter().find(|r| r.0 == MIB).unwrap();
-    println!("\ngoals: 8-byte latency <= 1.5x floor: {}; 1 MiB ping-pong >= 0.45x memcpy: {}",
+    println!(
+        "\ngoals: 8-byte latency <= 1.5x floor: {}; 1 MiB ping-pong >= 0.45x memcpy: {}",
         if vl / fl <= 1.5 { "met" } else { "NOT met" },
-        if one_mib.2 / one_mib.1 >= 0.45 { "met" } else { "NOT met" });
+        if one_mib.2 / one_mib.1 >= 0.45 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
     let j = json!({
         "tool": "via-bench report",
         "reps": reps,
@@ -617,18 +755,42 @@ fn loopback(iters: usize) {
     let a = ends(1 << 20, Reliability::ReliableDelivery);
     let ptag = a.nic.create_ptag().unwrap();
     let mem_b = Region::new(&a.nic, 1 << 20, ptag, false, false).unwrap();
-    let vi_b = a.nic.create_vi(&ViAttributes::new(Reliability::ReliableDelivery, ptag), None, None).unwrap();
+    let vi_b = a
+        .nic
+        .create_vi(
+            &ViAttributes::new(Reliability::ReliableDelivery, ptag),
+            None,
+            None,
+        )
+        .unwrap();
     let disc = unique("lo");
     std::thread::scope(|sc| {
         let h = sc.spawn(|| {
-            let req = a.nic.connect_wait(&a.nic.address(disc.as_bytes()), Some(Duration::from_secs(10))).unwrap();
+            let req = a
+                .nic
+                .connect_wait(
+                    &a.nic.address(disc.as_bytes()),
+                    Some(Duration::from_secs(10)),
+                )
+                .unwrap();
             req.accept(&vi_b).unwrap();
         });
-        a.vi.connect(&a.nic.address(b"c"), &a.nic.address(disc.as_bytes()), Some(Duration::from_secs(10))).unwrap();
+        a.vi.connect(
+            &a.nic.address(b"c"),
+            &a.nic.address(disc.as_bytes()),
+            Some(Duration::from_secs(10)),
+        )
+        .unwrap();
         h.join().unwrap();
     });
-    let rd = DescBuilder::recv().segment(&mem_b, 4096, 64).write(&mem_b, 0).unwrap();
-    let sd = DescBuilder::send().segment(&a.mem, 4096, 8).write(&a.mem, 0).unwrap();
+    let rd = DescBuilder::recv()
+        .segment(&mem_b, 4096, 64)
+        .write(&mem_b, 0)
+        .unwrap();
+    let sd = DescBuilder::send()
+        .segment(&a.mem, 4096, 8)
+        .write(&a.mem, 0)
+        .unwrap();
     let mut t = [Duration::ZERO; 4];
     for i in 0..iters + 1000 {
         let t0 = Instant::now();

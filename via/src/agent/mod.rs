@@ -100,19 +100,31 @@ impl Agent {
                 }
             };
             // Hello synchronously, before the reader thread exists.
-            let hello = Request::Hello { version: proto::VERSION }.encode(1);
+            let hello = Request::Hello {
+                version: proto::VERSION,
+            }
+            .encode(1);
             let mut buf = vec![0u8; proto::MAX_FRAME];
             let answer = sys::send_with_fds(sock.as_raw_fd(), &hello, &[])
                 .and_then(|_| sys::set_recv_timeout(sock.as_raw_fd(), Duration::from_secs(5)))
                 .and_then(|_| sys::recv_with_fds(sock.as_raw_fd(), &mut buf));
             match answer {
                 Ok((n, _)) if n > 0 => match Reply::decode(&buf[..n]) {
-                    Ok((1, Reply::Welcome { session, host, name })) => {
+                    Ok((
+                        1,
+                        Reply::Welcome {
+                            session,
+                            host,
+                            name,
+                        },
+                    )) => {
                         sys::set_recv_timeout(sock.as_raw_fd(), Duration::ZERO)?;
                         return Ok(Agent::start(sock, session, host, name, on_event));
                     }
                     other => {
-                        last = Some(io::Error::other(format!("unexpected Hello answer {other:?}")));
+                        last = Some(io::Error::other(format!(
+                            "unexpected Hello answer {other:?}"
+                        )));
                     }
                 },
                 // The daemon was exiting as we connected: start another.
@@ -123,7 +135,13 @@ impl Agent {
         Err(last.unwrap_or_else(gone))
     }
 
-    fn start(sock: OwnedFd, session: u64, host: Vec<u8>, host_name: String, on_event: Box<dyn Fn(Reply) + Send + Sync>) -> Agent {
+    fn start(
+        sock: OwnedFd,
+        session: u64,
+        host: Vec<u8>,
+        host_name: String,
+        on_event: Box<dyn Fn(Reply) + Send + Sync>,
+    ) -> Agent {
         let pending: Arc<Mutex<HashMap<u32, Waiter>>> = Arc::default();
         let lost = Arc::new(AtomicBool::new(false));
         let (ev_tx, ev_rx) = mpsc::channel::<Reply>();
@@ -210,12 +228,20 @@ impl Agent {
     pub fn fetch(&self, session: u64, key: proto::ObjKey) -> io::Result<OwnedFd> {
         match self.call(&Request::Fetch { session, key }, None)? {
             (Reply::Fd, mut fds) if fds.len() == 1 => Ok(fds.pop().unwrap()),
-            (other, _) => Err(io::Error::new(io::ErrorKind::NotFound, format!("fetch {key:?}: {other:?}"))),
+            (other, _) => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("fetch {key:?}: {other:?}"),
+            )),
         }
     }
 }
 
-fn reader(sock: OwnedFd, pending: Arc<Mutex<HashMap<u32, Waiter>>>, lost: Arc<AtomicBool>, events: mpsc::Sender<Reply>) {
+fn reader(
+    sock: OwnedFd,
+    pending: Arc<Mutex<HashMap<u32, Waiter>>>,
+    lost: Arc<AtomicBool>,
+    events: mpsc::Sender<Reply>,
+) {
     let mut buf = vec![0u8; proto::MAX_FRAME + 1];
     loop {
         match sys::recv_with_fds(sock.as_raw_fd(), &mut buf) {
@@ -243,7 +269,9 @@ fn reader(sock: OwnedFd, pending: Arc<Mutex<HashMap<u32, Waiter>>>, lost: Arc<At
             }
         }
     }
-    log::warn!("lost the viad session: new connections will fail; existing ones continue without death detection");
+    log::warn!(
+        "lost the viad session: new connections will fail; existing ones continue without death detection"
+    );
     lost.store(true, Ordering::Release);
     // Wake every waiter with an error (their senders drop here).
     pending.lock().unwrap().clear();

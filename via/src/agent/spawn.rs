@@ -35,7 +35,9 @@ pub fn find_viad() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("PATH") {
         dirs.extend(std::env::split_paths(&path));
     }
-    dirs.into_iter().map(|d| d.join("viad")).find(|p| p.is_file())
+    dirs.into_iter()
+        .map(|d| d.join("viad"))
+        .find(|p| p.is_file())
 }
 
 /// Connects to the daemon, starting it first if nobody listens.
@@ -43,7 +45,11 @@ pub fn connect_or_start(attempt: u32) -> io::Result<OwnedFd> {
     let name = super::socket_name();
     match sys::seqpacket_connect(&name) {
         Ok(s) => return Ok(s),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ENOENT)) => {}
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ECONNREFUSED) | Some(libc::ENOENT)
+            ) => {}
         Err(e) => return Err(e),
     }
     let viad = find_viad().ok_or_else(|| {
@@ -63,7 +69,10 @@ pub fn connect_or_start(attempt: u32) -> io::Result<OwnedFd> {
         .stderr(Stdio::null())
         .status()?;
     if !st.success() {
-        return Err(io::Error::other(format!("{} exited with {st}", viad.display())));
+        return Err(io::Error::other(format!(
+            "{} exited with {st}",
+            viad.display()
+        )));
     }
     sys::seqpacket_connect(&name)
 }

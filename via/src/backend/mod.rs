@@ -24,7 +24,10 @@ use crate::translate::RecvPd;
 use crate::vi::ViCore;
 
 fn unsupported() -> io::Error {
-    io::Error::new(io::ErrorKind::Unsupported, "operation not supported by this device kind")
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "operation not supported by this device kind",
+    )
 }
 
 /// The operations table of a device kind.
@@ -60,8 +63,9 @@ pub(crate) trait Device: Send + Sync {
         Err(Error::Resource)
     }
 
-    /// Lets queued work run (after the send-queue lock is released).
-    fn kick(&self, _nic: &NicInner) {}
+    /// Lets queued work run (after the send-queue lock is released); `vi`
+    /// is the VI that just posted, if any.
+    fn kick(&self, _nic: &NicInner, _vi: Option<&ViCore>) {}
 
     /// Runs everything queued now; afterwards no earlier descriptor is in
     /// flight in this process.

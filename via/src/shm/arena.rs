@@ -160,7 +160,12 @@ impl Arenas {
 
     /// The shadow mapping of a live arena.
     pub fn shadow(&self, id: u32) -> Option<Arc<Mapping>> {
-        self.table.read().unwrap().live.get(&id).map(|a| a.shadow.clone())
+        self.table
+            .read()
+            .unwrap()
+            .live
+            .get(&id)
+            .map(|a| a.shadow.clone())
     }
 
     /// Number of live arenas.
@@ -190,15 +195,25 @@ impl Arenas {
             let start = l.range.start.max(pages.start);
             let end = l.range.end.min(pages.end);
             if start != cursor {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, "range not mapped"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "range not mapped",
+                ));
             }
             if l.perms[0] != b'r' {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, "range not readable"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "range not readable",
+                ));
             }
             let piece = self.classify(l, start, &table);
             let piece = match piece {
                 Piece::Movable { .. } if self.policy == Policy::Cma => Piece::Foreign,
-                Piece::Movable { .. } if stack.as_ref().is_some_and(|s| s.start < end && start < s.end) => {
+                Piece::Movable { .. }
+                    if stack
+                        .as_ref()
+                        .is_some_and(|s| s.start < end && start < s.end) =>
+                {
                     Piece::Foreign
                 }
                 p => p,
@@ -207,7 +222,10 @@ impl Arenas {
             cursor = end;
         }
         if cursor != pages.end {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "range not mapped"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "range not mapped",
+            ));
         }
 
         // Move each run of movable pages into a fresh arena.
@@ -242,9 +260,13 @@ impl Arenas {
                     }
                     let run = &pieces[i..j];
                     let id = table.next_id;
-                    table.next_id = table.next_id.checked_add(1).filter(|&n| n != CMA).ok_or_else(|| {
-                        io::Error::new(io::ErrorKind::OutOfMemory, "arena ids exhausted")
-                    })?;
+                    table.next_id = table
+                        .next_id
+                        .checked_add(1)
+                        .filter(|&n| n != CMA)
+                        .ok_or_else(|| {
+                            io::Error::new(io::ErrorKind::OutOfMemory, "arena ids exhausted")
+                        })?;
                     let shadow = self.create_arena(id, run)?;
                     let base = run[0].0.start;
                     let len = run[run.len() - 1].0.end - base;
@@ -291,7 +313,11 @@ impl Arenas {
 
     fn classify(&self, l: &MapLine, start: usize, table: &Table) -> Piece {
         let shared = l.perms[3] == b's';
-        if let Some(rest) = l.path.strip_prefix("/memfd:").and_then(|p| p.strip_prefix(NAME_PREFIX)) {
+        if let Some(rest) = l
+            .path
+            .strip_prefix("/memfd:")
+            .and_then(|p| p.strip_prefix(NAME_PREFIX))
+        {
             let mut it = rest.split([':', ' ']);
             let session = it.next().and_then(|s| s.parse::<u64>().ok());
             let id = it.next().and_then(|s| s.parse::<u32>().ok());
@@ -304,18 +330,24 @@ impl Arenas {
                 }
                 if session == self.session {
                     // A retired arena of ours: nobody else relies on its sharing.
-                    return Piece::Movable { prot: prot_of(&l.perms) };
+                    return Piece::Movable {
+                        prot: prot_of(&l.perms),
+                    };
                 }
             }
             return Piece::Foreign;
         }
-        let special = matches!(l.path.as_str(), "[vvar]" | "[vdso]" | "[vsyscall]" | "[stack]")
-            || l.path.starts_with("/dev/")
+        let special = matches!(
+            l.path.as_str(),
+            "[vvar]" | "[vdso]" | "[vsyscall]" | "[stack]"
+        ) || l.path.starts_with("/dev/")
             || l.path.contains("hugepage");
         if shared || special {
             Piece::Foreign
         } else {
-            Piece::Movable { prot: prot_of(&l.perms) }
+            Piece::Movable {
+                prot: prot_of(&l.perms),
+            }
         }
     }
 
@@ -350,7 +382,9 @@ impl Arenas {
         // Replace the pages by the file, piece by piece with each piece's
         // protection. Contents are identical, so the program sees no change.
         for (r, p) in run {
-            let Piece::Movable { prot } = p else { unreachable!() };
+            let Piece::Movable { prot } = p else {
+                unreachable!()
+            };
             // SAFETY: `UserRange::new`'s contract: the range is the caller's
             // registered memory and no other thread writes these pages during
             // the call; the bytes were copied into `fd` just above.
@@ -458,7 +492,8 @@ mod tests {
 
     #[test]
     fn parses_maps_lines() {
-        let l = parse_line("7f00-7f10 rw-s 00002000 00:01 123   /memfd:via-arena:7:3 (deleted)").unwrap();
+        let l = parse_line("7f00-7f10 rw-s 00002000 00:01 123   /memfd:via-arena:7:3 (deleted)")
+            .unwrap();
         assert_eq!(l.range, 0x7f00..0x7f10);
         assert_eq!(&l.perms, b"rw-s");
         assert_eq!(l.offset, 0x2000);
@@ -490,7 +525,7 @@ mod tests {
             assert_ne!(p, libc::MAP_FAILED);
             Anon { ptr: p.cast(), len }
         }
-        fn bytes(&self) -> &mut [u8] {
+        fn bytes(&mut self) -> &mut [u8] {
             // SAFETY: the mapping is live for `self` and only this test uses it.
             unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
         }
@@ -506,7 +541,8 @@ mod tests {
     fn private_pages_move_and_keep_contents() {
         let arenas = Arenas::new(424242, Policy::Remap, Box::new(NoPublish));
         let page = regcache::page_size();
-        let mem = Anon::new(3 * page);
+        let mut mem = Anon::new(3 * page);
+        let base = mem.ptr as usize;
         let v = mem.bytes();
         for (i, b) in v.iter_mut().enumerate() {
             *b = i as u8;
@@ -534,7 +570,7 @@ mod tests {
         assert_eq!(ext2[0].arena, ext[0].arena);
         // A range that extends past the arena gets a second extent.
         // SAFETY: as above.
-        let r3 = unsafe { UserRange::new(mem.ptr as usize, 3 * page) };
+        let r3 = unsafe { UserRange::new(base, 3 * page) };
         let ext3 = arenas.pin(&r3).unwrap();
         assert_eq!(ext3.len(), 2);
         assert_eq!(ext3[0].arena, ext[0].arena);
@@ -565,6 +601,9 @@ mod tests {
         let arenas = Arenas::new(1, Policy::Remap, Box::new(NoPublish));
         // SAFETY: the range is never touched: pin must refuse it.
         let r = unsafe { UserRange::new(0x1000, 4096) };
-        assert_eq!(arenas.pin(&r).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            arenas.pin(&r).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
     }
 }

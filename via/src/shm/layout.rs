@@ -307,8 +307,8 @@ pub mod slot {
     }
 }
 
-// SAFETY (all four): #[repr(C)], only atomics and arrays of Shared types,
-// all-zero is the initial state, alignment 64 or less.
+// SAFETY: #[repr(C)], only atomics and Shared types, all-zero is the
+// initial state, alignment 64.
 unsafe impl Shared for NicHeader {}
 // SAFETY: as above.
 unsafe impl Shared for ViShared {}
@@ -391,7 +391,12 @@ pub struct NicView<'a> {
 
 impl<'a> NicView<'a> {
     /// Formats a fresh (zero-filled) mapping as the segment of `nic_id`.
-    pub fn init(map: &'a Mapping, session: u64, nic_id: u32, pid: u32) -> Result<NicView<'a>, LayoutError> {
+    pub fn init(
+        map: &'a Mapping,
+        session: u64,
+        nic_id: u32,
+        pid: u32,
+    ) -> Result<NicView<'a>, LayoutError> {
         if map.len() < OFFSETS.len {
             return Err(LayoutError("mapping too short"));
         }
@@ -457,17 +462,26 @@ impl<'a> NicView<'a> {
 
     /// VI slot `i` (`None` if out of range).
     pub fn vi(&self, i: u32) -> Option<&'a ViShared> {
-        (i < MAX_VI).then(|| self.map.view(OFFSETS.vi + i as usize * size_of::<ViShared>()))?
+        (i < MAX_VI).then(|| {
+            self.map
+                .view(OFFSETS.vi + i as usize * size_of::<ViShared>())
+        })?
     }
 
     /// CQ slot `i`.
     pub fn cq(&self, i: u32) -> Option<&'a CqShared> {
-        (i < MAX_CQ).then(|| self.map.view(OFFSETS.cq + i as usize * size_of::<CqShared>()))?
+        (i < MAX_CQ).then(|| {
+            self.map
+                .view(OFFSETS.cq + i as usize * size_of::<CqShared>())
+        })?
     }
 
     /// Translation table entry `i` (index 0 is never valid).
     pub fn tpt(&self, i: u32) -> Option<&'a TptEntry> {
-        (i > 0 && i < MAX_REGIONS).then(|| self.map.view(OFFSETS.tpt + i as usize * size_of::<TptEntry>()))?
+        (i > 0 && i < MAX_REGIONS).then(|| {
+            self.map
+                .view(OFFSETS.tpt + i as usize * size_of::<TptEntry>())
+        })?
     }
 
     /// Receive slot for ring position `pos` of VI `vi`.

@@ -44,7 +44,8 @@ impl Mapping {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
         }
-        let off = libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a new mapping at an address chosen by the kernel does not
         // alias any Rust object.
         let p = unsafe {
@@ -150,6 +151,25 @@ impl Mapping {
         Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off).cast::<T>(), count) })
     }
 
+    /// Loads the 8-byte word at `off` (relaxed; `off` 8-aligned), or 0 out of bounds.
+    pub fn load_u64(&self, off: usize) -> u64 {
+        self.view::<AtomicU64>(off)
+            .map_or(0, |w| w.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Loads the 4-byte word at `off` (relaxed; `off` 4-aligned), or 0 out of bounds.
+    pub fn load_u32(&self, off: usize) -> u32 {
+        self.view::<AtomicU32>(off)
+            .map_or(0, |w| w.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Stores the 4-byte word at `off` (4-aligned) with `order`; false out of bounds.
+    pub fn store_u32(&self, off: usize, v: u32, order: std::sync::atomic::Ordering) -> bool {
+        self.view::<AtomicU32>(off)
+            .map(|w| w.store(v, order))
+            .is_some()
+    }
+
     /// The atomic word at `off` (must be 4-byte aligned).
     pub fn u32_at(&self, off: usize) -> Option<&AtomicU32> {
         self.view::<AtomicU32>(off)
@@ -163,7 +183,9 @@ impl Mapping {
         // SAFETY: the source range is inside the mapping (checked); `dst` is a
         // distinct Rust buffer. Another process may write the source
         // concurrently: the bytes read are then unspecified, never unsafe.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+        };
         true
     }
 
@@ -174,7 +196,9 @@ impl Mapping {
         }
         // SAFETY: the destination range is inside the mapping (checked);
         // `src` is a distinct Rust buffer.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len())
+        };
         true
     }
 
@@ -186,7 +210,13 @@ impl Mapping {
         }
         // SAFETY: both ranges are inside their mappings (checked). They may
         // be two views of the same pages, so use `copy` (memmove semantics).
-        unsafe { std::ptr::copy(src.ptr.as_ptr().add(src_off), dst.ptr.as_ptr().add(dst_off), len) };
+        unsafe {
+            std::ptr::copy(
+                src.ptr.as_ptr().add(src_off),
+                dst.ptr.as_ptr().add(dst_off),
+                len,
+            )
+        };
         true
     }
 
@@ -204,7 +234,8 @@ impl Mapping {
     /// caller's business (ring views in `shm::rings`).
     pub fn raw(&self, off: usize, len: usize) -> Option<NonNull<u8>> {
         // SAFETY: in bounds (checked), so the pointer stays inside the mapping.
-        self.check(off, len).then(|| unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(off)) })
+        self.check(off, len)
+            .then(|| unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(off)) })
     }
 
     /// Moves `len` bytes from another process's memory at `remote` into the
@@ -229,14 +260,23 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         if n as usize != len {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short cross-memory read"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "short cross-memory read",
+            ));
         }
         Ok(true)
     }
 
     /// Moves `len` bytes at `off` of the mapping into another process's
     /// memory at `remote` (`process_vm_writev`). `Ok(false)` if out of bounds.
-    pub fn cma_write_from(&self, off: usize, len: usize, pid: i32, remote: u64) -> io::Result<bool> {
+    pub fn cma_write_from(
+        &self,
+        off: usize,
+        len: usize,
+        pid: i32,
+        remote: u64,
+    ) -> io::Result<bool> {
         if !self.check(off, len) {
             return Ok(false);
         }
@@ -255,7 +295,10 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         if n as usize != len {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short cross-memory write"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "short cross-memory write",
+            ));
         }
         Ok(true)
     }

@@ -128,6 +128,7 @@ impl Broker {
     }
 
     /// Number of live sessions.
+    #[cfg(test)]
     pub fn sessions(&self) -> usize {
         self.sessions.len()
     }
@@ -142,7 +143,14 @@ impl Broker {
     }
 
     /// Handles one decoded request.
-    pub fn on_request(&mut self, s: u64, id: u32, req: Request, mut fds: Vec<OwnedFd>, now: Instant) -> Vec<Out> {
+    pub fn on_request(
+        &mut self,
+        s: u64,
+        id: u32,
+        req: Request,
+        mut fds: Vec<OwnedFd>,
+        now: Instant,
+    ) -> Vec<Out> {
         let mut out = Vec::new();
         let Some(hello_done) = self.sessions.get(&s).map(|x| x.hello) else {
             return out;
@@ -226,7 +234,8 @@ impl Broker {
                 if !self.local_host(&local.host) {
                     refuse(&mut out, Refusal::NoMatch);
                 } else if let Some((&conn, c)) = self.connects.iter_mut().find(|(_, c)| {
-                    matches!(c.state, ConnState::Waiting) && c.remote.discriminator == local.discriminator
+                    matches!(c.state, ConnState::Waiting)
+                        && c.remote.discriminator == local.discriminator
                 }) {
                     c.state = ConnState::Offered { server: s };
                     out.push(Out::Send {
@@ -382,7 +391,10 @@ impl Broker {
                     out.push(Out::Send {
                         to: peer.session,
                         id: 0,
-                        reply: Reply::RemoteDisconnect { me: peer.clone(), token },
+                        reply: Reply::RemoteDisconnect {
+                            me: peer.clone(),
+                            token,
+                        },
                     });
                     self.discs.insert(
                         token,
@@ -416,7 +428,10 @@ impl Broker {
                 let host = if n == self.name || n == "localhost" || n.is_empty() {
                     Some(self.host.clone())
                 } else {
-                    self.hosts.iter().find(|(h, _)| h == n).map(|(_, a)| a.clone())
+                    self.hosts
+                        .iter()
+                        .find(|(h, _)| h == n)
+                        .map(|(_, a)| a.clone())
                 };
                 match host {
                     Some(host) => out.push(Out::Send {
@@ -431,7 +446,10 @@ impl Broker {
                 let name = if host == self.host {
                     Some(self.name.clone())
                 } else {
-                    self.hosts.iter().find(|(_, a)| *a == host).map(|(n, _)| n.clone())
+                    self.hosts
+                        .iter()
+                        .find(|(_, a)| *a == host)
+                        .map(|(n, _)| n.clone())
                 };
                 match name {
                     Some(name) => out.push(Out::Send {
@@ -448,11 +466,10 @@ impl Broker {
 
     /// Offers a waiting connect to a matching listener, if any.
     fn offer(&mut self, conn: u64, c: &mut Connect, out: &mut Vec<Out>) {
-        if let Some(i) = self
-            .listens
-            .iter()
-            .position(|l| l.local.discriminator == c.remote.discriminator && self.sessions.contains_key(&l.session))
-        {
+        if let Some(i) = self.listens.iter().position(|l| {
+            l.local.discriminator == c.remote.discriminator
+                && self.sessions.contains_key(&l.session)
+        }) {
             let l = self.listens.remove(i);
             c.state = ConnState::Offered { server: l.session };
             out.push(Out::Send {
@@ -509,7 +526,10 @@ impl Broker {
         });
         self.discs.retain(|_, d| {
             if d.deadline <= now {
-                log::warn!("session {} did not acknowledge a disconnect in time", d.target);
+                log::warn!(
+                    "session {} did not acknowledge a disconnect in time",
+                    d.target
+                );
                 out.push(Out::Send {
                     to: d.session,
                     id: d.id,
@@ -598,7 +618,15 @@ mod tests {
 
     fn hello(b: &mut Broker) -> u64 {
         let s = b.open_session();
-        b.on_request(s, 1, Request::Hello { version: proto::VERSION }, vec![], Instant::now());
+        b.on_request(
+            s,
+            1,
+            Request::Hello {
+                version: proto::VERSION,
+            },
+            vec![],
+            Instant::now(),
+        );
         s
     }
 
@@ -615,7 +643,13 @@ mod tests {
     fn request_before_hello_closes() {
         let mut b = Broker::new(vec![1], "h".into(), vec![]);
         let s = b.open_session();
-        let out = b.on_request(s, 1, Request::ResolveName { name: "h".into() }, vec![], Instant::now());
+        let out = b.on_request(
+            s,
+            1,
+            Request::ResolveName { name: "h".into() },
+            vec![],
+            Instant::now(),
+        );
         assert!(matches!(out[0], Out::Close { .. }));
     }
 
@@ -649,12 +683,36 @@ mod tests {
                 panic!("{r:?}")
             };
             assert_eq!((to, id, peer.vi, remote), (srv, 5, 3, addr("c")));
-            let out = b.on_request(srv, 7, Request::Accept { conn, me: ep(srv, 9, 2) }, vec![], now);
+            let out = b.on_request(
+                srv,
+                7,
+                Request::Accept {
+                    conn,
+                    me: ep(srv, 9, 2),
+                },
+                vec![],
+                now,
+            );
             let r = replies(&out);
-            assert!(r.contains(&(cli, 6, Reply::Connected { peer: ep(srv, 9, 2) })));
+            assert!(r.contains(&(
+                cli,
+                6,
+                Reply::Connected {
+                    peer: ep(srv, 9, 2)
+                }
+            )));
             assert!(r.contains(&(srv, 7, Reply::Ok)));
             // A second accept of the same handle is refused.
-            let out = b.on_request(srv, 8, Request::Accept { conn, me: ep(srv, 9, 2) }, vec![], now);
+            let out = b.on_request(
+                srv,
+                8,
+                Request::Accept {
+                    conn,
+                    me: ep(srv, 9, 2),
+                },
+                vec![],
+                now,
+            );
             assert_eq!(replies(&out), vec![(srv, 8, Reply::Refused(Refusal::Gone))]);
         }
     }
@@ -674,10 +732,22 @@ mod tests {
         assert_eq!(b.next_deadline(), Some(now + Duration::from_millis(50)));
         assert!(b.on_tick(now + Duration::from_millis(49)).is_empty());
         let out = b.on_tick(now + Duration::from_millis(50));
-        assert_eq!(replies(&out), vec![(cli, 2, Reply::Refused(Refusal::Timeout))]);
+        assert_eq!(
+            replies(&out),
+            vec![(cli, 2, Reply::Refused(Refusal::Timeout))]
+        );
 
         let srv = hello(&mut b);
-        b.on_request(srv, 3, Request::Listen { local: addr("d"), timeout_ms: proto::INFINITE }, vec![], now);
+        b.on_request(
+            srv,
+            3,
+            Request::Listen {
+                local: addr("d"),
+                timeout_ms: proto::INFINITE,
+            },
+            vec![],
+            now,
+        );
         let out = b.on_request(
             cli,
             4,
@@ -690,8 +760,19 @@ mod tests {
             vec![],
             now,
         );
-        let Reply::Incoming { conn, .. } = replies(&out)[0].2.clone() else { panic!() };
-        let out = b.on_request(srv, 5, Request::Reject { conn, reason: Refusal::Reject }, vec![], now);
+        let Reply::Incoming { conn, .. } = replies(&out)[0].2.clone() else {
+            panic!()
+        };
+        let out = b.on_request(
+            srv,
+            5,
+            Request::Reject {
+                conn,
+                reason: Refusal::Reject,
+            },
+            vec![],
+            now,
+        );
         assert!(replies(&out).contains(&(cli, 4, Reply::Refused(Refusal::Reject))));
     }
 
@@ -714,7 +795,10 @@ mod tests {
             vec![],
             Instant::now(),
         );
-        assert_eq!(replies(&out), vec![(cli, 2, Reply::Refused(Refusal::NoMatch))]);
+        assert_eq!(
+            replies(&out),
+            vec![(cli, 2, Reply::Refused(Refusal::NoMatch))]
+        );
     }
 
     #[test]
@@ -729,13 +813,19 @@ mod tests {
             remote: addr(r),
             timeout_ms: 1000,
         };
-        assert!(b.on_request(a, 2, req(a, 2, "a", "c"), vec![], now).is_empty());
+        assert!(
+            b.on_request(a, 2, req(a, 2, "a", "c"), vec![], now)
+                .is_empty()
+        );
         let out = b.on_request(c, 3, req(c, 2, "c", "a"), vec![], now);
         let r = replies(&out);
         assert!(r.contains(&(a, 2, Reply::Connected { peer: ep(c, 1, 2) })));
         assert!(r.contains(&(c, 3, Reply::Connected { peer: ep(a, 1, 2) })));
 
-        assert!(b.on_request(a, 4, req(a, 2, "a2", "c2"), vec![], now).is_empty());
+        assert!(
+            b.on_request(a, 4, req(a, 2, "a2", "c2"), vec![], now)
+                .is_empty()
+        );
         let out = b.on_request(c, 5, req(c, 4, "c2", "a2"), vec![], now);
         let r = replies(&out);
         assert!(r.contains(&(a, 4, Reply::Refused(Refusal::Reliability))));
@@ -749,7 +839,16 @@ mod tests {
         let srv1 = hello(&mut b);
         let srv2 = hello(&mut b);
         let cli = hello(&mut b);
-        b.on_request(srv1, 2, Request::Listen { local: addr("d"), timeout_ms: proto::INFINITE }, vec![], now);
+        b.on_request(
+            srv1,
+            2,
+            Request::Listen {
+                local: addr("d"),
+                timeout_ms: proto::INFINITE,
+            },
+            vec![],
+            now,
+        );
         let out = b.on_request(
             cli,
             3,
@@ -763,10 +862,23 @@ mod tests {
             now,
         );
         assert_eq!(replies(&out)[0].0, srv1);
-        b.on_request(srv2, 4, Request::Listen { local: addr("d"), timeout_ms: proto::INFINITE }, vec![], now);
+        b.on_request(
+            srv2,
+            4,
+            Request::Listen {
+                local: addr("d"),
+                timeout_ms: proto::INFINITE,
+            },
+            vec![],
+            now,
+        );
         let out = b.on_death(srv1);
         let r = replies(&out);
-        assert!(r.iter().any(|(to, id, rep)| *to == srv2 && *id == 4 && matches!(rep, Reply::Incoming { .. })));
+        assert!(
+            r.iter().any(|(to, id, rep)| *to == srv2
+                && *id == 4
+                && matches!(rep, Reply::Incoming { .. }))
+        );
         assert!(r.contains(&(cli, 0, Reply::PeerDied { session: srv1 })));
         assert!(r.contains(&(srv2, 0, Reply::PeerDied { session: srv1 })));
         assert_eq!(b.sessions(), 2);
@@ -778,16 +890,39 @@ mod tests {
         let mut b = Broker::new(vec![1], "h".into(), vec![]);
         let a = hello(&mut b);
         let c = hello(&mut b);
-        let out = b.on_request(a, 2, Request::Disconnect { peer: ep(c, 1, 2), me: ep(a, 1, 2) }, vec![], now);
+        let out = b.on_request(
+            a,
+            2,
+            Request::Disconnect {
+                peer: ep(c, 1, 2),
+                me: ep(a, 1, 2),
+            },
+            vec![],
+            now,
+        );
         let r = replies(&out);
-        let (to, 0, Reply::RemoteDisconnect { token, .. }) = r[0].clone() else { panic!() };
+        let (to, 0, Reply::RemoteDisconnect { token, .. }) = r[0].clone() else {
+            panic!()
+        };
         assert_eq!(to, c);
         // An ack from the wrong session is ignored.
-        assert!(b.on_request(a, 0, Request::DisconnectAck { token }, vec![], now).is_empty());
+        assert!(
+            b.on_request(a, 0, Request::DisconnectAck { token }, vec![], now)
+                .is_empty()
+        );
         let out = b.on_request(c, 0, Request::DisconnectAck { token }, vec![], now);
         assert_eq!(replies(&out), vec![(a, 2, Reply::Ok)]);
         // No ack: the deadline answers.
-        b.on_request(a, 3, Request::Disconnect { peer: ep(c, 1, 2), me: ep(a, 1, 2) }, vec![], now);
+        b.on_request(
+            a,
+            3,
+            Request::Disconnect {
+                peer: ep(c, 1, 2),
+                me: ep(a, 1, 2),
+            },
+            vec![],
+            now,
+        );
         let out = b.on_tick(now + DISCONNECT_ACK);
         assert_eq!(replies(&out), vec![(a, 3, Reply::Ok)]);
     }
@@ -816,13 +951,36 @@ mod tests {
         let mut b = Broker::new(vec![1, 2], "box".into(), vec![("other".into(), vec![3, 4])]);
         let a = hello(&mut b);
         let now = Instant::now();
-        let r = replies(&b.on_request(a, 2, Request::ResolveName { name: "box".into() }, vec![], now));
+        let r = replies(&b.on_request(
+            a,
+            2,
+            Request::ResolveName { name: "box".into() },
+            vec![],
+            now,
+        ));
         assert_eq!(r[0].2, Reply::Address { host: vec![1, 2] });
-        let r = replies(&b.on_request(a, 3, Request::ResolveName { name: "other".into() }, vec![], now));
+        let r = replies(&b.on_request(
+            a,
+            3,
+            Request::ResolveName {
+                name: "other".into(),
+            },
+            vec![],
+            now,
+        ));
         assert_eq!(r[0].2, Reply::Address { host: vec![3, 4] });
-        let r = replies(&b.on_request(a, 4, Request::ResolveName { name: "nope".into() }, vec![], now));
+        let r = replies(&b.on_request(
+            a,
+            4,
+            Request::ResolveName {
+                name: "nope".into(),
+            },
+            vec![],
+            now,
+        ));
         assert_eq!(r[0].2, Reply::Refused(Refusal::NameService));
-        let r = replies(&b.on_request(a, 5, Request::ResolveAddr { host: vec![1, 2] }, vec![], now));
+        let r =
+            replies(&b.on_request(a, 5, Request::ResolveAddr { host: vec![1, 2] }, vec![], now));
         assert_eq!(r[0].2, Reply::Name { name: "box".into() });
     }
 }

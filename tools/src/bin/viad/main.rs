@@ -56,7 +56,10 @@ fn parse_args() -> Options {
         match a.as_str() {
             "--daemon" => o.daemon = true,
             "--idle-ms" => {
-                let v = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| usage());
+                let v = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| usage());
                 o.idle = Duration::from_millis(v);
             }
             "--log" => o.log = Some(args.next().unwrap_or_else(|| usage()).into()),
@@ -90,7 +93,10 @@ fn parse_hex(s: &str) -> Option<Vec<u8>> {
     if s.is_empty() || s.len() % 2 != 0 || s.len() / 2 > proto::MAX_HOST {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 fn host_table() -> Vec<(String, Vec<u8>)> {
@@ -141,7 +147,10 @@ fn main() {
         "viad {} serving uid {} (host address {})",
         std::process::id(),
         sys::getuid(),
-        host.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+        host.iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
     );
     let broker = Broker::new(host, sys::hostname(), host_table());
     let code = Daemon {
@@ -190,7 +199,9 @@ impl Daemon {
                 }
                 deadline = Some(deadline.map_or(exit_at, |d| d.min(exit_at)));
             }
-            let timeout = deadline.map_or(-1, |d| d.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1);
+            let timeout = deadline.map_or(-1, |d| {
+                d.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1
+            });
 
             let mut fds = vec![libc::pollfd {
                 fd: self.listener.as_raw_fd(),
@@ -225,13 +236,21 @@ impl Daemon {
                     }
                     Source::Pid(s) => dead.push((s, "process exited")),
                     Source::Socket(s) => {
-                        let Some(c) = self.clients.get(&s) else { continue };
+                        let Some(c) = self.clients.get(&s) else {
+                            continue;
+                        };
                         match sys::recv_with_fds(c.fd.as_raw_fd(), &mut buf) {
                             Ok((0, _)) => dead.push((s, "socket closed")),
                             Ok((n, fds)) => match Request::decode(&buf[..n]) {
                                 Ok((id, req)) => {
                                     log::trace!("session {s}: {req:?}");
-                                    outs.extend(self.broker.on_request(s, id, req, fds, Instant::now()));
+                                    outs.extend(self.broker.on_request(
+                                        s,
+                                        id,
+                                        req,
+                                        fds,
+                                        Instant::now(),
+                                    ));
                                 }
                                 Err(e) => {
                                     log::warn!("session {s} (pid {}): {e}; disconnecting", c.pid);
@@ -288,7 +307,12 @@ impl Daemon {
             }
         };
         if cred.uid != self.uid {
-            log::warn!("refusing pid {} of uid {} (this daemon serves uid {})", cred.pid, cred.uid, self.uid);
+            log::warn!(
+                "refusing pid {} of uid {} (this daemon serves uid {})",
+                cred.pid,
+                cred.uid,
+                self.uid
+            );
             return;
         }
         if let Err(e) = sys::set_nonblocking(fd.as_raw_fd(), true) {
@@ -331,7 +355,9 @@ impl Daemon {
                         continue;
                     }
                 };
-                let Some(c) = self.clients.get(&to) else { continue };
+                let Some(c) = self.clients.get(&to) else {
+                    continue;
+                };
                 let fds: Vec<RawFd> = fd.into_iter().collect();
                 if let Err(e) = sys::send_with_fds(c.fd.as_raw_fd(), &bytes, &fds) {
                     // A client that does not read (full buffer) or is gone

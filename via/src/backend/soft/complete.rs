@@ -11,14 +11,13 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::backend::soft::memory::{self, Space};
+use crate::backend::soft::memory::Resolved;
 use crate::backend::soft::remote::RemoteNic;
 use crate::cq::entry;
 use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
-use crate::shm::layout::{NicView, ViShared, interest};
 use crate::shm::layout::SendPd;
-use crate::tpt::Snapshot;
-use crate::translate::{LocalSpace, StatusLoc};
+use crate::shm::layout::{NicView, ViShared, interest};
+use crate::translate::StatusLoc;
 use crate::vi::{ViCore, Which};
 
 fn wake_vi(sh: &ViShared, w: Which, provider: &doorbell::EventCount) {
@@ -35,8 +34,21 @@ fn wake_vi(sh: &ViShared, w: Which, provider: &doorbell::EventCount) {
 }
 
 /// Completes a descriptor of one of our own queues.
-pub(crate) fn local(nic: &NicInner, vi: &ViCore, w: Which, loc: &StatusLoc, status: u32, len: Option<u32>, imm: Option<u32>) {
+pub(crate) fn local(
+    nic: &NicInner,
+    vi: &ViCore,
+    w: Which,
+    loc: &StatusLoc,
+    status: u32,
+    len: Option<u32>,
+    imm: Option<u32>,
+) {
     loc.complete(status, len, imm);
+    after_local(nic, vi, w);
+}
+
+/// The CQ entry and wakeups after a completion on one of our queues.
+fn after_local(nic: &NicInner, vi: &ViCore, w: Which) {
     let cq = match w {
         Which::Send => &vi.send_cq,
         Which::Recv => &vi.recv_cq,
@@ -48,23 +60,32 @@ pub(crate) fn local(nic: &NicInner, vi: &ViCore, w: Which, loc: &StatusLoc, stat
 }
 
 /// Completes the local send descriptor of `pd` with `status`.
-pub(crate) fn send(nic: &NicInner, vi: &ViCore, pd: &SendPd, status: u32) {
-    let space = LocalSpace {
-        arenas: &nic.process.arenas,
-        pid: nic.process.pid,
-    };
-    let loc = nic.tpt.lookup(pd.desc_handle).and_then(|snap| {
-        let off = pd.desc_va.checked_sub(snap.va)?;
-        match memory::place(&space, &snap, off).ok()? {
-            (memory::Place::Map(m, at), n) if n >= 32 => Some(StatusLoc::Map(m, at)),
-            _ => Some(StatusLoc::Cma(nic.process.pid, pd.desc_va)),
+/// `desc` is the region holding the descriptor (`None` if it was
+/// deregistered since the post).
+pub(crate) fn send(nic: &NicInner, vi: &ViCore, pd: &SendPd, desc: Option<&Resolved>, status: u32) {
+    match desc {
+        Some(r) => {
+            if r.store_release(
+                pd.desc_va + crate::descriptor::offsets::STATUS as u64,
+                status,
+            )
+            .is_err()
+            {
+                log::warn!(
+                    "VI {}: cannot write send status at {:#x}",
+                    vi.slot,
+                    pd.desc_va
+                );
+            }
+            after_local(nic, vi, Which::Send);
         }
-    });
-    match loc {
-        Some(loc) => local(nic, vi, Which::Send, &loc, status, None, None),
         None => {
             // Deregistered while posted: nothing to write into.
-            log::warn!("VI {}: send descriptor {:#x} lost its registration", vi.slot, pd.desc_va);
+            log::warn!(
+                "VI {}: send descriptor {:#x} lost its registration",
+                vi.slot,
+                pd.desc_va
+            );
             nic.report(AsyncError {
                 resource: ResourceCode::Descriptor,
                 code: ErrorCode::CompProt,
@@ -76,28 +97,39 @@ pub(crate) fn send(nic: &NicInner, vi: &ViCore, pd: &SendPd, status: u32) {
     }
 }
 
-/// Completes a receive descriptor of a peer: `desc` is the region holding it
-/// and `off` its offset there.
-#[allow(clippy::too_many_arguments)]
+/// Completes a receive descriptor of a peer, at `desc_va` in the peer's
+/// region `desc`.
 pub(crate) fn remote_recv(
     remote: &RemoteNic,
     vi: (u32, u16),
-    desc: &Snapshot,
-    off: u64,
+    desc: &Resolved,
+    desc_va: u64,
     status: u32,
     len: u32,
     imm: Option<u32>,
 ) {
     use crate::descriptor::offsets;
-    let mut words = [0u8; 8];
-    words[0..4].copy_from_slice(&imm.unwrap_or(0).to_ne_bytes());
-    words[4..8].copy_from_slice(&len.to_ne_bytes());
-    let ok = if imm.is_some() {
-        memory::write(remote, desc, off + offsets::IMMEDIATE_DATA as u64, &words).is_ok()
-    } else {
-        memory::write(remote, desc, off + offsets::LENGTH as u64, &words[4..8]).is_ok()
+    let words = match desc.span(desc_va, 32) {
+        Some((m, at)) => {
+            // One arena: store the words directly.
+            if let Some(i) = imm {
+                m.store_u32(at + offsets::IMMEDIATE_DATA, i, Ordering::Relaxed);
+            }
+            m.store_u32(at + offsets::LENGTH, len, Ordering::Relaxed);
+            // Release: the data and the words above are visible to whoever
+            // sees the status (VipRecvDone's Acquire, or a program spinning
+            // on memory).
+            m.store_u32(at + offsets::STATUS, status, Ordering::Release);
+            Ok(())
+        }
+        None => imm
+            .map_or(Ok(()), |i| {
+                desc.store_relaxed(desc_va + offsets::IMMEDIATE_DATA as u64, i)
+            })
+            .and_then(|_| desc.store_relaxed(desc_va + offsets::LENGTH as u64, len))
+            .and_then(|_| desc.store_release(desc_va + offsets::STATUS as u64, status)),
     };
-    if !ok || memory::store_release(remote, desc, off + offsets::STATUS as u64, status).is_err() {
+    if words.is_err() {
         remote.post_error(AsyncError {
             resource: ResourceCode::Descriptor,
             code: ErrorCode::CompProt,
@@ -109,19 +141,28 @@ pub(crate) fn remote_recv(
     }
     let view = remote.view();
     let Some(sh) = view.vi(vi.0) else { return };
-    remote_cq_push(remote, &view, sh.recv_cq.load(Ordering::Relaxed), entry(vi.0, vi.1, true));
+    remote_cq_push(
+        remote,
+        &view,
+        sh.recv_cq.load(Ordering::Relaxed),
+        entry(vi.0, vi.1, true),
+    );
     wake_vi(sh, Which::Recv, &view.header().notify);
 }
 
 fn remote_cq_push(remote: &RemoteNic, view: &NicView<'_>, cq1: u32, e: u64) {
-    let Some(idx) = cq1.checked_sub(1) else { return };
+    let Some(idx) = cq1.checked_sub(1) else {
+        return;
+    };
     let Some(sh) = view.cq(idx) else { return };
     if sh.mode.load(Ordering::Relaxed) == 0 {
         let mut pushed = false;
         for _ in 0..4 {
             // Acquire: pairs with the owner's Release of a new generation.
             let generation = sh.generation.load(Ordering::Acquire);
-            let Some(ring) = remote.cq_ring(idx, generation) else { break };
+            let Some(ring) = remote.cq_ring(idx, generation) else {
+                break;
+            };
             match ring.get().push(e) {
                 Ok(()) => {
                     pushed = true;
@@ -147,9 +188,4 @@ fn remote_cq_push(remote: &RemoteNic, view: &NicView<'_>, cq1: u32, e: u64) {
         }
     }
     crate::cq::wake(sh, &view.header().notify);
-}
-
-/// The space of the peer, for callers that only hold the link.
-pub(crate) fn space(r: &RemoteNic) -> &dyn Space {
-    r
 }

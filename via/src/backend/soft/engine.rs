@@ -8,15 +8,19 @@
 //! Inline progress (default): whichever thread posts takes the engine lock
 //! and drains the doorbells; a thread that finds the lock taken leaves its
 //! descriptor to the holder, which checks the doorbells again after
-//! releasing the lock (with a SeqCst fence, so a post that raced with the
-//! release is never stranded). No thread spins on behalf of the engine: on
+//! releasing the lock. The two sides meet Dekker-style: the holder fences
+//! (SeqCst) between its release and the re-check, the poster fences between
+//! its push and a second `try_lock`, so a post that raced with the release
+//! is never stranded. The lock also guards the engine's caches (translations
+//! of local and peer regions), so the data path takes no other lock for
+//! them. No thread spins on behalf of the engine: on
 //! 2 cores a polling ping-pong already uses both. Thread progress
 //! (`VIA_PROGRESS=thread`): an engine thread sleeps on the doorbell's event
 //! count and posters ring it.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 
 use doorbell::DoorbellMode;
 
@@ -24,233 +28,209 @@ use std::collections::HashMap;
 
 use crate::backend::Device;
 use crate::backend::soft::complete;
-use crate::backend::soft::memory::{self, Cursor, Fault, Seg};
+use crate::backend::soft::memory::{self, Cursor, EMPTY, Fault, Resolved, Seg};
 use crate::backend::soft::remote::PeerLink;
+use crate::backend::soft::remote::RemoteNic;
 use crate::config::{Config, Progress};
 use crate::descriptor::{control, status};
 use crate::error::{Error, Result};
 use crate::nic::{ErrorCode, NicInner};
 use crate::shm::layout::{DOORBELL_SLOTS, MAX_SEGS, SendPd, VI_DOORBELL_SLOTS, flags, slot};
 use crate::shm::rings::MappedDoorbell;
-use crate::tpt;
-use crate::translate::LocalSpace;
+use crate::tpt::{self, TranslationTable};
 use crate::vi::ViCore;
 
 /// A reliable-connection break found while the engine lock was held; acted
 /// on after it is released (breaking takes VI locks).
 struct Break {
-    vi: Arc<ViCore>,
+    vi: (u32, u16),
     code: ErrorCode,
     tell_peer: bool,
 }
 
-/// The engine of one NIC.
-pub(crate) struct Engine {
-    lock: AtomicU32,
-    mode: DoorbellMode,
-    progress: Progress,
-    central: Option<Arc<MappedDoorbell<SendPd>>>,
-    per_vi: RwLock<HashMap<u32, Arc<MappedDoorbell<SendPd>>>>,
-    breaks: Mutex<Vec<Break>>,
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    name: String,
+/// Region translations kept by the engine (its "TLB"), addressed by index
+/// while a descriptor runs, so the data path counts no references.
+///
+/// Local entries are valid while the translation table's version is
+/// unchanged; a peer's entries while the peer's table entry keeps its
+/// sequence value (one load each). Entries are only appended or replaced in
+/// place during a descriptor, so indices stay valid until [`Regions::trim`].
+#[derive(Default)]
+struct Regions {
+    entries: Vec<RegionEntry>,
+    local_version: u64,
 }
 
-impl Engine {
-    /// An engine with the configured doorbells.
-    pub fn new(config: &Config, session: u64, nic: u32) -> Result<Engine> {
-        let name = format!("via-engine:{session}:{nic}");
-        let central = match config.doorbell {
-            DoorbellMode::Central => Some(Arc::new(MappedDoorbell::create(&name, DOORBELL_SLOTS).map_err(|e| {
-                log::error!("cannot create the doorbell: {e}");
-                Error::Resource
-            })?)),
-            DoorbellMode::PerVi => None,
+struct RegionEntry {
+    /// 0 for local regions, else the address of the peer's `RemoteNic`.
+    owner: usize,
+    handle: u32,
+    /// Table sequence value (peer entries).
+    stamp: u32,
+    region: Arc<Resolved>,
+}
+
+/// Entries kept between descriptors.
+const REGION_CACHE: usize = 32;
+
+impl Regions {
+    fn local(&mut self, t: &TranslationTable, handle: u32) -> Option<usize> {
+        let v = t.version();
+        if v != self.local_version {
+            // Stale local entries become unreachable (handle 0 never matches).
+            for e in self.entries.iter_mut().filter(|e| e.owner == 0) {
+                e.handle = 0;
+            }
+            self.local_version = v;
+        }
+        if let Some(i) = self
+            .entries
+            .iter()
+            .position(|e| e.owner == 0 && e.handle == handle)
+        {
+            return Some(i);
+        }
+        let region = t.local(handle)?;
+        self.entries.push(RegionEntry {
+            owner: 0,
+            handle,
+            stamp: 0,
+            region,
+        });
+        Some(self.entries.len() - 1)
+    }
+
+    fn remote(&mut self, r: &RemoteNic, handle: u32) -> Option<usize> {
+        let owner = r as *const RemoteNic as usize;
+        let now = tpt::seq(&r.view(), handle)?;
+        let hit = self
+            .entries
+            .iter()
+            .position(|e| e.owner == owner && e.handle == handle);
+        if let Some(i) = hit {
+            if self.entries[i].stamp == now {
+                return Some(i);
+            }
+        }
+        let (region, stamp) = r.resolve(handle)?;
+        let e = RegionEntry {
+            owner,
+            handle,
+            stamp,
+            region,
         };
-        Ok(Engine {
-            lock: AtomicU32::new(0),
-            mode: config.doorbell,
-            progress: config.progress,
-            central,
-            per_vi: RwLock::new(HashMap::new()),
-            breaks: Mutex::new(Vec::new()),
-            stop: Arc::new(AtomicBool::new(false)),
-            thread: Mutex::new(None),
-            name,
-        })
-    }
-
-    pub(crate) fn central(&self) -> Option<&doorbell::Doorbell<SendPd>> {
-        self.central.as_ref().map(|d| d.get())
-    }
-
-    pub(crate) fn threaded(&self) -> bool {
-        self.progress == Progress::Thread
-    }
-
-    /// The doorbell a VI's descriptors go through.
-    fn doorbell_of(&self, slot: u32) -> Option<Arc<MappedDoorbell<SendPd>>> {
-        match &self.central {
-            Some(c) => Some(c.clone()),
-            None => self.per_vi.read().unwrap().get(&slot).cloned(),
-        }
-    }
-
-    fn try_lock(&self) -> bool {
-        // SeqCst: the lock word takes part in the post/release handshake
-        // described in the module doc (Dekker with the doorbell contents).
-        self.lock.compare_exchange(0, 1, Ordering::SeqCst, Ordering::Relaxed).is_ok()
-    }
-
-    fn unlock(&self) {
-        self.lock.store(0, Ordering::SeqCst);
-        // SeqCst fence: the release above is ordered before the re-check of
-        // the doorbells in `kick`, pairing with the poster's push followed by
-        // its SeqCst `try_lock`: either the poster gets the lock or we see
-        // its descriptor.
-        fence(Ordering::SeqCst);
-    }
-
-    fn has_work(&self) -> bool {
-        if let Some(db) = self.central() {
-            return !db.ring_view().is_empty();
-        }
-        self.per_vi.read().unwrap().values().any(|d| !d.get().ring_view().is_empty())
-    }
-
-    pub(crate) fn kick_inline(&self, nic: &NicInner) {
-        loop {
-            if !self.try_lock() {
-                return;
+        match hit {
+            Some(i) => {
+                self.entries[i] = e;
+                Some(i)
             }
-            self.drain(nic);
-            self.unlock();
-            self.settle(nic);
-            if !self.has_work() {
-                return;
+            None => {
+                self.entries.push(e);
+                Some(self.entries.len() - 1)
             }
         }
     }
 
-    /// Runs everything queued now, waiting for the lock if another thread
-    /// holds it. After this returns no descriptor posted before the call is
-    /// still in a doorbell and no engine step is in progress.
-    fn drain_now(&self, nic: &NicInner) {
-        let mut spins = 0u32;
-        while !self.try_lock() {
-            spins += 1;
-            if spins > 64 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        self.drain(nic);
-        self.unlock();
-        self.settle(nic);
+    fn get(&self, i: usize) -> &Resolved {
+        &self.entries[i].region
     }
 
-    /// Acts on the breaks found while running.
-    fn settle(&self, nic: &NicInner) {
-        let breaks: Vec<Break> = std::mem::take(&mut *self.breaks.lock().unwrap());
-        for b in breaks {
-            b.vi.break_connection(nic, b.code, b.tell_peer, false);
+    /// Keeps the most recently added entries (after a descriptor).
+    fn trim(&mut self) {
+        if self.entries.len() > REGION_CACHE {
+            let extra = self.entries.len() - REGION_CACHE;
+            self.entries.drain(..extra);
         }
     }
+}
 
-    fn drain(&self, nic: &NicInner) {
-        if let Some(db) = self.central() {
-            while let Some(pd) = db.poll() {
-                self.execute(nic, &pd);
-            }
-            return;
+/// The engine's view of each VI's connection, validated by the VI's link
+/// epoch (one load) instead of taking the link lock per descriptor.
+/// Tearing a connection down bumps the epoch and then waits for the engine
+/// lock (`Device::quiesce`), so no descriptor runs on a stale link.
+#[derive(Default)]
+struct Links {
+    slots: Vec<Option<CachedLink>>,
+}
+
+/// (VI generation, link epoch, link).
+type CachedLink = (u16, u32, Option<Arc<PeerLink>>);
+
+impl Links {
+    fn get(&mut self, vi: &ViCore) -> Option<&PeerLink> {
+        let epoch = vi.link_epoch();
+        let i = vi.slot as usize;
+        if self.slots.len() <= i {
+            self.slots.resize(i + 1, None);
         }
-        // Per-VI doorbells: poll every VI's ring (the D1 design: the cost
-        // grows with the number of VIs).
-        let dbs: Vec<_> = self.per_vi.read().unwrap().values().cloned().collect();
-        loop {
-            let mut any = false;
-            for d in &dbs {
-                while let Some(pd) = d.get().poll() {
-                    self.execute(nic, &pd);
-                    any = true;
-                }
-            }
-            if !any {
-                break;
-            }
+        let fresh = matches!(&self.slots[i], Some((g, e, _)) if *g == vi.generation && *e == epoch);
+        if !fresh {
+            self.slots[i] = Some((vi.generation, epoch, vi.link.read().unwrap().clone()));
         }
+        self.slots[i].as_ref().and_then(|(_, _, l)| l.as_deref())
     }
+}
 
-    fn brk(&self, vi: &Arc<ViCore>, code: ErrorCode, tell_peer: bool) {
-        self.breaks.lock().unwrap().push(Break {
-            vi: vi.clone(),
+/// What the engine keeps between descriptors; guarded by the engine lock.
+#[derive(Default)]
+struct EngineState {
+    regions: Regions,
+    links: Links,
+    /// Connection breaks found while running, acted on after the lock is
+    /// released (breaking takes VI locks).
+    breaks: Vec<Break>,
+}
+
+/// One descriptor being run.
+struct Op<'a> {
+    nic: &'a NicInner,
+    vi: &'a ViCore,
+    link: &'a PeerLink,
+    pd: &'a SendPd,
+    regions: &'a mut Regions,
+    breaks: &'a mut Vec<Break>,
+}
+
+/// A filler for unused slots of segment arrays.
+const NO_SEG: Seg<'static> = Seg {
+    region: &EMPTY,
+    va: 0,
+    len: 0,
+};
+
+impl Op<'_> {
+    fn brk(&mut self, code: ErrorCode, tell_peer: bool) {
+        self.breaks.push(Break {
+            vi: (self.vi.slot, self.vi.generation),
             code,
             tell_peer,
         });
     }
 
-    /// Runs one physical descriptor.
-    fn execute(&self, nic: &NicInner, pd: &SendPd) {
-        let Some(vi) = nic.vi(pd.vi, pd.vi_gen as u16) else {
-            log::warn!("doorbell entry for a destroyed VI {}", pd.vi);
-            return;
-        };
-        let op = pd.control & control::OP_MASK;
-        let op_status = match op {
-            control::OP_RDMAWRITE => status::OP_RDMA_WRITE,
-            control::OP_RDMAREAD => status::OP_RDMA_READ,
-            _ => status::OP_SEND,
-        };
-        let link = vi.link.read().unwrap().clone();
-        let link = match link {
-            Some(l) if !vi.broken.load(Ordering::Acquire) => l,
-            _ => {
-                complete::send(nic, &vi, pd, status::DONE | status::DESC_FLUSHED_ERROR | op_status);
-                return;
-            }
-        };
-        if pd.fault != 0 {
-            complete::send(nic, &vi, pd, status::DONE | pd.fault | op_status);
-            if link.reliability.is_reliable() {
-                self.brk(&vi, ErrorCode::PostDesc, true);
-            }
-            return;
-        }
-        if !link.peer_alive() {
-            complete::send(nic, &vi, pd, status::DONE | status::DESC_FLUSHED_ERROR | op_status);
-            self.brk(&vi, ErrorCode::ConnLost, false);
-            return;
-        }
-        let st = match op {
-            control::OP_SENDRECV => self.send(nic, &vi, &link, pd),
-            control::OP_RDMAWRITE => self.rdma_write(nic, &vi, &link, pd),
-            _ => self.rdma_read(nic, &vi, &link, pd),
-        };
-        complete::send(nic, &vi, pd, status::DONE | st | op_status);
-    }
-
-    fn local_segs(&self, nic: &NicInner, pd: &SendPd) -> std::result::Result<Vec<Seg>, u32> {
-        let n = (pd.seg_count as usize).min(MAX_SEGS);
-        let mut v = Vec::with_capacity(n);
-        for s in &pd.segs[..n] {
-            let snap = nic.tpt.lookup(s.handle).ok_or(status::PROTECTION_ERROR)?;
-            let off = s.va.checked_sub(snap.va).ok_or(status::PROTECTION_ERROR)?;
-            if !snap.covers(s.va, s.len as u64) {
+    /// Indices of the regions of the local segments; the error status if
+    /// one is no longer registered or no longer covers its segment.
+    fn local_regions(&mut self, idx: &mut [usize; MAX_SEGS]) -> std::result::Result<usize, u32> {
+        let n = (self.pd.seg_count as usize).min(MAX_SEGS);
+        for i in 0..n {
+            let s = &self.pd.segs[i];
+            let j = match i.checked_sub(1) {
+                Some(p) if self.regions.get(idx[p]).handle == s.handle => idx[p],
+                _ => self
+                    .regions
+                    .local(&self.nic.tpt, s.handle)
+                    .ok_or(status::PROTECTION_ERROR)?,
+            };
+            if !self.regions.get(j).covers(s.va, s.len as u64) {
                 return Err(status::PROTECTION_ERROR);
             }
-            v.push(Seg {
-                snap,
-                off,
-                len: s.len as u64,
-            });
+            idx[i] = j;
         }
-        Ok(v)
+        Ok(n)
     }
 
     /// Takes the next posted receive of the peer VI. `None` if there is none.
-    fn take_receive(&self, link: &PeerLink) -> Option<u64> {
+    fn take_receive(&self) -> Option<u64> {
+        let link = self.link;
         let view = link.remote.view();
         let mut pos = link.rq_pos.load(Ordering::Relaxed);
         for _ in 0..crate::shm::layout::RQ_SLOTS {
@@ -265,13 +245,21 @@ impl Engine {
             }
             if seq == slot::seq(pos, slot::POSTED)
                 && s.seq
-                    .compare_exchange(seq, slot::seq(pos, slot::TAKEN), Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(
+                        seq,
+                        slot::seq(pos, slot::TAKEN),
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
             {
                 link.rq_pos.store(pos + 1, Ordering::Relaxed);
                 return Some(pos);
             }
-            log::debug!("no receive at position {pos} of VI {} (seq {seq:#x})", link.vi);
+            log::debug!(
+                "no receive at position {pos} of VI {} (seq {seq:#x})",
+                link.vi
+            );
             break;
         }
         link.rq_pos.store(pos, Ordering::Relaxed);
@@ -280,201 +268,519 @@ impl Engine {
 
     /// Sender-side status when the receiver could not take a message
     /// (no receive, too short, bad receive): the table in the README.
-    fn remote_failure(&self, vi: &Arc<ViCore>, link: &PeerLink, peer_code: ErrorCode) -> u32 {
+    fn remote_failure(&mut self, peer_code: ErrorCode) -> u32 {
         use crate::attrs::Reliability::*;
-        match link.reliability {
+        match self.link.reliability {
             Unreliable => 0,
             ReliableDelivery | ReliableReception => {
-                link.tell_peer(peer_code);
-                self.brk(vi, ErrorCode::ConnLost, false);
-                if link.reliability == ReliableReception { status::REMOTE_DESC_ERROR } else { 0 }
+                self.link.tell_peer(peer_code);
+                self.brk(ErrorCode::ConnLost, false);
+                if self.link.reliability == ReliableReception {
+                    status::REMOTE_DESC_ERROR
+                } else {
+                    0
+                }
             }
         }
     }
 
-    /// Delivers into the receive at `pos`: data (from `src`), then the
-    /// descriptor. Returns the receive's error bits (0 = delivered).
-    #[allow(clippy::too_many_arguments)]
+    /// Delivers into the receive at `pos`: data (from the local segments or
+    /// the inline payload, if `copy_data`), then the descriptor. Returns the
+    /// receive's error bits (0 = delivered).
     fn deliver(
-        &self,
-        nic: &NicInner,
-        link: &PeerLink,
+        &mut self,
         pos: u64,
-        pd: &SendPd,
         recv_op: u32,
         copy_data: bool,
         len: u32,
     ) -> std::result::Result<(), u32> {
+        let (link, pd) = (self.link, self.pd);
         let view = link.remote.view();
         let s = view.rq_slot(link.vi, pos).expect("slot in range");
         let desc_handle = s.desc_handle.load(Ordering::Relaxed);
         let desc_off = s.desc_off.load(Ordering::Relaxed);
         let n = s.seg_count.load(Ordering::Relaxed) as usize;
-        let desc = tpt::read(&view, desc_handle).filter(|d| desc_off.checked_add(32).is_some_and(|e| e <= d.len));
-        let finish = |st: u32, len: u32| {
-            // The slot is finished before the status becomes visible: once
-            // the owner sees DONE it may recycle the slot.
-            s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
-            if let Some(d) = &desc {
-                let imm = (pd.control & control::IMMEDIATE != 0).then_some(pd.imm);
-                let st = st | if imm.is_some() { status::IMMEDIATE } else { 0 };
-                complete::remote_recv(&link.remote, (link.vi, link.vi_gen as u16), d, desc_off, st, len, imm);
-            }
+        // Mutable phase: find every region (indices stay valid).
+        let desc_i = self.regions.remote(&link.remote, desc_handle);
+        let mut fault = if n > MAX_SEGS {
+            status::FORMAT_ERROR
+        } else {
+            0
         };
-        if desc.is_none() || n > MAX_SEGS {
-            finish(status::DONE | recv_op | status::FORMAT_ERROR, 0);
-            return Err(status::FORMAT_ERROR);
-        }
-        let mut dst = Vec::with_capacity(n);
+        let mut dst_i = [0usize; MAX_SEGS];
         let mut cap: u64 = 0;
-        for seg in &s.segs[..n] {
-            let h = seg.handle.load(Ordering::Relaxed);
-            let off = seg.off.load(Ordering::Relaxed);
-            let l = seg.len.load(Ordering::Relaxed) as u64;
-            match tpt::read(&view, h).filter(|r| off.checked_add(l).is_some_and(|e| e <= r.len)) {
-                Some(snap) => dst.push(Seg { snap, off, len: l }),
-                None => {
-                    finish(status::DONE | recv_op | status::PROTECTION_ERROR, 0);
-                    return Err(status::PROTECTION_ERROR);
-                }
-            }
-            cap += l;
-        }
-        if copy_data {
-            if len as u64 > cap {
-                finish(status::DONE | recv_op | status::LENGTH_ERROR, 0);
-                return Err(status::LENGTH_ERROR);
-            }
-            let local = LocalSpace {
-                arenas: &nic.process.arenas,
-                pid: nic.process.pid,
-            };
-            let mut to = Cursor::new(&*link.remote, &dst);
-            let r = if pd.inline_len > 0 {
-                memory::copy_from_bytes(&pd.inline[..pd.inline_len as usize], &mut to)
-            } else {
-                match self.local_segs(nic, pd) {
-                    Ok(src) => memory::copy(&mut Cursor::new(&local, &src), &mut to, len as u64),
-                    Err(_) => Err(Fault::Protection),
-                }
-            };
-            if let Err(f) = r {
-                let bit = match f {
-                    Fault::Protection => status::PROTECTION_ERROR,
-                    Fault::Transport => status::TRANSPORT_ERROR,
+        if fault == 0 && copy_data {
+            for i in 0..n {
+                let h = s.segs[i].handle.load(Ordering::Relaxed);
+                let prev = i.checked_sub(1).map(|p| dst_i[p]).or(desc_i);
+                let j = match prev {
+                    Some(p) if self.regions.get(p).handle == h => Some(p),
+                    _ => self.regions.remote(&link.remote, h),
                 };
-                finish(status::DONE | recv_op | bit, 0);
-                return Err(bit);
+                let off = s.segs[i].off.load(Ordering::Relaxed);
+                let l = s.segs[i].len.load(Ordering::Relaxed) as u64;
+                match j.filter(|&j| {
+                    off.checked_add(l)
+                        .is_some_and(|e| e <= self.regions.get(j).len)
+                }) {
+                    Some(j) => dst_i[i] = j,
+                    None => {
+                        fault = status::PROTECTION_ERROR;
+                        break;
+                    }
+                }
+                cap += l;
+            }
+            if fault == 0 && len as u64 > cap {
+                fault = status::LENGTH_ERROR;
             }
         }
-        finish(status::DONE | recv_op, len);
-        Ok(())
+        let mut src_i = [0usize; MAX_SEGS];
+        let src_n = if fault == 0 && copy_data && pd.inline_len == 0 {
+            match self.local_regions(&mut src_i) {
+                Ok(m) => m,
+                Err(_) => {
+                    fault = status::PROTECTION_ERROR;
+                    0
+                }
+            }
+        } else {
+            0
+        };
+        // Immutable phase: move the bytes, then complete.
+        let regions = &*self.regions;
+        let desc = desc_i.map(|i| regions.get(i));
+        let desc_va = desc.and_then(|d| d.va.checked_add(desc_off)).unwrap_or(0);
+        let desc = desc.filter(|d| d.covers(desc_va, 32));
+        if desc.is_none() {
+            fault = status::FORMAT_ERROR;
+        }
+        if fault == 0 && copy_data {
+            fault = match move_fast(regions, s, &dst_i, n, pd, &src_i, src_n, len) {
+                Some(r) => r,
+                None => move_general(regions, s, &dst_i, n, pd, &src_i, src_n, len),
+            };
+        }
+        // The slot is finished before the status becomes visible: once the
+        // owner sees DONE it may recycle the slot.
+        s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
+        if let Some(d) = desc {
+            let imm = (pd.control & control::IMMEDIATE != 0).then_some(pd.imm);
+            let st =
+                status::DONE | recv_op | fault | if imm.is_some() { status::IMMEDIATE } else { 0 };
+            let got = if fault == 0 { len } else { 0 };
+            complete::remote_recv(
+                &link.remote,
+                (link.vi, link.vi_gen as u16),
+                d,
+                desc_va,
+                st,
+                got,
+                imm,
+            );
+        }
+        if fault == 0 { Ok(()) } else { Err(fault) }
     }
 
-    fn send(&self, nic: &NicInner, vi: &Arc<ViCore>, link: &PeerLink, pd: &SendPd) -> u32 {
-        if pd.length > link.mtu {
+    fn send(&mut self) -> u32 {
+        if self.pd.length > self.link.mtu {
             return status::LENGTH_ERROR;
         }
-        let Some(pos) = self.take_receive(link) else {
-            return self.remote_failure(vi, link, ErrorCode::RecvqEmpty);
+        let Some(pos) = self.take_receive() else {
+            return self.remote_failure(ErrorCode::RecvqEmpty);
         };
-        match self.deliver(nic, link, pos, pd, status::OP_RECEIVE, true, pd.length) {
+        match self.deliver(pos, status::OP_RECEIVE, true, self.pd.length) {
             Ok(()) => 0,
-            Err(_) => self.remote_failure(vi, link, ErrorCode::ConnLost),
+            Err(_) => self.remote_failure(ErrorCode::ConnLost),
         }
     }
 
     /// Checks an RDMA target: region live, same tag as the target VI, the
-    /// enable bit on both, bytes in bounds.
-    fn rdma_target(&self, link: &PeerLink, pd: &SendPd, need: u32) -> Option<Seg> {
+    /// enable bit on both, bytes in bounds. Returns its index.
+    fn rdma_target(&mut self, need: u32) -> Option<usize> {
+        let (link, pd) = (self.link, self.pd);
         let view = link.remote.view();
         let tvi = view.vi(link.vi)?;
-        let snap = tpt::read(&view, pd.remote_handle)?;
+        let i = self.regions.remote(&link.remote, pd.remote_handle)?;
+        let r = self.regions.get(i);
         let ok = tvi.flags.load(Ordering::Acquire) & need != 0
-            && snap.flags & need != 0
-            && snap.ptag == tvi.ptag.load(Ordering::Relaxed)
-            && snap.covers(pd.remote_va, pd.length as u64);
-        ok.then(|| Seg {
-            snap,
-            off: pd.remote_va - snap.va,
-            len: pd.length as u64,
-        })
+            && r.flags & need != 0
+            && r.ptag == tvi.ptag.load(Ordering::Relaxed)
+            && r.covers(pd.remote_va, pd.length as u64);
+        ok.then_some(i)
     }
 
-    fn rdma_violation(&self, vi: &Arc<ViCore>, link: &PeerLink, code: ErrorCode) -> u32 {
+    fn rdma_violation(&mut self, code: ErrorCode) -> u32 {
         // The target always hears of it; reliable connections also break.
-        if link.reliability.is_reliable() {
-            link.tell_peer(code);
-            self.brk(vi, ErrorCode::ConnLost, false);
-        } else {
-            link.tell_peer(code);
+        self.link.tell_peer(code);
+        if self.link.reliability.is_reliable() {
+            self.brk(ErrorCode::ConnLost, false);
         }
         status::RDMA_PROT_ERROR
     }
 
-    fn rdma_write(&self, nic: &NicInner, vi: &Arc<ViCore>, link: &PeerLink, pd: &SendPd) -> u32 {
-        if pd.length > link.mtu {
+    /// Copies between the local segments and the peer region at index
+    /// `far` (`to_remote`: RDMA write; else RDMA read).
+    fn rdma_copy(&mut self, far: usize, to_remote: bool) -> std::result::Result<(), u32> {
+        let mut idx = [0usize; MAX_SEGS];
+        let m = self.local_regions(&mut idx)?;
+        let pd = self.pd;
+        let regions = &*self.regions;
+        let mut local = [NO_SEG; MAX_SEGS];
+        for i in 0..m {
+            local[i] = Seg {
+                region: regions.get(idx[i]),
+                va: pd.segs[i].va,
+                len: pd.segs[i].len as u64,
+            };
+        }
+        let remote = [Seg {
+            region: regions.get(far),
+            va: pd.remote_va,
+            len: pd.length as u64,
+        }];
+        let (mut a, mut b) = (Cursor::new(&local[..m]), Cursor::new(&remote));
+        let r = if to_remote {
+            memory::copy(&mut a, &mut b, pd.length as u64)
+        } else {
+            memory::copy(&mut b, &mut a, pd.length as u64)
+        };
+        r.map_err(|f| match f {
+            Fault::Protection => status::PROTECTION_ERROR,
+            Fault::Transport => status::TRANSPORT_ERROR,
+        })
+    }
+
+    fn rdma_write(&mut self) -> u32 {
+        if self.pd.length > self.link.mtu {
             return status::LENGTH_ERROR;
         }
-        let Some(target) = self.rdma_target(link, pd, flags::RDMA_WRITE) else {
-            return self.rdma_violation(vi, link, ErrorCode::RdmawProt);
+        let Some(target) = self.rdma_target(flags::RDMA_WRITE) else {
+            return self.rdma_violation(ErrorCode::RdmawProt);
         };
         // Write-with-immediate needs a receive at the target: take it first
         // so that no data lands when there is none.
-        let imm_pos = if pd.control & control::IMMEDIATE != 0 {
-            match self.take_receive(link) {
+        let imm_pos = if self.pd.control & control::IMMEDIATE != 0 {
+            match self.take_receive() {
                 Some(p) => Some(p),
-                None => return self.remote_failure(vi, link, ErrorCode::RecvqEmpty),
+                None => return self.remote_failure(ErrorCode::RecvqEmpty),
             }
         } else {
             None
         };
-        let local = LocalSpace {
-            arenas: &nic.process.arenas,
-            pid: nic.process.pid,
-        };
-        let src = match self.local_segs(nic, pd) {
-            Ok(s) => s,
-            Err(st) => return st,
-        };
-        let dst = [target];
-        if let Err(f) = memory::copy(&mut Cursor::new(&local, &src), &mut Cursor::new(&*link.remote, &dst), pd.length as u64) {
-            return match f {
-                Fault::Protection => self.rdma_violation(vi, link, ErrorCode::RdmawProt),
-                Fault::Transport => status::TRANSPORT_ERROR,
-            };
+        if let Err(e) = self.rdma_copy(target, true) {
+            return e;
         }
         if let Some(pos) = imm_pos {
             if self
-                .deliver(nic, link, pos, pd, status::OP_REMOTE_RDMA_WRITE, false, pd.length)
+                .deliver(pos, status::OP_REMOTE_RDMA_WRITE, false, self.pd.length)
                 .is_err()
             {
-                return self.remote_failure(vi, link, ErrorCode::ConnLost);
+                return self.remote_failure(ErrorCode::ConnLost);
             }
         }
         0
     }
 
-    fn rdma_read(&self, nic: &NicInner, vi: &Arc<ViCore>, link: &PeerLink, pd: &SendPd) -> u32 {
-        if pd.length > link.mtu {
+    fn rdma_read(&mut self) -> u32 {
+        if self.pd.length > self.link.mtu {
             return status::LENGTH_ERROR;
         }
-        let Some(source) = self.rdma_target(link, pd, flags::RDMA_READ) else {
-            return self.rdma_violation(vi, link, ErrorCode::RdmarProt);
+        let Some(source) = self.rdma_target(flags::RDMA_READ) else {
+            return self.rdma_violation(ErrorCode::RdmarProt);
         };
-        let local = LocalSpace {
-            arenas: &nic.process.arenas,
-            pid: nic.process.pid,
-        };
-        let dst = match self.local_segs(nic, pd) {
-            Ok(s) => s,
-            Err(st) => return st,
-        };
-        let src = [source];
-        match memory::copy(&mut Cursor::new(&*link.remote, &src), &mut Cursor::new(&local, &dst), pd.length as u64) {
+        match self.rdma_copy(source, false) {
             Ok(()) => 0,
-            Err(Fault::Protection) => status::PROTECTION_ERROR,
-            Err(Fault::Transport) => status::TRANSPORT_ERROR,
+            Err(st) => st,
+        }
+    }
+}
+
+/// The engine of one NIC.
+pub(crate) struct Engine {
+    state: Mutex<EngineState>,
+    mode: DoorbellMode,
+    progress: Progress,
+    central: Option<MappedDoorbell<SendPd>>,
+    per_vi: RwLock<HashMap<u32, Arc<MappedDoorbell<SendPd>>>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    name: String,
+}
+
+impl Engine {
+    /// An engine with the configured doorbells.
+    pub fn new(config: &Config, session: u64, nic: u32) -> Result<Engine> {
+        let name = format!("via-engine:{session}:{nic}");
+        let central = match config.doorbell {
+            DoorbellMode::Central => {
+                Some(MappedDoorbell::create(&name, DOORBELL_SLOTS).map_err(|e| {
+                    log::error!("cannot create the doorbell: {e}");
+                    Error::Resource
+                })?)
+            }
+            DoorbellMode::PerVi => None,
+        };
+        Ok(Engine {
+            state: Mutex::new(EngineState::default()),
+            mode: config.doorbell,
+            progress: config.progress,
+            central,
+            per_vi: RwLock::new(HashMap::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+            name,
+        })
+    }
+
+    pub(crate) fn central(&self) -> Option<&doorbell::Doorbell<SendPd>> {
+        self.central.as_ref().map(|d| d.get())
+    }
+
+    pub(crate) fn threaded(&self) -> bool {
+        self.progress == Progress::Thread
+    }
+
+    fn try_lock(&self) -> Option<MutexGuard<'_, EngineState>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            // A panic inside the engine poisoned the lock; the state is only
+            // caches and pending breaks, so carry on with it.
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        if let Some(db) = self.central() {
+            return !db.ring_view().is_empty();
+        }
+        self.per_vi
+            .read()
+            .unwrap()
+            .values()
+            .any(|d| !d.get().ring_view().is_empty())
+    }
+
+    /// Runs the engine unless another thread does. `hint` is the VI that
+    /// just posted (saves looking it up).
+    pub(crate) fn kick_inline(&self, nic: &NicInner, hint: Option<&ViCore>) {
+        loop {
+            let mut g = match self.try_lock() {
+                Some(g) => g,
+                None => {
+                    // SeqCst fence: our push is ordered before the second
+                    // look at the lock; pairs with the holder's fence after
+                    // its release (see the module doc).
+                    fence(Ordering::SeqCst);
+                    match self.try_lock() {
+                        Some(g) => g,
+                        None => return,
+                    }
+                }
+            };
+            self.drain(nic, &mut g, hint);
+            let breaks = std::mem::take(&mut g.breaks);
+            drop(g);
+            // SeqCst fence: the release above is ordered before the re-check
+            // below; pairs with the poster's fence.
+            fence(Ordering::SeqCst);
+            settle(nic, breaks);
+            if !self.has_work() {
+                return;
+            }
+        }
+    }
+
+    /// Runs everything queued now, waiting for the lock if another thread
+    /// holds it. After this returns no descriptor posted before the call is
+    /// still in a doorbell and no engine step is in progress.
+    fn drain_now(&self, nic: &NicInner) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.drain(nic, &mut g, None);
+        let breaks = std::mem::take(&mut g.breaks);
+        drop(g);
+        fence(Ordering::SeqCst);
+        settle(nic, breaks);
+    }
+
+    fn drain(&self, nic: &NicInner, st: &mut EngineState, hint: Option<&ViCore>) {
+        if let Some(db) = self.central() {
+            while let Some(pd) = db.poll() {
+                execute(nic, st, &pd, hint);
+            }
+            return;
+        }
+        // Per-VI doorbells: poll every VI's ring (the D1 design: the cost
+        // grows with the number of VIs).
+        let dbs: Vec<_> = self.per_vi.read().unwrap().values().cloned().collect();
+        loop {
+            let mut any = false;
+            for d in &dbs {
+                while let Some(pd) = d.get().poll() {
+                    execute(nic, st, &pd, hint);
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+}
+
+/// Moves one segment to one segment when both lie in one arena each (the
+/// common case): a single `memcpy`. `None` if the case does not apply.
+#[allow(clippy::too_many_arguments)]
+fn move_fast(
+    regions: &Regions,
+    slot: &crate::shm::layout::RecvSlot,
+    dst_i: &[usize; MAX_SEGS],
+    n: usize,
+    pd: &SendPd,
+    src_i: &[usize; MAX_SEGS],
+    src_n: usize,
+    len: u32,
+) -> Option<u32> {
+    if n != 1 || (pd.inline_len == 0 && src_n != 1) {
+        return None;
+    }
+    let dr = regions.get(dst_i[0]);
+    let (dm, dat) = dr.span(dr.va + slot.segs[0].off.load(Ordering::Relaxed), len as u64)?;
+    let ok = if pd.inline_len > 0 {
+        dm.write(dat, &pd.inline[..pd.inline_len as usize])
+    } else {
+        let (sm, sat) = regions.get(src_i[0]).span(pd.segs[0].va, len as u64)?;
+        crate::shm::mapping::Mapping::copy(sm, sat, dm, dat, len as usize)
+    };
+    Some(if ok { 0 } else { status::PROTECTION_ERROR })
+}
+
+/// Moves a scatter/gather message chunk by chunk. Returns the error bits.
+#[allow(clippy::too_many_arguments)]
+fn move_general(
+    regions: &Regions,
+    slot: &crate::shm::layout::RecvSlot,
+    dst_i: &[usize; MAX_SEGS],
+    n: usize,
+    pd: &SendPd,
+    src_i: &[usize; MAX_SEGS],
+    src_n: usize,
+    len: u32,
+) -> u32 {
+    let mut dst = [NO_SEG; MAX_SEGS];
+    for i in 0..n {
+        let r = regions.get(dst_i[i]);
+        dst[i] = Seg {
+            region: r,
+            va: r.va + slot.segs[i].off.load(Ordering::Relaxed),
+            len: slot.segs[i].len.load(Ordering::Relaxed) as u64,
+        };
+    }
+    let mut to = Cursor::new(&dst[..n]);
+    let r = if pd.inline_len > 0 {
+        memory::copy_from_bytes(&pd.inline[..pd.inline_len as usize], &mut to)
+    } else {
+        let mut src = [NO_SEG; MAX_SEGS];
+        for i in 0..src_n {
+            src[i] = Seg {
+                region: regions.get(src_i[i]),
+                va: pd.segs[i].va,
+                len: pd.segs[i].len as u64,
+            };
+        }
+        memory::copy(&mut Cursor::new(&src[..src_n]), &mut to, len as u64)
+    };
+    match r {
+        Ok(()) => 0,
+        Err(Fault::Protection) => status::PROTECTION_ERROR,
+        Err(Fault::Transport) => status::TRANSPORT_ERROR,
+    }
+}
+
+/// Completes the send descriptor of `pd` (its region looked up through the
+/// engine's cache).
+fn complete_send(nic: &NicInner, regions: &mut Regions, vi: &ViCore, pd: &SendPd, status: u32) {
+    let r = regions
+        .local(&nic.tpt, pd.desc_handle)
+        .map(|i| regions.get(i))
+        .filter(|r| r.covers(pd.desc_va, 32));
+    complete::send(nic, vi, pd, r, status);
+}
+
+/// Runs one physical descriptor.
+fn execute(nic: &NicInner, st: &mut EngineState, pd: &SendPd, hint: Option<&ViCore>) {
+    let found;
+    let vi: &ViCore = match hint {
+        Some(h) if h.slot == pd.vi && h.generation as u32 == pd.vi_gen => h,
+        _ => match nic.vi(pd.vi, pd.vi_gen as u16) {
+            Some(v) => {
+                found = v;
+                &found
+            }
+            None => {
+                log::warn!("doorbell entry for a destroyed VI {}", pd.vi);
+                return;
+            }
+        },
+    };
+    let op = pd.control & control::OP_MASK;
+    let op_status = match op {
+        control::OP_RDMAWRITE => status::OP_RDMA_WRITE,
+        control::OP_RDMAREAD => status::OP_RDMA_READ,
+        _ => status::OP_SEND,
+    };
+    let EngineState {
+        regions,
+        links,
+        breaks,
+    } = st;
+    let link = match links.get(vi) {
+        Some(l) if !vi.broken.load(Ordering::Acquire) => l,
+        _ => {
+            complete_send(
+                nic,
+                regions,
+                vi,
+                pd,
+                status::DONE | status::DESC_FLUSHED_ERROR | op_status,
+            );
+            regions.trim();
+            return;
+        }
+    };
+    let mut o = Op {
+        nic,
+        vi,
+        link,
+        pd,
+        regions,
+        breaks,
+    };
+    let r = if pd.fault != 0 {
+        if link.reliability.is_reliable() {
+            o.brk(ErrorCode::PostDesc, true);
+        }
+        pd.fault
+    } else if !link.peer_alive() {
+        o.brk(ErrorCode::ConnLost, false);
+        status::DESC_FLUSHED_ERROR
+    } else {
+        match op {
+            control::OP_SENDRECV => o.send(),
+            control::OP_RDMAWRITE => o.rdma_write(),
+            _ => o.rdma_read(),
+        }
+    };
+    complete_send(nic, o.regions, vi, pd, status::DONE | r | op_status);
+    o.regions.trim();
+}
+
+/// Acts on the connection breaks found while running.
+fn settle(nic: &NicInner, breaks: Vec<Break>) {
+    for b in breaks {
+        if let Some(vi) = nic.vi(b.vi.0, b.vi.1) {
+            vi.break_connection(nic, b.code, b.tell_peer, false);
         }
     }
 }
@@ -490,7 +796,7 @@ impl Device for Engine {
         }
         let weak = Arc::downgrade(nic);
         let stop = self.stop.clone();
-        let central = self.central.clone();
+        let central = self.central.as_ref().map(|c| c.get().clone());
         let t = std::thread::Builder::new()
             .name("via-engine".into())
             .spawn(move || {
@@ -501,7 +807,7 @@ impl Device for Engine {
                     match &central {
                         // The doorbell proper: posters ring, we sleep.
                         Some(c) => {
-                            c.get().wait(None);
+                            c.wait(None);
                         }
                         // Per-VI doorbells have no common event count: poll
                         // them with a short sleep (thread mode only).
@@ -526,7 +832,11 @@ impl Device for Engine {
         log::debug!("{} stopped", self.name);
     }
 
-    fn pin(&self, nic: &NicInner, range: &crate::shm::arena::UserRange) -> std::io::Result<Vec<crate::shm::arena::Extent>> {
+    fn pin(
+        &self,
+        nic: &NicInner,
+        range: &crate::shm::arena::UserRange,
+    ) -> std::io::Result<Vec<crate::shm::arena::Extent>> {
         nic.process.arenas.pin(range)
     }
 
@@ -538,7 +848,11 @@ impl Device for Engine {
         if self.mode != DoorbellMode::PerVi {
             return Ok(());
         }
-        let d = MappedDoorbell::create(&format!("via-vi-doorbell:{}:{slot}", nic.id), VI_DOORBELL_SLOTS).map_err(|e| {
+        let d = MappedDoorbell::create(
+            &format!("via-vi-doorbell:{}:{slot}", nic.id),
+            VI_DOORBELL_SLOTS,
+        )
+        .map_err(|e| {
             log::error!("cannot create a VI doorbell: {e}");
             Error::Resource
         })?;
@@ -551,13 +865,24 @@ impl Device for Engine {
     }
 
     fn post_send(&self, nic: &NicInner, vi: &ViCore, pd: SendPd) -> Result<()> {
-        let db = self.doorbell_of(vi.slot).ok_or(Error::Resource)?;
-        self.post(nic, db.get(), pd)
+        match self.central() {
+            Some(db) => self.post(nic, db, pd),
+            None => {
+                let db = self
+                    .per_vi
+                    .read()
+                    .unwrap()
+                    .get(&vi.slot)
+                    .cloned()
+                    .ok_or(Error::Resource)?;
+                self.post(nic, db.get(), pd)
+            }
+        }
     }
 
-    fn kick(&self, nic: &NicInner) {
+    fn kick(&self, nic: &NicInner, vi: Option<&ViCore>) {
         if !self.threaded() {
-            self.kick_inline(nic);
+            self.kick_inline(nic, vi);
         }
     }
 
@@ -565,7 +890,13 @@ impl Device for Engine {
         self.drain_now(nic);
     }
 
-    fn post_recv(&self, nic: &NicInner, vi: &ViCore, pos: u64, pd: &crate::translate::RecvPd) -> Result<()> {
+    fn post_recv(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        pos: u64,
+        pd: &crate::translate::RecvPd,
+    ) -> Result<()> {
         super::ring::offer(nic, vi.slot, pos, pd);
         Ok(())
     }

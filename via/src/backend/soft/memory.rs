@@ -2,32 +2,60 @@
 //!
 //! A registered region is a list of extents (see `shm::arena`): each byte
 //! lives either in an arena file that both processes map, or in memory only
-//! reachable by cross-memory attach. [`Cursor`] walks a scatter/gather list
-//! chunk by chunk and [`copy`] moves bytes between two lists using the
-//! cheapest mechanism each pair of chunks allows (`proto::mapped`,
-//! `proto::cma`, `proto::inline`).
+//! reachable by cross-memory attach. A [`Resolved`] region has every arena
+//! extent already mapped, so moving bytes costs no lookup: [`Cursor`] walks
+//! a scatter/gather list chunk by chunk and [`copy`] moves bytes between two
+//! lists with the cheapest mechanism each pair of chunks allows
+//! (`proto::mapped`, `proto::cma`, `proto::inline`).
+//!
+//! Local regions are resolved once at registration (`tpt::LocalTable`);
+//! remote ones on first use and cached per connection
+//! (`remote::PeerLink::region`).
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use crate::shm::arena::CMA;
 use crate::shm::mapping::Mapping;
-use crate::tpt::Snapshot;
 
 use super::proto;
 
-/// Whose memory: resolves arena ids to mappings.
-pub(crate) trait Space {
-    /// The mapping of arena `id`, if it exists.
-    fn arena(&self, id: u32) -> Option<Arc<Mapping>>;
-    /// Process id, for cross-memory attach.
-    fn pid(&self) -> i32;
+/// One extent of a resolved region.
+#[derive(Clone, Debug)]
+pub(crate) struct ResolvedExtent {
+    /// First virtual address (in the owner's address space).
+    pub va: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The arena mapping, or `None` for cross-memory attach.
+    pub map: Option<Arc<Mapping>>,
+    /// Offset of `va` in `map`.
+    pub map_off: u64,
+}
+
+/// A registered region with its extents mapped.
+#[derive(Clone, Debug)]
+pub(crate) struct Resolved {
+    /// Memory handle.
+    pub handle: u32,
+    /// First byte.
+    pub va: u64,
+    /// Length.
+    pub len: u64,
+    /// Protection tag id.
+    pub ptag: u32,
+    /// RDMA enable flags.
+    pub flags: u32,
+    /// Owner's process id (cross-memory attach).
+    pub pid: i32,
+    /// Extents in address order.
+    pub extents: Vec<ResolvedExtent>,
 }
 
 /// Where a contiguous chunk of bytes lives.
-pub(crate) enum Place {
+pub(crate) enum Place<'a> {
     /// `off` bytes into a mapping.
-    Map(Arc<Mapping>, usize),
+    Map(&'a Mapping, usize),
     /// At virtual address `va` of process `pid`.
     Cma(i32, u64),
 }
@@ -41,41 +69,161 @@ pub(crate) enum Fault {
     Transport,
 }
 
-/// One segment of a scatter/gather list: `len` bytes at `off` in a region.
-#[derive(Clone, Copy)]
-pub(crate) struct Seg {
-    pub snap: Snapshot,
-    pub off: u64,
-    pub len: u64,
+impl Resolved {
+    /// Whether `va..va+len` lies inside the region.
+    pub fn covers(&self, va: u64, len: u64) -> bool {
+        va >= self.va && va.checked_add(len).is_some_and(|e| e <= self.va + self.len)
+    }
+
+    /// The place of `va` and how many contiguous bytes follow it there.
+    pub fn place(&self, va: u64) -> Option<(Place<'_>, u64)> {
+        for e in &self.extents {
+            if va >= e.va && va - e.va < e.len {
+                let within = va - e.va;
+                let n = e.len - within;
+                return Some(match &e.map {
+                    Some(m) => {
+                        let at = usize::try_from(e.map_off + within).ok()?;
+                        if at >= m.len() {
+                            return None;
+                        }
+                        (Place::Map(m, at), n.min((m.len() - at) as u64))
+                    }
+                    None => (Place::Cma(self.pid, va), n),
+                });
+            }
+        }
+        None
+    }
+
+    /// The mapping and offset of a 4-byte aligned word at `va`, if mapped.
+    pub fn word(&self, va: u64) -> Option<(&Mapping, usize)> {
+        match self.place(va)? {
+            (Place::Map(m, at), n) if n >= 4 => Some((m, at)),
+            _ => None,
+        }
+    }
+
+    /// The mapping and offset of `va..va+len` if it lies in one mapped
+    /// extent (the common case: one arena per region).
+    pub fn span(&self, va: u64, len: u64) -> Option<(&Mapping, usize)> {
+        for e in &self.extents {
+            if va >= e.va && va - e.va < e.len {
+                let m = e.map.as_deref()?;
+                let within = va - e.va;
+                let at = usize::try_from(e.map_off + within).ok()?;
+                let fits = e.len - within >= len
+                    && at
+                        .checked_add(len as usize)
+                        .is_some_and(|end| end <= m.len());
+                return fits.then_some((m, at));
+            }
+        }
+        None
+    }
+
+    /// The mapping (shared) and offset of the 32-byte control segment at
+    /// `va`, if it lies in one arena.
+    pub fn control_segment(&self, va: u64) -> Option<(Arc<Mapping>, usize)> {
+        for e in &self.extents {
+            if va >= e.va && va - e.va < e.len {
+                let m = e.map.as_ref()?;
+                let at = usize::try_from(e.map_off + (va - e.va)).ok()?;
+                return (e.len - (va - e.va) >= 32 && at + 32 <= m.len()).then(|| (m.clone(), at));
+            }
+        }
+        None
+    }
+
+    /// Copies `out.len()` bytes at `va` out.
+    pub fn read(&self, va: u64, out: &mut [u8]) -> Result<(), Fault> {
+        let mut done = 0usize;
+        while done < out.len() {
+            let (p, n) = self.place(va + done as u64).ok_or(Fault::Protection)?;
+            let n = (n as usize).min(out.len() - done);
+            match p {
+                Place::Map(m, at) => {
+                    if !m.read(at, &mut out[done..done + n]) {
+                        return Err(Fault::Protection);
+                    }
+                }
+                Place::Cma(pid, a) => {
+                    crate::sys::process_vm_read(pid, &mut out[done..done + n], a)
+                        .map_err(|_| Fault::Transport)?;
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes` in at `va` (no ordering guarantee).
+    pub fn write(&self, va: u64, bytes: &[u8]) -> Result<(), Fault> {
+        let mut done = 0usize;
+        while done < bytes.len() {
+            let (p, n) = self.place(va + done as u64).ok_or(Fault::Protection)?;
+            let n = (n as usize).min(bytes.len() - done);
+            proto::inline::deliver(&bytes[done..done + n], &p)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Stores a 32-bit word at `va`; Release when mapped (the status word:
+    /// the last store of a completion).
+    pub fn store_release(&self, va: u64, v: u32) -> Result<(), Fault> {
+        match self.word(va).and_then(|(m, at)| m.u32_at(at)) {
+            Some(w) => {
+                // Release: the completion's data, Length and ImmediateData
+                // happen before a reader that sees this status with Acquire.
+                w.store(v, Ordering::Release);
+                Ok(())
+            }
+            None => self.write(va, &v.to_ne_bytes()),
+        }
+    }
+
+    /// Stores a 32-bit word at `va` with no ordering of its own.
+    pub fn store_relaxed(&self, va: u64, v: u32) -> Result<(), Fault> {
+        match self.word(va).and_then(|(m, at)| m.u32_at(at)) {
+            Some(w) => {
+                w.store(v, Ordering::Relaxed);
+                Ok(())
+            }
+            None => self.write(va, &v.to_ne_bytes()),
+        }
+    }
 }
 
-/// Resolves `off` in `snap` to a place and the contiguous bytes there.
-pub(crate) fn place(space: &dyn Space, snap: &Snapshot, off: u64) -> Result<(Place, u64), Fault> {
-    let (ext, n) = snap.locate(off).ok_or(Fault::Protection)?;
-    if ext.arena == CMA {
-        return Ok((Place::Cma(space.pid(), ext.arena_off), n));
-    }
-    let map = space.arena(ext.arena).ok_or(Fault::Protection)?;
-    let at = usize::try_from(ext.arena_off).map_err(|_| Fault::Protection)?;
-    if at >= map.len() {
-        return Err(Fault::Protection);
-    }
-    let n = n.min((map.len() - at) as u64);
-    Ok((Place::Map(map, at), n))
+/// A region with no bytes: the filler of unused [`Seg`] array slots.
+pub(crate) static EMPTY: Resolved = Resolved {
+    handle: 0,
+    va: 0,
+    len: 0,
+    ptag: 0,
+    flags: 0,
+    pid: 0,
+    extents: Vec::new(),
+};
+
+/// One segment of a scatter/gather list: `len` bytes at `va` of a region.
+#[derive(Clone, Copy)]
+pub(crate) struct Seg<'a> {
+    pub region: &'a Resolved,
+    pub va: u64,
+    pub len: u64,
 }
 
 /// A position in a scatter/gather list.
 pub(crate) struct Cursor<'a> {
-    space: &'a dyn Space,
-    segs: &'a [Seg],
+    segs: &'a [Seg<'a>],
     i: usize,
     done: u64,
 }
 
 impl<'a> Cursor<'a> {
-    pub fn new(space: &'a dyn Space, segs: &'a [Seg]) -> Cursor<'a> {
+    pub fn new(segs: &'a [Seg<'a>]) -> Cursor<'a> {
         let mut c = Cursor {
-            space,
             segs,
             i: 0,
             done: 0,
@@ -93,9 +241,14 @@ impl<'a> Cursor<'a> {
 
     /// The place of the next byte and how many contiguous bytes follow (at
     /// most `max`); `None` at the end of the list.
-    pub fn peek(&self, max: u64) -> Option<Result<(Place, u64), Fault>> {
+    pub fn peek(&self, max: u64) -> Option<Result<(Place<'a>, u64), Fault>> {
         let s = self.segs.get(self.i)?;
-        Some(place(self.space, &s.snap, s.off + self.done).map(|(p, n)| (p, n.min(s.len - self.done).min(max))))
+        Some(
+            s.region
+                .place(s.va + self.done)
+                .map(|(p, n)| (p, n.min(s.len - self.done).min(max)))
+                .ok_or(Fault::Protection),
+        )
     }
 
     /// Moves past `n` bytes (no more than the last `peek` returned).
@@ -112,7 +265,9 @@ pub(crate) fn copy(src: &mut Cursor<'_>, dst: &mut Cursor<'_>, mut len: u64) -> 
         let (dp, dn) = dst.peek(sn).ok_or(Fault::Protection)??;
         let n = sn.min(dn);
         match (&sp, &dp) {
-            (Place::Map(s, so), Place::Map(d, doff)) => proto::mapped::copy(s, *so, d, *doff, n as usize)?,
+            (Place::Map(s, so), Place::Map(d, doff)) => {
+                proto::mapped::copy(s, *so, d, *doff, n as usize)?
+            }
             _ => proto::cma::copy(&sp, &dp, n as usize)?,
         }
         src.advance(n);
@@ -126,74 +281,13 @@ pub(crate) fn copy(src: &mut Cursor<'_>, dst: &mut Cursor<'_>, mut len: u64) -> 
 pub(crate) fn copy_from_bytes(bytes: &[u8], dst: &mut Cursor<'_>) -> Result<(), Fault> {
     let mut done = 0usize;
     while done < bytes.len() {
-        let (dp, dn) = dst.peek((bytes.len() - done) as u64).ok_or(Fault::Protection)??;
+        let (dp, dn) = dst
+            .peek((bytes.len() - done) as u64)
+            .ok_or(Fault::Protection)??;
         let n = dn as usize;
         proto::inline::deliver(&bytes[done..done + n], &dp)?;
         dst.advance(dn);
         done += n;
     }
     Ok(())
-}
-
-/// Reads `out.len()` bytes at `off` of a region.
-pub(crate) fn read(space: &dyn Space, snap: &Snapshot, off: u64, out: &mut [u8]) -> Result<(), Fault> {
-    let mut done = 0usize;
-    while done < out.len() {
-        let (p, n) = place(space, snap, off + done as u64)?;
-        let n = (n as usize).min(out.len() - done);
-        match p {
-            Place::Map(m, at) => {
-                if !m.read(at, &mut out[done..done + n]) {
-                    return Err(Fault::Protection);
-                }
-            }
-            Place::Cma(pid, va) => {
-                crate::sys::process_vm_read(pid, &mut out[done..done + n], va).map_err(|_| Fault::Transport)?;
-            }
-        }
-        done += n;
-    }
-    Ok(())
-}
-
-/// Writes `bytes` at `off` of a region (no ordering guarantee).
-pub(crate) fn write(space: &dyn Space, snap: &Snapshot, off: u64, bytes: &[u8]) -> Result<(), Fault> {
-    let segs = [Seg {
-        snap: *snap,
-        off,
-        len: bytes.len() as u64,
-    }];
-    copy_from_bytes(bytes, &mut Cursor::new(space, &segs))
-}
-
-/// Stores a 32-bit word at `off` of a region with Release ordering (the
-/// descriptor status word: the last store of a completion).
-pub(crate) fn store_release(space: &dyn Space, snap: &Snapshot, off: u64, v: u32) -> Result<(), Fault> {
-    match place(space, snap, off)? {
-        (Place::Map(m, at), n) if n >= 4 => {
-            let w = m.u32_at(at).ok_or(Fault::Protection)?;
-            // Release: the completion's earlier stores (data, Length,
-            // ImmediateData) happen before a reader that sees this status
-            // with Acquire (VipRecvDone, or a program spinning on memory).
-            w.store(v, std::sync::atomic::Ordering::Release);
-            Ok(())
-        }
-        _ => write(space, snap, off, &v.to_ne_bytes()),
-    }
-}
-
-/// Loads a 32-bit word at `off` of a region with Acquire ordering.
-pub(crate) fn load_acquire(space: &dyn Space, snap: &Snapshot, off: u64) -> Result<u32, Fault> {
-    match place(space, snap, off)? {
-        (Place::Map(m, at), n) if n >= 4 => {
-            let w = m.u32_at(at).ok_or(Fault::Protection)?;
-            // Acquire: pairs with `store_release`.
-            Ok(w.load(std::sync::atomic::Ordering::Acquire))
-        }
-        _ => {
-            let mut b = [0u8; 4];
-            read(space, snap, off, &mut b)?;
-            Ok(u32::from_ne_bytes(b))
-        }
-    }
 }

@@ -21,19 +21,28 @@ impl Engine {
     /// # Errors
     /// `Resource` if the doorbell stays full (only in thread mode, where the
     /// engine thread drains it concurrently).
-    pub(crate) fn post(&self, nic: &NicInner, db: &doorbell::Doorbell<SendPd>, pd: SendPd) -> Result<()> {
+    pub(crate) fn post(
+        &self,
+        nic: &NicInner,
+        db: &doorbell::Doorbell<SendPd>,
+        pd: SendPd,
+    ) -> Result<()> {
         let mut pd = pd;
         for _ in 0..1_000_000 {
             // Reserve + fill + commit happen inside push (Release on the
             // slot stamp); a failed push publishes nothing.
-            let r = if self.threaded() { db.ring(pd).map(|_| ()) } else { db.push_quiet(pd).map(|_| ()) };
+            let r = if self.threaded() {
+                db.ring(pd).map(|_| ())
+            } else {
+                db.push_quiet(pd).map(|_| ())
+            };
             match r {
                 Ok(()) => return Ok(()),
                 Err(full) => {
                     pd = full.into_inner();
                     if !self.threaded() {
                         // Inline: nobody else may be draining; do it ourselves.
-                        self.kick_inline(nic);
+                        self.kick_inline(nic, None);
                     }
                     std::thread::yield_now();
                 }

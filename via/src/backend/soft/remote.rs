@@ -1,8 +1,9 @@
-//! Mappings of a peer's NIC: its segment, its arenas, its CQ rings.
+//! Mappings of a peer's NIC: its segment, its arenas, its CQ rings, and a
+//! cache of its translation table.
 //!
 //! Everything read from these mappings was written by another process and
 //! is checked before use (`NicView` bounds-checks slots, `tpt::read` checks
-//! handles, the engine checks lengths).
+//! handles, [`Resolved`] bounds-checks every access).
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -12,15 +13,17 @@ use std::sync::{Arc, RwLock};
 
 use crate::agent::Agent;
 use crate::attrs::Reliability;
-use crate::backend::soft::memory::Space;
+use crate::backend::soft::memory::{Resolved, ResolvedExtent};
 use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
 use crate::proto::{Endpoint, ObjKey, ObjKind};
+use crate::shm::arena::CMA;
 use crate::shm::layout::{NicView, OFFSETS};
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
+use crate::tpt;
 
-/// Most arenas of one peer kept mapped at once; beyond this the least
-/// recently fetched ones are unmapped (and fetched again if needed).
+/// Most arenas of one peer kept mapped at once; beyond this half of them are
+/// unmapped (and fetched again if needed).
 const MAX_ARENAS: usize = 4096;
 
 /// A peer NIC, mapped.
@@ -39,7 +42,10 @@ fn fetch_map(agent: &Agent, session: u64, key: ObjKey, min: usize) -> io::Result
     let fd = agent.fetch(session, key)?;
     let size = crate::sys::file_size(&fd)? as usize;
     if size < min || size == 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "shared object too small"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "shared object too small",
+        ));
     }
     Ok(Arc::new(Mapping::map_shared(&fd, 0, size)?))
 }
@@ -54,10 +60,14 @@ impl RemoteNic {
             generation: 0,
         };
         let map = fetch_map(&agent, session, key, OFFSETS.len)?;
-        let view = NicView::attach(&map).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let view = NicView::attach(&map)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         let h = view.header();
         if h.session.load(Ordering::Relaxed) != session || h.nic_id.load(Ordering::Relaxed) != nic {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "segment of another NIC"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "segment of another NIC",
+            ));
         }
         let pid = h.pid.load(Ordering::Relaxed) as i32;
         let (off, len) = view.errors_range();
@@ -79,31 +89,7 @@ impl RemoteNic {
         NicView::trusted(&self.map)
     }
 
-    /// The peer's CQ ring `slot`, generation `generation` (fetched on first use).
-    pub fn cq_ring(&self, slot: u32, generation: u32) -> Option<Arc<MappedRing>> {
-        if let Some(r) = self.cqs.read().unwrap().get(&(slot, generation)) {
-            return Some(r.clone());
-        }
-        let map = fetch_map(&self.agent, self.session, crate::cq::ring_key(self.nic, slot, generation), 64).ok()?;
-        let len = map.len();
-        let ring = Arc::new(MappedRing::attach(map, 0, len).ok()?);
-        let mut g = self.cqs.write().unwrap();
-        g.retain(|(s, _), _| *s != slot);
-        g.insert((slot, generation), ring.clone());
-        Some(ring)
-    }
-
-    /// Pushes an asynchronous error into the peer's error ring and wakes its
-    /// provider thread.
-    pub fn post_error(&self, e: AsyncError) {
-        if let Err(err) = self.errors.get().push(e.encode()) {
-            log::warn!("cannot report {:?} to session {}: {err}", e.code, self.session);
-        }
-        self.view().header().notify.notify_all();
-    }
-}
-
-impl Space for RemoteNic {
+    /// The mapping of the peer's arena `id` (fetched on first use).
     fn arena(&self, id: u32) -> Option<Arc<Mapping>> {
         if let Some(m) = self.arenas.read().unwrap().get(&id) {
             return Some(m.clone());
@@ -117,7 +103,6 @@ impl Space for RemoteNic {
         };
         let mut g = self.arenas.write().unwrap();
         if g.len() >= MAX_ARENAS {
-            // Keep it simple: drop an arbitrary half; they are refetched on demand.
             let drop: Vec<u32> = g.keys().take(MAX_ARENAS / 2).copied().collect();
             for k in drop {
                 g.remove(&k);
@@ -127,8 +112,69 @@ impl Space for RemoteNic {
         Some(m)
     }
 
-    fn pid(&self) -> i32 {
-        self.pid
+    /// Resolves the peer's region `handle` (mapping its arenas as needed),
+    /// with the table entry's sequence value for caching; `None` if the
+    /// handle is not live in the peer's table.
+    pub fn resolve(&self, handle: u32) -> Option<(Arc<Resolved>, u32)> {
+        let view = self.view();
+        let (snap, seq) = tpt::read(&view, handle)?;
+        let mut extents = Vec::with_capacity(snap.n_extents);
+        for e in &snap.extents[..snap.n_extents] {
+            let map = if e.arena == CMA {
+                None
+            } else {
+                Some(self.arena(e.arena)?)
+            };
+            extents.push(ResolvedExtent {
+                va: e.va,
+                len: e.len,
+                map_off: if map.is_some() { e.arena_off } else { 0 },
+                map,
+            });
+        }
+        let r = Arc::new(Resolved {
+            handle,
+            va: snap.va,
+            len: snap.len,
+            ptag: snap.ptag,
+            flags: snap.flags,
+            pid: self.pid,
+            extents,
+        });
+        Some((r, seq))
+    }
+
+    /// The peer's CQ ring `slot`, generation `generation` (fetched on first use).
+    pub fn cq_ring(&self, slot: u32, generation: u32) -> Option<Arc<MappedRing>> {
+        if let Some(r) = self.cqs.read().unwrap().get(&(slot, generation)) {
+            return Some(r.clone());
+        }
+        let map = fetch_map(
+            &self.agent,
+            self.session,
+            crate::cq::ring_key(self.nic, slot, generation),
+            64,
+        )
+        .ok()?;
+        let len = map.len();
+        let ring = Arc::new(MappedRing::attach(map, 0, len).ok()?);
+        let mut g = self.cqs.write().unwrap();
+        g.retain(|(s, _), _| *s != slot);
+        g.insert((slot, generation), ring.clone());
+        Some(ring)
+    }
+
+    /// Pushes an asynchronous error into the peer's error ring and wakes its
+    /// provider thread.
+    pub fn post_error(&self, e: AsyncError) {
+        if let Err(err) = self.errors.get().push(e.encode()) {
+            log::warn!(
+                "cannot report {:?} to session {}: {err}",
+                e.code,
+                self.session
+            );
+        }
+        self.view().header().notify.notify_all();
     }
 }
 

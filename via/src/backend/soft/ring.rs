@@ -19,15 +19,16 @@ pub(crate) fn offer(nic: &NicInner, vi: u32, pos: u64, pd: &RecvPd) {
     let s = nic.view().rq_slot(vi, pos).expect("slot in range");
     s.desc_off.store(pd.desc_off, Ordering::Relaxed);
     s.desc_handle.store(pd.desc_handle, Ordering::Relaxed);
-    s.seg_count.store(pd.segs.len() as u32, Ordering::Relaxed);
+    s.seg_count.store(pd.n as u32, Ordering::Relaxed);
     let mut cap: u64 = 0;
-    for (i, (off, len, h)) in pd.segs.iter().enumerate() {
+    for (i, (off, len, h)) in pd.segs[..pd.n].iter().enumerate() {
         s.segs[i].off.store(*off, Ordering::Relaxed);
         s.segs[i].len.store(*len, Ordering::Relaxed);
         s.segs[i].handle.store(*h, Ordering::Relaxed);
         cap += *len as u64;
     }
-    s.capacity.store(cap.min(u32::MAX as u64) as u32, Ordering::Relaxed);
+    s.capacity
+        .store(cap.min(u32::MAX as u64) as u32, Ordering::Relaxed);
     // Release: publishes the fields above; pairs with the Acquire load of
     // `seq` in the peer engine's `take_receive`.
     s.seq.store(slot::seq(pos, slot::POSTED), Ordering::Release);

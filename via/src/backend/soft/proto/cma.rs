@@ -5,7 +5,7 @@
 use crate::backend::soft::memory::{Fault, Place};
 
 /// Copies `n` bytes between two places, at least one of them reached by CMA.
-pub(crate) fn copy(src: &Place, dst: &Place, n: usize) -> Result<(), Fault> {
+pub(crate) fn copy(src: &Place<'_>, dst: &Place<'_>, n: usize) -> Result<(), Fault> {
     let r = match (src, dst) {
         (Place::Map(s, so), Place::Cma(pid, va)) => s.cma_write_from(*so, n, *pid, *va),
         (Place::Cma(pid, va), Place::Map(d, doff)) => d.cma_read_into(*doff, n, *pid, *va),
@@ -15,7 +15,9 @@ pub(crate) fn copy(src: &Place, dst: &Place, n: usize) -> Result<(), Fault> {
                 .and_then(|_| crate::sys::process_vm_write(*dp, &bounce, *dva))
                 .map(|_| true)
         }
-        (Place::Map(s, so), Place::Map(d, doff)) => Ok(crate::shm::mapping::Mapping::copy(s, *so, d, *doff, n)),
+        (Place::Map(s, so), Place::Map(d, doff)) => {
+            Ok(crate::shm::mapping::Mapping::copy(s, *so, d, *doff, n))
+        }
     };
     match r {
         Ok(true) => Ok(()),

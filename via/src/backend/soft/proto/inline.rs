@@ -4,7 +4,7 @@
 use crate::backend::soft::memory::{Fault, Place};
 
 /// Writes `bytes` to `dst`.
-pub(crate) fn deliver(bytes: &[u8], dst: &Place) -> Result<(), Fault> {
+pub(crate) fn deliver(bytes: &[u8], dst: &Place<'_>) -> Result<(), Fault> {
     match dst {
         Place::Map(m, off) => {
             if m.write(*off, bytes) {
