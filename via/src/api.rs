@@ -24,10 +24,21 @@ use crate::proto::NetAddr;
 use crate::shm::mapping::Mapping;
 use crate::vi::{Completion, ViCore, Which};
 
-/// An open NIC. Closed when dropped (or with [`Nic::close`]).
+/// An open NIC. Closed with [`Nic::close`] or when the last clone is
+/// dropped (VIs, CQs and regions of a closed NIC refuse further use).
 #[derive(Clone)]
 pub struct Nic {
     pub(crate) inner: Arc<NicInner>,
+    _open: Arc<OpenNic>,
+}
+
+/// Closes the NIC when the last [`Nic`] clone goes.
+struct OpenNic(Arc<NicInner>);
+
+impl Drop for OpenNic {
+    fn drop(&mut self) {
+        let _ = self.0.close();
+    }
 }
 
 impl Nic {
@@ -38,8 +49,10 @@ impl Nic {
     /// `InvalidParameter` for an unknown name, `Resource` if viad cannot be
     /// reached or started.
     pub fn open(name: Option<&str>) -> Result<Nic> {
+        let inner = NicInner::open(name)?;
         Ok(Nic {
-            inner: NicInner::open(name)?,
+            _open: Arc::new(OpenNic(inner.clone())),
+            inner,
         })
     }
 

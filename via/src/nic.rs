@@ -564,6 +564,7 @@ impl NicInner {
                 vi.break_connection(self, ErrorCode::ConnLost, false, true);
             }
         }
+        self.dev.peer_gone(session);
     }
 
     /// viad says the peer of our VI `me` disconnected.

@@ -663,6 +663,8 @@ impl ViCore {
             if was_connected { peer } else { None }
         };
         let link = self.set_link(None);
+        // Our engine no longer touches the peer once this returns.
+        nic.dev.quiesce(nic);
         if let (Some(peer), Some(_)) = (peer, link) {
             // Wait until the peer's engine no longer uses this connection.
             let me = self.endpoint(nic);

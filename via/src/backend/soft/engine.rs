@@ -62,8 +62,9 @@ struct Regions {
 }
 
 struct RegionEntry {
-    /// 0 for local regions, else the address of the peer's `RemoteNic`.
-    owner: usize,
+    /// `(0, 0)` for local regions, else the peer's (session, NIC id): ids
+    /// that are never reused, unlike addresses.
+    owner: (u64, u32),
     handle: u32,
     /// Table sequence value (peer entries).
     stamp: u32,
@@ -73,12 +74,15 @@ struct RegionEntry {
 /// Entries kept between descriptors.
 const REGION_CACHE: usize = 32;
 
+/// Owner key of local entries (no session is 0).
+const LOCAL: (u64, u32) = (0, 0);
+
 impl Regions {
     fn local(&mut self, t: &TranslationTable, handle: u32) -> Option<usize> {
         let v = t.version();
         if v != self.local_version {
             // Stale local entries become unreachable (handle 0 never matches).
-            for e in self.entries.iter_mut().filter(|e| e.owner == 0) {
+            for e in self.entries.iter_mut().filter(|e| e.owner == LOCAL) {
                 e.handle = 0;
             }
             self.local_version = v;
@@ -86,13 +90,13 @@ impl Regions {
         if let Some(i) = self
             .entries
             .iter()
-            .position(|e| e.owner == 0 && e.handle == handle)
+            .position(|e| e.owner == LOCAL && e.handle == handle)
         {
             return Some(i);
         }
         let region = t.local(handle)?;
         self.entries.push(RegionEntry {
-            owner: 0,
+            owner: LOCAL,
             handle,
             stamp: 0,
             region,
@@ -101,7 +105,7 @@ impl Regions {
     }
 
     fn remote(&mut self, r: &RemoteNic, handle: u32) -> Option<usize> {
-        let owner = r as *const RemoteNic as usize;
+        let owner = (r.session, r.nic);
         let now = tpt::seq(&r.view(), handle)?;
         let hit = self
             .entries
@@ -133,6 +137,11 @@ impl Regions {
 
     fn get(&self, i: usize) -> &Resolved {
         &self.entries[i].region
+    }
+
+    /// Drops every entry of a peer session.
+    fn forget(&mut self, session: u64) {
+        self.entries.retain(|e| e.owner.0 != session || e.owner == LOCAL);
     }
 
     /// Keeps the most recently added entries (after a descriptor).
@@ -888,6 +897,16 @@ impl Device for Engine {
 
     fn quiesce(&self, nic: &NicInner) {
         self.drain_now(nic);
+    }
+
+    fn peer_gone(&self, session: u64) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        g.regions.forget(session);
+        for l in g.links.slots.iter_mut() {
+            if l.as_ref().and_then(|(_, _, l)| l.as_ref()).is_some_and(|l| l.remote.session == session) {
+                *l = None;
+            }
+        }
     }
 
     fn post_recv(

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command of via-rs: builds everything and runs every test.
+#   tools/test.sh
+# Exits non-zero on the first failure. Bounded: every test has its own
+# timeouts; the whole run takes a few minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "build (binaries first: tests start viad from target/)"
+cargo build --workspace --bins
+cargo build --workspace --all-targets
+
+step "unit, integration and doc tests (includes the C conformance suite)"
+cargo test --workspace -- --test-threads="${VIA_TEST_THREADS:-2}"
+
+step "loom models of the doorbell and CQ rings"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test -p doorbell -p cq --release --test loom
+
+step "lints"
+cargo clippy --workspace --all-targets -- -D warnings
+cargo fmt --all -- --check
+
+step "all tests passed"
