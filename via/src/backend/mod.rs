@@ -10,6 +10,7 @@
 //!
 //! Kinds: [`soft`] (the default: shared memory within a host). The sockets
 //! and verbs kinds plug in here.
+#![forbid(unsafe_code)]
 
 pub(crate) mod soft;
 

@@ -16,6 +16,7 @@
 //!    the user descriptors on both sides, CQ entries, wakeups.
 //!
 //! [`remote`] holds the mappings of peers.
+#![forbid(unsafe_code)]
 
 pub(crate) mod complete;
 pub(crate) mod engine;

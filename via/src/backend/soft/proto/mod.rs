@@ -8,6 +8,7 @@
 //!   post time, `VIA_INLINE`), so the engine never reads the sender's buffer.
 //!
 //! The choice and the measurements behind it are in the README.
+#![forbid(unsafe_code)]
 
 pub(crate) mod cma;
 pub(crate) mod inline;
