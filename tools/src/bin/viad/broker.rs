@@ -75,6 +75,13 @@ struct Disc {
     deadline: Instant,
 }
 
+/// A VI as the broker names it: (session, NIC, slot, generation).
+type ViKey = (u64, u32, u32, u32);
+
+fn vi_key(e: &Endpoint) -> ViKey {
+    (e.session, e.nic, e.vi, e.vi_gen)
+}
+
 /// The broker.
 pub struct Broker {
     host: Vec<u8>,
@@ -85,6 +92,10 @@ pub struct Broker {
     connects: HashMap<u64, Connect>,
     peers: Vec<PeerReq>,
     discs: HashMap<u64, Disc>,
+    /// The connections this broker made, both ways: a `Disconnect` is
+    /// relayed only along one of them (a client may not break a connection
+    /// it is not part of). A VI has at most one connection.
+    links: HashMap<ViKey, ViKey>,
     next_session: u64,
     next_conn: u64,
     next_token: u64,
@@ -107,6 +118,7 @@ impl Broker {
             connects: HashMap::new(),
             peers: Vec::new(),
             discs: HashMap::new(),
+            links: HashMap::new(),
             next_session: 1,
             next_conn: 1,
             next_token: 1,
@@ -136,6 +148,18 @@ impl Broker {
     /// The fd of `key` of `owner`, if stored.
     pub fn object(&self, owner: u64, key: &ObjKey) -> Option<&OwnedFd> {
         self.sessions.get(&owner)?.objects.get(key)
+    }
+
+    /// Records a connection between `a` and `b`, replacing older ones of either.
+    fn link(&mut self, a: &Endpoint, b: &Endpoint) {
+        let (a, b) = (vi_key(a), vi_key(b));
+        for k in [a, b] {
+            if let Some(old) = self.links.remove(&k) {
+                self.links.remove(&old);
+            }
+        }
+        self.links.insert(a, b);
+        self.links.insert(b, a);
     }
 
     fn local_host(&self, h: &[u8]) -> bool {
@@ -296,6 +320,7 @@ impl Broker {
                 match self.connects.get(&conn) {
                     Some(c) if matches!(c.state, ConnState::Offered { server } if server == s) => {
                         let c = self.connects.remove(&conn).unwrap();
+                        self.link(&c.me, &me);
                         out.push(Out::Send {
                             to: c.session,
                             id: c.id,
@@ -357,6 +382,7 @@ impl Broker {
                         });
                         refuse(&mut out, Refusal::Reliability);
                     } else {
+                        self.link(&p.me, &me);
                         out.push(Out::Send {
                             to: p.session,
                             id: p.id,
@@ -385,7 +411,20 @@ impl Broker {
                         session: s,
                         why: "endpoint of another session",
                     });
-                } else if self.sessions.contains_key(&peer.session) {
+                } else if !self.sessions.contains_key(&peer.session) {
+                    // The peer is gone already: nothing to wait for.
+                    out.push(Out::Send {
+                        to: s,
+                        id,
+                        reply: Reply::Ok,
+                    });
+                } else if self.links.get(&vi_key(&me)) != Some(&vi_key(&peer)) {
+                    // Not a connection of the sender's VI: nothing to relay.
+                    log::warn!("session {s}: disconnect of a VI it is not connected to");
+                    refuse(&mut out, Refusal::Invalid);
+                } else {
+                    self.links.remove(&vi_key(&me));
+                    self.links.remove(&vi_key(&peer));
                     let token = self.next_token;
                     self.next_token += 1;
                     out.push(Out::Send {
@@ -405,12 +444,6 @@ impl Broker {
                             deadline: now + DISCONNECT_ACK,
                         },
                     );
-                } else {
-                    out.push(Out::Send {
-                        to: s,
-                        id,
-                        reply: Reply::Ok,
-                    });
                 }
             }
             Request::DisconnectAck { token } => {
@@ -561,6 +594,7 @@ impl Broker {
         }
         self.listens.retain(|l| l.session != s);
         self.peers.retain(|p| p.session != s);
+        self.links.retain(|a, b| a.0 != s && b.0 != s);
         self.connects.retain(|_, c| c.session != s);
         // Requests offered to the dead server go back to waiting.
         let mut requeue = Vec::new();
@@ -884,12 +918,81 @@ mod tests {
         assert_eq!(b.sessions(), 2);
     }
 
+    /// Connects VI 1 of `a` (client) and VI 1 of `c` (server) through `b`.
+    fn connect(b: &mut Broker, a: u64, c: u64, d: &str) {
+        let now = Instant::now();
+        let listen = Request::Listen {
+            local: addr(d),
+            timeout_ms: 1000,
+        };
+        b.on_request(c, 90, listen, vec![], now);
+        let req = Request::Connect {
+            me: ep(a, 1, 2),
+            local: addr("c"),
+            remote: addr(d),
+            timeout_ms: 1000,
+        };
+        let out = b.on_request(a, 91, req, vec![], now);
+        let Reply::Incoming { conn, .. } = replies(&out)[0].2.clone() else {
+            panic!()
+        };
+        let accept = Request::Accept {
+            conn,
+            me: ep(c, 1, 2),
+        };
+        b.on_request(c, 92, accept, vec![], now);
+    }
+
+    #[test]
+    fn disconnect_only_along_a_connection() {
+        let now = Instant::now();
+        let mut b = Broker::new(vec![1], "h".into(), vec![]);
+        let a = hello(&mut b);
+        let c = hello(&mut b);
+        let x = hello(&mut b);
+        connect(&mut b, a, c, "d");
+        let disc = |peer, me| Request::Disconnect { peer, me };
+        // A third session names c's VI: refused, nothing relayed.
+        let out = b.on_request(x, 2, disc(ep(c, 1, 2), ep(x, 1, 2)), vec![], now);
+        assert_eq!(
+            replies(&out),
+            vec![(x, 2, Reply::Refused(Refusal::Invalid))]
+        );
+        // So is a when it names another VI of c.
+        let out = b.on_request(a, 3, disc(ep(c, 2, 2), ep(a, 1, 2)), vec![], now);
+        assert_eq!(
+            replies(&out),
+            vec![(a, 3, Reply::Refused(Refusal::Invalid))]
+        );
+        // The real peer is relayed, once.
+        let out = b.on_request(a, 4, disc(ep(c, 1, 2), ep(a, 1, 2)), vec![], now);
+        assert!(matches!(replies(&out)[0], (to, 0, Reply::RemoteDisconnect { .. }) if to == c));
+        let out = b.on_request(c, 5, disc(ep(a, 1, 2), ep(c, 1, 2)), vec![], now);
+        assert_eq!(
+            replies(&out),
+            vec![(c, 5, Reply::Refused(Refusal::Invalid))]
+        );
+        // Peer-to-peer connections count too; a death forgets its links.
+        let req = |s, l: &str, r: &str| Request::PeerConnect {
+            me: ep(s, 7, 2),
+            local: addr(l),
+            remote: addr(r),
+            timeout_ms: 1000,
+        };
+        b.on_request(a, 6, req(a, "pa", "pc"), vec![], now);
+        b.on_request(c, 7, req(c, "pc", "pa"), vec![], now);
+        assert_eq!(b.links.len(), 2);
+        b.on_death(c);
+        assert!(b.links.is_empty());
+    }
+
     #[test]
     fn disconnect_waits_for_ack_or_deadline() {
         let now = Instant::now();
         let mut b = Broker::new(vec![1], "h".into(), vec![]);
         let a = hello(&mut b);
         let c = hello(&mut b);
+        connect(&mut b, a, c, "d1");
         let out = b.on_request(
             a,
             2,
@@ -913,6 +1016,7 @@ mod tests {
         let out = b.on_request(c, 0, Request::DisconnectAck { token }, vec![], now);
         assert_eq!(replies(&out), vec![(a, 2, Reply::Ok)]);
         // No ack: the deadline answers.
+        connect(&mut b, a, c, "d2");
         b.on_request(
             a,
             3,
