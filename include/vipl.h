@@ -21,7 +21,13 @@
  *    to an internal provider failure; every call can return it.
  *  - Output parameters are written only when the call returns
  *    VIP_SUCCESS.
- *  - Timeouts are in milliseconds; VIP_INFINITE waits forever.
+ *  - Timeouts are in milliseconds; VIP_INFINITE (or any larger value)
+ *    waits forever.
+ *  - Threads: every call may be made from any thread. Notify handlers and
+ *    the error callback run on a provider thread of the NIC, with no
+ *    library lock held: they may call any function (re-arm, post, even
+ *    VipCloseNic of their NIC); a handler that blocks delays the other
+ *    handlers of its NIC.
  */
 #ifndef VIPL_H
 #define VIPL_H
@@ -360,9 +366,11 @@ typedef void (*VIP_CQ_NOTIFY_HANDLER)(VIP_PVOID Context,
 /* NIC                                                                 */
 /* ------------------------------------------------------------------ */
 
-/* Open the NIC named DeviceName (e.g. "/dev/via_lo", "/dev/via_eth0").
- * VIP_SUCCESS; VIP_INVALID_PARAMETER: NULL argument or no such device;
- * VIP_ERROR_RESOURCE: the NIC cannot be opened. */
+/* Open the NIC named DeviceName (e.g. "/dev/via_lo", "via_lo",
+ * "/dev/via_eth0" for an interface eth0 of this host); NULL or "" opens
+ * the default NIC (via_lo). Each call opens a new instance.
+ * VIP_SUCCESS; VIP_INVALID_PARAMETER: NULL NicHandle or no such device;
+ * VIP_ERROR_RESOURCE: the NIC cannot be opened (e.g. viad not found). */
 VIP_RETURN VipOpenNic(const VIP_CHAR *DeviceName, VIP_NIC_HANDLE *NicHandle);
 
 /* Close a NIC handle.
@@ -413,15 +421,23 @@ VIP_RETURN VipSetMemAttributes(VIP_NIC_HANDLE NicHandle,
 /* Errors and system management                                        */
 /* ------------------------------------------------------------------ */
 
-/* Install Handler for the asynchronous errors of NicHandle; it runs on a
- * provider thread with Context and an error descriptor.
+/* Install Handler for the asynchronous errors of NicHandle, replacing any
+ * earlier one (NULL removes it: errors are then logged to stderr); it runs
+ * on a provider thread with Context and an error descriptor valid during
+ * the call.
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle; VIP_ERROR_RESOURCE. */
 VIP_RETURN VipErrorCallback(VIP_NIC_HANDLE NicHandle, VIP_PVOID Context,
                             VIP_ERROR_HANDLER Handler);
 
 /* Query management information of type InfoType (VIP_SMI_AUTODISCOVERY).
- * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle, unknown InfoType or
- * NULL Info; VIP_ERROR_RESOURCE. */
+ * Autodiscovery lists this NIC's host address, then, if NumberOfHops >= 1,
+ * the hosts the name service knows. With ADAddrArray NULL, NumAdAddrs is
+ * set to the number of addresses; otherwise ADAddrArray holds NumAdAddrs
+ * pointers to addresses with room for NicAddressLen host bytes each, the
+ * first NumAdAddrs addresses are written (DiscriminatorLen 0) and
+ * NumAdAddrs is set to the number written.
+ * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle, unknown InfoType,
+ * NULL Info or a NULL entry of ADAddrArray; VIP_ERROR_RESOURCE. */
 VIP_RETURN VipQuerySystemManagementInfo(VIP_NIC_HANDLE NicHandle,
                                         VIP_ULONG InfoType, VIP_PVOID Info);
 
@@ -480,9 +496,10 @@ VIP_RETURN VipSetViAttributes(VIP_VI_HANDLE ViHandle, VIP_VI_ATTRIBUTES *Attrs);
 /* ------------------------------------------------------------------ */
 
 /* Post DescriptorPtr on the send queue; MemHandle is the registered region
- * that holds the descriptor itself.
+ * that holds the descriptor itself. In VIP_STATE_ERROR the descriptor is
+ * accepted and completes with VIP_STATUS_DESC_FLUSHED_ERROR.
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad ViHandle or MemHandle, or NULL
- * DescriptorPtr; VIP_INVALID_STATE: the VI is not connected;
+ * DescriptorPtr; VIP_INVALID_STATE: the VI is idle or connect-pending;
  * VIP_DESCRIPTOR_ERROR: descriptor not 64-byte aligned, not inside the
  * region of MemHandle, SegCount above MaxSegmentsPerDesc, or a reserved
  * operation or Control bit; VIP_ERROR_RESOURCE: the queue is full. */
@@ -511,12 +528,13 @@ VIP_RETURN VipSendNotify(VIP_VI_HANDLE ViHandle, VIP_PVOID Context,
 /* Receive queue                                                       */
 /* ------------------------------------------------------------------ */
 
-/* Post DescriptorPtr on the receive queue (allowed before the connection
- * exists); MemHandle is the region that holds the descriptor itself.
+/* Post DescriptorPtr on the receive queue, in any state (before the
+ * connection exists too); MemHandle is the region that holds the
+ * descriptor itself. In VIP_STATE_ERROR the descriptor completes at once
+ * with VIP_STATUS_DESC_FLUSHED_ERROR.
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad ViHandle or MemHandle, or NULL
- * DescriptorPtr; VIP_INVALID_STATE: the VI is in VIP_STATE_ERROR;
- * VIP_DESCRIPTOR_ERROR: as for VipPostSend; VIP_ERROR_RESOURCE: the
- * queue is full. */
+ * DescriptorPtr; VIP_DESCRIPTOR_ERROR: as for VipPostSend;
+ * VIP_ERROR_RESOURCE: the queue is full. */
 VIP_RETURN VipPostRecv(VIP_VI_HANDLE ViHandle, VIP_DESCRIPTOR *DescriptorPtr,
                        VIP_MEM_HANDLE MemHandle);
 
@@ -541,9 +559,11 @@ VIP_RETURN VipRecvNotify(VIP_VI_HANDLE ViHandle, VIP_PVOID Context,
 /* Client/server connections                                           */
 /* ------------------------------------------------------------------ */
 
-/* Wait up to Timeout ms for a connection request to LocalAddr; on success
- * *RemoteAddr (caller-allocated), *RemoteViAttribs and *ConnHandle
- * describe it, to be passed to VipConnectAccept or VipConnectReject.
+/* Wait up to Timeout ms for a connection request to LocalAddr's
+ * discriminator; on success *RemoteAddr (caller-allocated, with room for
+ * NicAddressLen + MaxDiscriminatorLen bytes after the header),
+ * *RemoteViAttribs (Ptag NULL) and *ConnHandle describe it, to be passed
+ * to VipConnectAccept or VipConnectReject.
  * VIP_SUCCESS; VIP_TIMEOUT; VIP_INVALID_PARAMETER: bad NicHandle, NULL
  * pointer or discriminator longer than MaxDiscriminatorLen;
  * VIP_ERROR_RESOURCE. */
@@ -552,11 +572,15 @@ VIP_RETURN VipConnectWait(VIP_NIC_HANDLE NicHandle, VIP_NET_ADDRESS *LocalAddr,
                           VIP_VI_ATTRIBUTES *RemoteViAttribs,
                           VIP_CONN_HANDLE *ConnHandle);
 
-/* Accept the request ConnHandle on the idle VI ViHandle.
+/* Accept the request ConnHandle on the idle VI ViHandle of the same NIC.
+ * The connection's MaxTransferSize is the smaller of the two VIs'.
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad or already used ConnHandle, or
- * bad ViHandle; VIP_INVALID_STATE: the VI is not idle;
- * VIP_INVALID_RELIABILITY_LEVEL: the two VIs' levels differ;
- * VIP_INVALID_MTU: no acceptable MaxTransferSize; VIP_ERROR_RESOURCE. */
+ * bad ViHandle or one of another NIC (the request stays pending);
+ * VIP_INVALID_STATE: the VI is not idle (the request stays pending);
+ * VIP_INVALID_RELIABILITY_LEVEL: the two VIs' levels differ (the request
+ * is refused with the same code); VIP_INVALID_MTU: no acceptable
+ * MaxTransferSize; VIP_TIMEOUT: the requester gave up meanwhile;
+ * VIP_ERROR_RESOURCE. */
 VIP_RETURN VipConnectAccept(VIP_CONN_HANDLE ConnHandle, VIP_VI_HANDLE ViHandle);
 
 /* Reject the request ConnHandle; the requester gets VIP_REJECT.
@@ -565,9 +589,10 @@ VIP_RETURN VipConnectAccept(VIP_CONN_HANDLE ConnHandle, VIP_VI_HANDLE ViHandle);
 VIP_RETURN VipConnectReject(VIP_CONN_HANDLE ConnHandle);
 
 /* Connect the idle VI ViHandle to RemoteAddr, waiting up to Timeout ms;
- * on success *RemoteViAttribs holds the peer VI's attributes.
- * VIP_SUCCESS; VIP_TIMEOUT: no answer in time; VIP_REJECT: the server
- * rejected; VIP_NO_MATCH: no listener on the discriminator;
+ * on success *RemoteViAttribs holds the peer VI's attributes (Ptag NULL).
+ * VIP_SUCCESS; VIP_TIMEOUT: no answer in time (a request waits for a
+ * listener on the discriminator until then); VIP_REJECT: the server
+ * rejected; VIP_NO_MATCH: RemoteAddr's host is not reachable;
  * VIP_INVALID_PARAMETER: bad ViHandle or NULL pointer;
  * VIP_INVALID_STATE: the VI is not idle; VIP_INVALID_RELIABILITY_LEVEL:
  * the levels differ; VIP_INVALID_MTU: no acceptable MaxTransferSize;
@@ -586,8 +611,10 @@ VIP_RETURN VipDisconnect(VIP_VI_HANDLE ViHandle);
 /* Peer-to-peer connections                                            */
 /* ------------------------------------------------------------------ */
 
-/* Start a peer connection of the idle VI ViHandle to RemoteAddr; it
- * completes within Timeout ms, seen by VipConnectPeerDone/Wait.
+/* Start a peer connection of the idle VI ViHandle to RemoteAddr: it is
+ * matched with the peer request whose LocalAddr and RemoteAddr
+ * discriminators are ours swapped, within Timeout ms; the outcome is seen
+ * by VipConnectPeerDone/Wait.
  * VIP_SUCCESS: the request is pending; VIP_INVALID_PARAMETER: bad
  * ViHandle or NULL pointer; VIP_INVALID_STATE: the VI is not idle;
  * VIP_ERROR_RESOURCE. */
@@ -666,8 +693,10 @@ VIP_RETURN VipCQNotify(VIP_CQ_HANDLE CQHandle, VIP_PVOID Context,
  * VIP_ERROR_RESOURCE. */
 VIP_RETURN VipNSInit(VIP_NIC_HANDLE NicHandle, VIP_PVOID InitInfo);
 
-/* Write the NameIndex-th host address of Name into *HostAddress (the
- * caller allocates room for the address bytes).
+/* Write the NameIndex-th host address of Name into *HostAddress:
+ * HostAddressLen and the address bytes (the caller allocates room for
+ * them); DiscriminatorLen is left unchanged. Each name has one address
+ * (NameIndex 0). Works with or without VipNSInit.
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle or NULL pointer;
  * VIP_ERROR_NAMESERVICE: unknown name or no address of that index;
  * VIP_ERROR_RESOURCE. */

@@ -1,0 +1,509 @@
+//! The VIPL C conformance suite, driven from Rust.
+//!
+//! Once per run, `tools/install.sh` installs libvipl (header, `libvipl.so*`,
+//! `libvipl.a`, `vipl.pc`, `viad`) into a temporary prefix under the cargo
+//! target directory, building in the same target directory and with the
+//! same profile as this test (`--debug` unless `cargo test --release`).
+//! Each program of `tests/c/suite` is then compiled against that prefix the
+//! way a legacy program is built (`cc -std=c99 -Wall -Wextra -Werror
+//! -pedantic ... -lvipl`), run, and must print `PASS <name>` and exit 0;
+//! otherwise the test fails with the program's output. Some programs are
+//! also built with AddressSanitizer and UndefinedBehaviorSanitizer, some run
+//! again with the scanning CQ (`VIA_CQ=scan`). Programs run one at a time
+//! (timing checks on 2 cores), each with a `viad` of its own
+//! (`VIA_INSTANCE`), found by the installed library relative to itself.
+//!
+//! Other tests here: the header checks (`tools/check-header.sh` against the
+//! installed library), the install layout (symlinks, soname, `DESTDIR`),
+//! building through `pkg-config`, static linking with `libvipl.a`, and the
+//! known core bugs of `tests/c/known` (expected to fail until fixed).
+//!
+//! Opt-outs, each explicit: `VIPL_SUITE_NO_ASAN=1` when the C compiler has
+//! no sanitizers; `CC` selects the compiler.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Longest a program may run (each also has its own `alarm()`).
+const RUN_LIMIT: Duration = Duration::from_secs(400);
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The cargo target directory this test was built in.
+fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target dir")
+        .to_path_buf()
+}
+
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// Runs `cmd`, returning its combined output, or an error with it.
+fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{what}: cannot run {cmd:?}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("{what} failed ({}):\n{cmd:?}\n{text}", out.status))
+    }
+}
+
+/// The installed prefix and a directory for built programs.
+struct Install {
+    prefix: PathBuf,
+    bin: PathBuf,
+}
+
+fn install() -> &'static Install {
+    static INSTALL: OnceLock<Result<Install, String>> = OnceLock::new();
+    let r = INSTALL.get_or_init(|| {
+        let profile = if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        };
+        let base = target_dir().join("tmp").join(format!("c-suite-{profile}"));
+        let prefix = base.join("prefix");
+        let bin = base.join("bin");
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&bin).map_err(|e| format!("mkdir {}: {e}", bin.display()))?;
+        let mut cmd = Command::new(root().join("tools/install.sh"));
+        if cfg!(debug_assertions) {
+            cmd.arg("--debug");
+        }
+        cmd.arg(&prefix)
+            .env("CARGO_TARGET_DIR", target_dir())
+            .env_remove("DESTDIR")
+            .current_dir(root());
+        run(&mut cmd, "tools/install.sh")?;
+        Ok(Install { prefix, bin })
+    });
+    match r {
+        Ok(i) => i,
+        Err(e) => panic!("installing libvipl into a temporary prefix failed:\n{e}"),
+    }
+}
+
+/// One program at a time: the programs check timings and use both cores.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const WARN: &[&str] = &[
+    "-std=c99",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-pedantic",
+    "-g",
+    "-pthread",
+];
+const SAN: &[&str] = &[
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+];
+
+/// Compiles `dir/<name>.c` (with the suite's `common.c`) against the
+/// installed prefix; `extra` adds flags (sanitizers). Returns the binary.
+fn build(dir: &str, name: &str, extra: &[&str], tag: &str) -> PathBuf {
+    let inst = install();
+    let suite = root().join("tests/c/suite");
+    let out = inst.bin.join(format!("{name}{tag}"));
+    let lib = inst.prefix.join("lib");
+    let mut cmd = Command::new(cc());
+    cmd.args(WARN)
+        .args(extra)
+        .arg(format!("-I{}", inst.prefix.join("include").display()))
+        .arg(format!("-I{}", suite.display()))
+        .arg("-o")
+        .arg(&out)
+        .arg(root().join(dir).join(format!("{name}.c")))
+        .arg(suite.join("common.c"))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lvipl")
+        .arg(format!("-Wl,-rpath,{}", lib.display()));
+    if let Err(e) = run(&mut cmd, &format!("compiling {name}.c")) {
+        panic!("{e}");
+    }
+    out
+}
+
+/// Runs a built program with its own viad instance; returns (success, output).
+fn execute(exe: &Path, instance: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(exe);
+    cmd.env(
+        "VIA_INSTANCE",
+        format!("csuite-{}-{instance}", std::process::id()),
+    )
+    // The installed library must find its own viad.
+    .env_remove("VIA_VIAD")
+    .env_remove("VIA_HOSTS")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the program") {
+            break Some(st);
+        }
+        if start.elapsed() > RUN_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = format!("{}{}", t_out.join().unwrap(), t_err.join().unwrap());
+    match status {
+        None => (false, format!("{text}\n(killed after {RUN_LIMIT:?})")),
+        Some(st) => (st.success(), format!("{text}\n(exit: {st})")),
+    }
+}
+
+/// Builds and runs suite program `name`; panics with its output on failure.
+fn suite(name: &str, sanitize: bool, env: &[(&str, &str)]) {
+    if sanitize && std::env::var_os("VIPL_SUITE_NO_ASAN").is_some() {
+        println!("SKIP: {name} under ASan: VIPL_SUITE_NO_ASAN is set");
+        return;
+    }
+    let _g = serial();
+    let tag = if sanitize { "-asan" } else { "" };
+    let exe = build("tests/c/suite", name, if sanitize { SAN } else { &[] }, tag);
+    let instance = format!(
+        "{name}{tag}{}",
+        env.iter()
+            .map(|(k, v)| format!("-{k}={v}"))
+            .collect::<String>()
+    );
+    let (ok, text) = execute(&exe, &instance, env);
+    let passed = text.lines().any(|l| l == format!("PASS {name}"));
+    assert!(
+        ok && passed,
+        "C program {name}{tag} {env:?} failed:\n{text}"
+    );
+}
+
+macro_rules! programs {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                suite(stringify!($name), false, &[]);
+            }
+        )*
+    };
+}
+
+programs!(
+    nic, ptag, mem, vi, connect, peer, sendrecv, gather, immediate, rdma, cq, notify, timeout,
+    disconnect, kill, errcb, ns, smi, threads, badinput,
+);
+
+#[test]
+fn asan_sendrecv() {
+    suite("sendrecv", true, &[]);
+}
+
+#[test]
+fn asan_rdma() {
+    suite("rdma", true, &[]);
+}
+
+#[test]
+fn asan_notify() {
+    suite("notify", true, &[]);
+}
+
+#[test]
+fn asan_threads() {
+    suite("threads", true, &[]);
+}
+
+#[test]
+fn asan_badinput() {
+    suite("badinput", true, &[]);
+}
+
+// The programs whose results depend on the CQ mechanism, with the scanning
+// CQ (CQ2). `cq` itself is in `known_core_bugs` for this mode.
+#[test]
+fn scan_cq_timeout() {
+    suite("timeout", false, &[("VIA_CQ", "scan")]);
+}
+
+#[test]
+fn scan_cq_kill() {
+    suite("kill", false, &[("VIA_CQ", "scan")]);
+}
+
+#[test]
+fn scan_cq_threads() {
+    suite("threads", false, &[("VIA_CQ", "scan")]);
+}
+
+/// `tools/check-header.sh` on the installed library: the header compiles as
+/// C89/C99/C11/C++, its layouts match, and its functions are exactly the
+/// library's `Vip*` symbols.
+#[test]
+fn header() {
+    let inst = install();
+    let _g = serial();
+    let lib = inst.prefix.join("lib/libvipl.so");
+    let mut cmd = Command::new(root().join("tools/check-header.sh"));
+    cmd.arg(&lib).env("CC", cc());
+    if let Err(e) = run(&mut cmd, "tools/check-header.sh") {
+        panic!("{e}");
+    }
+}
+
+/// The files the install step promises, the soname, and DESTDIR staging.
+#[test]
+fn install_layout() {
+    let inst = install();
+    let p = &inst.prefix;
+    for f in [
+        "include/vipl.h",
+        "lib/libvipl.so.1.0.0",
+        "lib/libvipl.a",
+        "lib/pkgconfig/vipl.pc",
+        "libexec/via-rs/viad",
+    ] {
+        assert!(p.join(f).is_file(), "{f} is not installed");
+    }
+    assert_eq!(
+        std::fs::read_link(p.join("lib/libvipl.so.1")).unwrap(),
+        Path::new("libvipl.so.1.0.0")
+    );
+    assert_eq!(
+        std::fs::read_link(p.join("lib/libvipl.so")).unwrap(),
+        Path::new("libvipl.so.1")
+    );
+    let header = std::fs::read(root().join("include/vipl.h")).unwrap();
+    assert_eq!(
+        std::fs::read(p.join("include/vipl.h")).unwrap(),
+        header,
+        "installed header differs"
+    );
+    let dynamic = run(
+        Command::new("readelf")
+            .arg("-d")
+            .arg(p.join("lib/libvipl.so.1.0.0")),
+        "readelf",
+    )
+    .unwrap();
+    assert!(
+        dynamic.contains("Library soname: [libvipl.so.1]"),
+        "soname:\n{dynamic}"
+    );
+    let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
+    for l in &needed {
+        assert!(
+            [
+                "libc.so",
+                "libgcc_s.so",
+                "ld-linux",
+                "libm.so",
+                "libpthread.so",
+                "libdl.so",
+                "librt.so"
+            ]
+            .iter()
+            .any(|ok| l.contains(ok)),
+            "libvipl.so needs more than the C runtime: {l}"
+        );
+    }
+    let pc = std::fs::read_to_string(p.join("lib/pkgconfig/vipl.pc")).unwrap();
+    assert!(
+        pc.contains(&format!("prefix={}", p.display())),
+        "vipl.pc:\n{pc}"
+    );
+
+    // DESTDIR: files under DESTDIR/PREFIX, vipl.pc naming PREFIX.
+    let dest = inst.prefix.parent().unwrap().join("destdir");
+    let _ = std::fs::remove_dir_all(&dest);
+    let mut cmd = Command::new(root().join("tools/install.sh"));
+    if cfg!(debug_assertions) {
+        cmd.arg("--debug");
+    }
+    cmd.arg("/opt/vipl-test")
+        .env("DESTDIR", &dest)
+        .env("CARGO_TARGET_DIR", target_dir())
+        .current_dir(root());
+    run(&mut cmd, "tools/install.sh with DESTDIR").unwrap_or_else(|e| panic!("{e}"));
+    let staged = dest.join("opt/vipl-test");
+    assert!(staged.join("lib/libvipl.so.1.0.0").is_file());
+    assert!(staged.join("libexec/via-rs/viad").is_file());
+    let pc = std::fs::read_to_string(staged.join("lib/pkgconfig/vipl.pc")).unwrap();
+    assert!(
+        pc.contains("prefix=/opt/vipl-test\n"),
+        "staged vipl.pc:\n{pc}"
+    );
+    let _ = std::fs::remove_dir_all(&dest);
+}
+
+fn pkg_config(args: &[&str]) -> Vec<String> {
+    let inst = install();
+    let mut cmd = Command::new("pkg-config");
+    cmd.args(args)
+        .arg("vipl")
+        .env("PKG_CONFIG_PATH", inst.prefix.join("lib/pkgconfig"));
+    let out = run(&mut cmd, "pkg-config").unwrap_or_else(|e| panic!("{e}"));
+    out.split_whitespace().map(str::to_string).collect()
+}
+
+/// A program built with `pkg-config --cflags --libs vipl` only.
+#[test]
+fn pkg_config_build() {
+    let inst = install();
+    let flags = pkg_config(&["--cflags", "--libs"]);
+    assert!(flags.iter().any(|f| f == "-lvipl"), "{flags:?}");
+    let version = pkg_config(&["--modversion"]);
+    assert_eq!(version, ["1.0.0"]);
+    let _g = serial();
+    let suite = root().join("tests/c/suite");
+    let exe = inst.bin.join("nic-pkgconfig");
+    let mut cmd = Command::new(cc());
+    cmd.args(WARN)
+        .arg(format!("-I{}", suite.display()))
+        .arg("-o")
+        .arg(&exe)
+        .arg(suite.join("nic.c"))
+        .arg(suite.join("common.c"))
+        .args(&flags)
+        .arg(format!("-Wl,-rpath,{}", inst.prefix.join("lib").display()));
+    run(&mut cmd, "building with pkg-config flags").unwrap_or_else(|e| panic!("{e}"));
+    let (ok, text) = execute(&exe, "pkgconfig", &[]);
+    assert!(ok && text.contains("PASS nic"), "{text}");
+}
+
+/// A program linked statically with `libvipl.a` and `Libs.private`. It
+/// cannot locate viad relative to a library, so `VIA_VIAD` names it.
+#[test]
+fn static_link() {
+    let inst = install();
+    let private: Vec<String> = pkg_config(&["--static", "--libs"])
+        .into_iter()
+        .filter(|f| f != "-lvipl" && !f.starts_with("-L"))
+        .collect();
+    let _g = serial();
+    let suite = root().join("tests/c/suite");
+    let exe = inst.bin.join("sendrecv-static");
+    let mut cmd = Command::new(cc());
+    cmd.args(WARN)
+        .arg(format!("-I{}", inst.prefix.join("include").display()))
+        .arg(format!("-I{}", suite.display()))
+        .arg("-o")
+        .arg(&exe)
+        .arg(suite.join("sendrecv.c"))
+        .arg(suite.join("common.c"))
+        .arg(inst.prefix.join("lib/libvipl.a"))
+        .args(&private);
+    run(&mut cmd, "static link").unwrap_or_else(|e| panic!("{e}"));
+    let ldd = run(Command::new("ldd").arg(&exe), "ldd").unwrap_or_default();
+    assert!(
+        !ldd.contains("libvipl"),
+        "the static program loads libvipl.so:\n{ldd}"
+    );
+    let viad = inst.prefix.join("libexec/via-rs/viad");
+    let (ok, text) = execute(&exe, "static", &[("VIA_VIAD", viad.to_str().unwrap())]);
+    assert!(ok && text.contains("PASS sendrecv"), "{text}");
+}
+
+/// A known core bug: a program (and environment) that fails, with output
+/// containing `expect`, until the core is fixed.
+struct Known {
+    dir: &'static str,
+    program: &'static str,
+    env: &'static [(&'static str, &'static str)],
+    expect: &'static str,
+    bug: &'static str,
+}
+
+const KNOWN: &[Known] = &[
+    Known {
+        dir: "tests/c/known",
+        program: "accept_disconnect",
+        env: &[],
+        expect: "our VI is still CONNECTED",
+        bug: "a disconnect that reaches a client while its VipConnectRequest is completing is lost \
+              (process.rs on_event -> NicInner::remote_disconnect -> ViCore::break_connection ignores a \
+              CONNECT_PENDING VI); the client's VI stays CONNECTED to a peer that is gone",
+    },
+    Known {
+        dir: "tests/c/suite",
+        program: "cq",
+        env: &[("VIA_CQ", "scan")],
+        expect: "VipResizeCQ(cq, 3) returned VIP_SUCCESS, expected VIP_INVALID_STATE",
+        bug: "with the scanning CQ, VipResizeCQ does not refuse an EntryCount below the completions \
+              the CQ holds (CqCore::resize only stores the limit in Scan mode)",
+    },
+];
+
+/// Runs the reproducers of known core bugs: each must still fail the way
+/// it is known to. One that passes means the bug was fixed: move it into
+/// the suite. One that fails differently is a new failure.
+#[test]
+fn known_core_bugs() {
+    let mut problems = Vec::new();
+    for k in KNOWN {
+        let _g = serial();
+        let exe = build(k.dir, k.program, &[], "-known");
+        let (ok, text) = execute(&exe, &format!("known-{}", k.program), k.env);
+        if ok {
+            problems.push(format!(
+                "{} {:?} passes now: the core bug is fixed; move it into the suite ({})",
+                k.program, k.env, k.bug
+            ));
+        } else if !text.contains(k.expect) {
+            problems.push(format!(
+                "{} {:?} failed, but not as the known bug ({}):\n{text}",
+                k.program, k.env, k.expect
+            ));
+        } else {
+            println!(
+                "KNOWN CORE BUG still present: {} {:?}: {}",
+                k.program, k.env, k.bug
+            );
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}

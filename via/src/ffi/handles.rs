@@ -1,0 +1,161 @@
+//! C handles: [`Handle`] values in a `void *`, never Rust pointers.
+//!
+//! | C type | kind | `nic` | `generation` | `index` |
+//! |---|---|---|---|---|
+//! | `VIP_NIC_HANDLE` | `Nic` | NIC slot | NIC generation | 0 |
+//! | `VIP_VI_HANDLE` | `Vi` | NIC slot | VI generation | NIC generation << 16 \| VI slot |
+//! | `VIP_CQ_HANDLE` | `Cq` | NIC slot | CQ generation | NIC generation << 16 \| CQ slot |
+//! | `VIP_PROTECTION_HANDLE` | `Ptag` | NIC slot | ptag generation | NIC generation << 16 \| ptag index |
+//! | `VIP_CONN_HANDLE` | `Conn` | NIC slot | request generation | NIC generation << 16 \| request slot |
+//!
+//! Every handle names its NIC by slot *and* generation, so a handle of a
+//! closed NIC whose slot was reused is refused, and so is a handle used
+//! with another NIC. Decoding checks the kind, the NIC (open, in this
+//! process: handles do not survive `fork`), and the object's generation;
+//! anything else is `VIP_INVALID_PARAMETER` (`VIP_INVALID_PTAG` for the
+//! protection tag inside attributes, which the callers map).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::attrs::Ptag;
+use crate::cq::CqCore;
+use crate::error::{Error, Result};
+use crate::ffi::boundary::{opaque, opaque_value};
+use crate::ffi::types::*;
+use crate::handle::{Handle, Kind};
+use crate::nic::NicInner;
+use crate::process::Process;
+use crate::vi::ViCore;
+
+/// Slots of objects inside a NIC fit in the low 16 bits of `index`.
+const SLOT_MASK: u32 = 0xffff;
+
+fn encode(kind: Kind, nic: &NicInner, generation: u16, slot: u32) -> *mut core::ffi::c_void {
+    debug_assert!(slot <= SLOT_MASK);
+    let index = match kind {
+        Kind::Nic => 0,
+        _ => ((nic.generation as u32) << 16) | (slot & SLOT_MASK),
+    };
+    opaque(
+        Handle {
+            kind,
+            nic: nic.slot as u16,
+            generation,
+            index,
+        }
+        .encode(),
+    )
+}
+
+/// The handle of `nic`.
+pub(crate) fn nic_handle(nic: &NicInner) -> VIP_NIC_HANDLE {
+    encode(Kind::Nic, nic, nic.generation, 0)
+}
+
+/// The handle of VI (`slot`, `generation`) of `nic`.
+pub(crate) fn vi_handle(nic: &NicInner, slot: u32, generation: u16) -> VIP_VI_HANDLE {
+    encode(Kind::Vi, nic, generation, slot)
+}
+
+/// The handle of CQ (`slot`, `generation`) of `nic`.
+pub(crate) fn cq_handle(nic: &NicInner, slot: u32, generation: u16) -> VIP_CQ_HANDLE {
+    encode(Kind::Cq, nic, generation, slot)
+}
+
+/// The handle of protection tag `p` of `nic`.
+pub(crate) fn ptag_handle(nic: &NicInner, p: Ptag) -> VIP_PROTECTION_HANDLE {
+    encode(Kind::Ptag, nic, (p.id() >> 16) as u16, p.id() & SLOT_MASK)
+}
+
+/// The handle of pending connection request (`slot`, `generation`) of `nic`.
+pub(crate) fn conn_handle(nic: &NicInner, (slot, generation): (u32, u16)) -> VIP_CONN_HANDLE {
+    encode(Kind::Conn, nic, generation, slot)
+}
+
+/// Decodes `h` as a `kind` handle and finds its NIC; returns the NIC, the
+/// object slot and the object generation.
+fn decode(h: *mut core::ffi::c_void, kind: Kind) -> Result<(Arc<NicInner>, u32, u16)> {
+    let d = Handle::decode(opaque_value(h), kind).ok_or(Error::InvalidParameter)?;
+    let (nic_generation, slot) = match kind {
+        Kind::Nic if d.index != 0 => return Err(Error::InvalidParameter),
+        Kind::Nic => (d.generation, 0),
+        _ => ((d.index >> 16) as u16, d.index & SLOT_MASK),
+    };
+    // The process table of this process only: after fork the child starts
+    // a new table, and the parent's handles name nothing in it.
+    let p = Process::current()
+        .filter(|p| p.pid == crate::sys::getpid())
+        .ok_or(Error::InvalidParameter)?;
+    let nic = p
+        .nic(d.nic as u32, nic_generation)
+        .ok_or(Error::InvalidParameter)?;
+    if nic.closed.load(Ordering::Acquire) {
+        return Err(Error::InvalidParameter);
+    }
+    Ok((nic, slot, d.generation))
+}
+
+/// The open NIC named by `h`.
+///
+/// # Errors
+/// `InvalidParameter` for NULL, another kind, a closed NIC or a stale handle.
+pub(crate) fn nic_from(h: VIP_NIC_HANDLE) -> Result<Arc<NicInner>> {
+    decode(h, Kind::Nic).map(|(nic, _, _)| nic)
+}
+
+/// The VI named by `h`, with its NIC.
+///
+/// # Errors
+/// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC.
+pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> {
+    let (nic, slot, generation) = decode(h, Kind::Vi)?;
+    let vi = nic.vi(slot, generation).ok_or(Error::InvalidParameter)?;
+    Ok((nic, vi))
+}
+
+/// The CQ named by `h`, with its NIC.
+///
+/// # Errors
+/// `InvalidParameter` for NULL, another kind, or a destroyed CQ or NIC.
+pub(crate) fn cq_from(h: VIP_CQ_HANDLE) -> Result<(Arc<NicInner>, Arc<CqCore>)> {
+    let (nic, slot, generation) = decode(h, Kind::Cq)?;
+    let cq = nic.cq(slot, generation).ok_or(Error::InvalidParameter)?;
+    Ok((nic, cq))
+}
+
+/// The CQ `h` of `nic`, or `None` for a NULL handle (no CQ).
+///
+/// # Errors
+/// `InvalidParameter` for a bad handle or a CQ of another NIC.
+pub(crate) fn optional_cq_of(nic: &Arc<NicInner>, h: VIP_CQ_HANDLE) -> Result<Option<Arc<CqCore>>> {
+    if h.is_null() {
+        return Ok(None);
+    }
+    let (owner, cq) = cq_from(h)?;
+    if !Arc::ptr_eq(&owner, nic) {
+        return Err(Error::InvalidParameter);
+    }
+    Ok(Some(cq))
+}
+
+/// The live protection tag `h` of `nic`; `None` for NULL, another kind, a
+/// tag of another NIC, or a destroyed tag.
+pub(crate) fn ptag_of(nic: &Arc<NicInner>, h: VIP_PROTECTION_HANDLE) -> Option<Ptag> {
+    let (owner, index, generation) = decode(h, Kind::Ptag).ok()?;
+    if !Arc::ptr_eq(&owner, nic) {
+        return None;
+    }
+    let p = Ptag(((generation as u32) << 16) | index);
+    nic.ptag_valid(p).then_some(p)
+}
+
+/// The pending connection request named by `h`, with its NIC. The request
+/// itself is looked up (and consumed) by `conn::accept`/`conn::reject`.
+///
+/// # Errors
+/// `InvalidParameter` for NULL, another kind, or a closed NIC.
+pub(crate) fn conn_from(h: VIP_CONN_HANDLE) -> Result<(Arc<NicInner>, (u32, u16))> {
+    let (nic, slot, generation) = decode(h, Kind::Conn)?;
+    Ok((nic, (slot, generation)))
+}

@@ -1,0 +1,536 @@
+//! Calls the `Vip*` exports directly, as C would, with NULL, garbage,
+//! wrong-kind, stale and foreign handles and NULL pointers (the
+//! rustls-ffi style). The C suite (`tests/c/suite`, run by
+//! `tests/tests/c_suite.rs`) covers the same paths through the installed
+//! library, and everything else.
+//!
+//! Tests that open a NIC need `viad` (built by `cargo build -p via-tools`
+//! into the same target directory, or named by `VIA_VIAD`); without it they
+//! print `SKIP:` and return.
+
+use core::ffi::c_void;
+use core::ptr::null_mut;
+
+use super::boundary::{Status, ffi_boundary, timeout};
+use super::types::*;
+use super::*;
+use crate::error::Error;
+
+/// A non-NULL value that is not a handle of ours.
+const GARBAGE: [u64; 5] = [
+    1,
+    0xdead_beef,
+    u64::MAX,
+    0x1000_0000_0000_0000,
+    0x2fff_0001_0000_ffff,
+];
+
+fn h(v: u64) -> *mut c_void {
+    super::boundary::opaque(v)
+}
+
+/// Whether the library will find `viad` (the places `agent::spawn` looks
+/// in that a test binary can use: `$VIA_VIAD`, beside the test binary or
+/// one directory up, `$PATH`).
+fn viad_available() -> bool {
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("VIA_VIAD") {
+        if std::path::Path::new(&p).is_file() {
+            return true;
+        }
+    }
+    if let Some(d) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.to_path_buf()))
+    {
+        dirs.extend(d.parent().map(|u| u.to_path_buf()));
+        dirs.push(d);
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    if dirs.iter().any(|d| d.join("viad").is_file()) {
+        return true;
+    }
+    eprintln!(
+        "SKIP: viad not found (cargo build -p via-tools, or set VIA_VIAD); NIC tests not run"
+    );
+    false
+}
+
+fn open() -> VIP_NIC_HANDLE {
+    let mut nic = null_mut();
+    // SAFETY: a NUL-terminated name and a valid out-pointer.
+    assert_eq!(
+        unsafe { VipOpenNic(c"via_lo".as_ptr(), &mut nic) },
+        VIP_SUCCESS
+    );
+    assert!(!nic.is_null());
+    nic
+}
+
+fn ptag(nic: VIP_NIC_HANDLE) -> VIP_PROTECTION_HANDLE {
+    let mut p = null_mut();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { VipCreatePtag(nic, &mut p) }, VIP_SUCCESS);
+    p
+}
+
+fn attrs(p: VIP_PROTECTION_HANDLE) -> VIP_VI_ATTRIBUTES {
+    VIP_VI_ATTRIBUTES {
+        ReliabilityLevel: VIP_SERVICE_RELIABLE_DELIVERY,
+        MaxTransferSize: 4096,
+        QoS: null_mut(),
+        Ptag: p,
+        EnableRdmaWrite: VIP_FALSE,
+        EnableRdmaRead: VIP_FALSE,
+    }
+}
+
+fn vi(nic: VIP_NIC_HANDLE, p: VIP_PROTECTION_HANDLE, cq: VIP_CQ_HANDLE) -> VIP_VI_HANDLE {
+    let mut a = attrs(p);
+    let mut v = null_mut();
+    // SAFETY: valid pointers.
+    assert_eq!(
+        unsafe { VipCreateVi(nic, &mut a, cq, cq, &mut v) },
+        VIP_SUCCESS
+    );
+    v
+}
+
+fn cq(nic: VIP_NIC_HANDLE) -> VIP_CQ_HANDLE {
+    let mut c = null_mut();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { VipCreateCQ(nic, 16, &mut c) }, VIP_SUCCESS);
+    c
+}
+
+/// Every function taking a NIC handle refuses `nic`.
+fn refuses_nic(nic: VIP_NIC_HANDLE) {
+    let mut out = h(0x55);
+    let mut na = core::mem::MaybeUninit::<VIP_NIC_ATTRIBUTES>::zeroed();
+    let mut ma = VIP_MEM_ATTRIBUTES {
+        Ptag: null_mut(),
+        EnableRdmaWrite: 0,
+        EnableRdmaRead: 0,
+    };
+    let mut va = attrs(null_mut());
+    let mut mh = 7u32;
+    let mut buf = [0u8; 64];
+    let b = buf.as_mut_ptr().cast::<c_void>();
+    let mut addr = [0u8; 64];
+    let a = addr.as_mut_ptr().cast::<VIP_NET_ADDRESS>();
+    let mut len: VIP_ULONG = 10;
+    let mut name = [0 as VIP_CHAR; 10];
+    let mut list = VIP_AUTODISCOVERY_LIST {
+        NumberOfHops: 0,
+        ADAddrArray: null_mut(),
+        NumAdAddrs: 0,
+    };
+    // SAFETY: every pointer is valid; the handle is what is checked.
+    let codes = unsafe {
+        [
+            VipCloseNic(nic),
+            VipQueryNic(nic, na.as_mut_ptr()),
+            VipRegisterMem(nic, b, 64, &mut ma, &mut mh),
+            VipDeregisterMem(nic, b, 1),
+            VipQueryMem(nic, b, 1, &mut ma),
+            VipSetMemAttributes(nic, b, 1, &mut ma),
+            VipErrorCallback(nic, null_mut(), None),
+            VipQuerySystemManagementInfo(nic, VIP_SMI_AUTODISCOVERY, (&raw mut list).cast()),
+            VipCreatePtag(nic, &mut out),
+            VipDestroyPtag(nic, out),
+            VipCreateVi(nic, &mut va, null_mut(), null_mut(), &mut out),
+            VipCreateCQ(nic, 16, &mut out),
+            VipConnectWait(nic, a, 0, a, &mut va, &mut out),
+            VipNSInit(nic, null_mut()),
+            VipNSGetHostByName(nic, c"localhost".as_ptr().cast_mut(), a, 0),
+            VipNSGetHostByAddr(nic, a, name.as_mut_ptr(), &mut len),
+            VipNSShutdown(nic),
+        ]
+    };
+    for (i, c) in codes.iter().enumerate() {
+        assert_eq!(
+            *c, VIP_INVALID_PARAMETER,
+            "NIC call #{i} with handle {nic:p}"
+        );
+    }
+    assert_eq!(out, h(0x55), "an out-parameter was written on failure");
+    assert_eq!((mh, len), (7, 10));
+}
+
+/// Every function taking a VI handle refuses `v`.
+fn refuses_vi(v: VIP_VI_HANDLE) {
+    let mut st: VIP_VI_STATE = 77;
+    let mut va = attrs(null_mut());
+    let (mut se, mut re) = (77, 77);
+    let mut d: *mut VIP_DESCRIPTOR = h(0x40).cast();
+    let mut desc = VIP_DESCRIPTOR::default();
+    let mut addr = [0u8; 64];
+    let a = addr.as_mut_ptr().cast::<VIP_NET_ADDRESS>();
+    unsafe extern "C" fn n(
+        _: VIP_PVOID,
+        _: VIP_NIC_HANDLE,
+        _: VIP_VI_HANDLE,
+        _: *mut VIP_DESCRIPTOR,
+    ) {
+    }
+    // SAFETY: every pointer is valid; the handle is what is checked.
+    let codes = unsafe {
+        [
+            VipDestroyVi(v),
+            VipQueryVi(v, &mut st, &mut va, &mut se, &mut re),
+            VipSetViAttributes(v, &mut va),
+            VipPostSend(v, &mut desc, 1),
+            VipSendDone(v, &mut d),
+            VipSendWait(v, 0, &mut d),
+            VipSendNotify(v, null_mut(), Some(n)),
+            VipPostRecv(v, &mut desc, 1),
+            VipRecvDone(v, &mut d),
+            VipRecvWait(v, 0, &mut d),
+            VipRecvNotify(v, null_mut(), Some(n)),
+            VipConnectRequest(v, a, a, 0, &mut va),
+            VipDisconnect(v),
+            VipConnectPeerRequest(v, a, a, 0),
+            VipConnectPeerDone(v, &mut va),
+            VipConnectPeerWait(v, &mut va),
+        ]
+    };
+    for (i, c) in codes.iter().enumerate() {
+        assert_eq!(*c, VIP_INVALID_PARAMETER, "VI call #{i} with handle {v:p}");
+    }
+    assert_eq!((st, se, re), (77, 77, 77));
+    assert_eq!(d, h(0x40).cast());
+}
+
+/// Every function taking a CQ handle refuses `c`.
+fn refuses_cq(c: VIP_CQ_HANDLE) {
+    let mut v = h(0x55);
+    let mut rq = 77;
+    unsafe extern "C" fn n(_: VIP_PVOID, _: VIP_NIC_HANDLE, _: VIP_VI_HANDLE, _: VIP_BOOLEAN) {}
+    // SAFETY: every pointer is valid; the handle is what is checked.
+    let codes = unsafe {
+        [
+            VipDestroyCQ(c),
+            VipResizeCQ(c, 32),
+            VipCQDone(c, &mut v, &mut rq),
+            VipCQWait(c, 0, &mut v, &mut rq),
+            VipCQNotify(c, null_mut(), Some(n)),
+        ]
+    };
+    for (i, code) in codes.iter().enumerate() {
+        assert_eq!(
+            *code, VIP_INVALID_PARAMETER,
+            "CQ call #{i} with handle {c:p}"
+        );
+    }
+    assert_eq!((v, rq), (h(0x55), 77));
+}
+
+fn refuses_conn(c: VIP_CONN_HANDLE) {
+    // SAFETY: handles are checked values.
+    unsafe {
+        assert_eq!(VipConnectAccept(c, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipConnectReject(c), VIP_INVALID_PARAMETER);
+    }
+}
+
+#[test]
+fn null_and_garbage_handles_are_refused_without_a_nic() {
+    for v in std::iter::once(0).chain(GARBAGE) {
+        refuses_nic(h(v));
+        refuses_vi(h(v));
+        refuses_cq(h(v));
+        refuses_conn(h(v));
+    }
+}
+
+#[test]
+fn open_nic_checks_its_arguments() {
+    let mut nic = h(0x55);
+    // SAFETY: valid pointers and NUL-terminated names.
+    unsafe {
+        assert_eq!(
+            VipOpenNic(c"via_lo".as_ptr(), null_mut()),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipOpenNic(c"/dev/via_nonexistent0".as_ptr(), &mut nic),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipOpenNic(c"eth0".as_ptr(), &mut nic),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipOpenNic(c"/dev/via_\xff".as_ptr(), &mut nic),
+            VIP_INVALID_PARAMETER
+        );
+    }
+    assert_eq!(nic, h(0x55));
+}
+
+#[test]
+fn panics_become_error_resource() {
+    fn exported(fail: bool) -> VIP_RETURN {
+        ffi_boundary!("test", {
+            if fail {
+                panic!("boom");
+            }
+            Status::Err(Error::NotDone)
+        })
+    }
+    assert_eq!(exported(false), VIP_NOT_DONE);
+    assert_eq!(exported(true), VIP_ERROR_RESOURCE);
+    let string_panic: VIP_RETURN = ffi_boundary!("test", { panic!("{}", String::from("owned")) });
+    assert_eq!(string_panic, VIP_ERROR_RESOURCE);
+    let ok: VIP_RETURN = ffi_boundary!("test", { Ok(()) });
+    assert_eq!(ok, VIP_SUCCESS);
+}
+
+#[test]
+fn timeouts() {
+    assert_eq!(timeout(VIP_INFINITE), None);
+    assert_eq!(timeout(VIP_ULONG::MAX), None);
+    assert_eq!(timeout(0), Some(std::time::Duration::ZERO));
+    assert_eq!(timeout(1500), Some(std::time::Duration::from_millis(1500)));
+}
+
+#[test]
+fn stale_wrong_kind_and_foreign_handles() {
+    if !viad_available() {
+        return;
+    }
+    let a = open();
+    let b = open();
+    let (pa, pb) = (ptag(a), ptag(b));
+    let (ca, cb) = (cq(a), cq(b));
+    let va = vi(a, pa, ca);
+
+    // Wrong kinds.
+    refuses_nic(va);
+    refuses_nic(ca);
+    refuses_nic(pa);
+    refuses_vi(a);
+    refuses_vi(ca);
+    refuses_vi(pa);
+    refuses_cq(a);
+    refuses_cq(va);
+    refuses_conn(va);
+    refuses_conn(ca);
+
+    // Foreign: B's CQ and ptag used with A.
+    let mut at = attrs(pa);
+    let mut out = null_mut();
+    // SAFETY: valid pointers.
+    unsafe {
+        assert_eq!(
+            VipCreateVi(a, &mut at, cb, null_mut(), &mut out),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipCreateVi(a, &mut at, null_mut(), cb, &mut out),
+            VIP_INVALID_PARAMETER
+        );
+        at.Ptag = pb;
+        assert_eq!(
+            VipCreateVi(a, &mut at, null_mut(), null_mut(), &mut out),
+            VIP_INVALID_PTAG
+        );
+        at.Ptag = null_mut();
+        assert_eq!(
+            VipCreateVi(a, &mut at, null_mut(), null_mut(), &mut out),
+            VIP_INVALID_PTAG
+        );
+        assert_eq!(VipDestroyPtag(a, pb), VIP_INVALID_PARAMETER);
+        assert_eq!(VipDestroyPtag(b, pa), VIP_INVALID_PARAMETER);
+        let mut buf = vec![0u8; 8192];
+        let mut ma = VIP_MEM_ATTRIBUTES {
+            Ptag: pb,
+            EnableRdmaWrite: 0,
+            EnableRdmaRead: 0,
+        };
+        let mut mh = 0;
+        assert_eq!(
+            VipRegisterMem(a, buf.as_mut_ptr().cast(), 8192, &mut ma, &mut mh),
+            VIP_INVALID_PTAG
+        );
+        assert!(out.is_null());
+    }
+
+    // Stale: destroyed VI and CQ.
+    // SAFETY: handles are checked values.
+    unsafe {
+        assert_eq!(VipDestroyCQ(ca), VIP_INVALID_STATE, "a VI uses it");
+        assert_eq!(VipDestroyVi(va), VIP_SUCCESS);
+        assert_eq!(VipDestroyCQ(ca), VIP_SUCCESS);
+    }
+    refuses_vi(va);
+    refuses_cq(ca);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(VipDestroyPtag(a, pa), VIP_SUCCESS);
+        assert_eq!(VipDestroyPtag(a, pa), VIP_INVALID_PARAMETER);
+    }
+
+    // Stale: a closed NIC and everything of it, also once its slot is reused.
+    let vb = vi(b, pb, cb);
+    // SAFETY: as above.
+    unsafe { assert_eq!(VipCloseNic(b), VIP_SUCCESS) };
+    refuses_nic(b);
+    refuses_vi(vb);
+    refuses_cq(cb);
+    let c = open();
+    refuses_nic(b);
+    refuses_vi(vb);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(VipDestroyPtag(c, pb), VIP_INVALID_PARAMETER);
+        assert_eq!(VipCloseNic(c), VIP_SUCCESS);
+        assert_eq!(VipCloseNic(a), VIP_SUCCESS);
+    }
+    refuses_nic(a);
+}
+
+#[test]
+fn null_pointers_are_refused_and_outputs_untouched() {
+    if !viad_available() {
+        return;
+    }
+    let nic = open();
+    let p = ptag(nic);
+    let c = cq(nic);
+    let v = vi(nic, p, null_mut());
+    let mut at = attrs(p);
+    let mut st: VIP_VI_STATE = 0;
+    let (mut se, mut re) = (0, 0);
+    let mut d: *mut VIP_DESCRIPTOR = h(0x40).cast();
+    let mut vh = h(0x55);
+    let mut rq = 77;
+    // SAFETY: the handles are live; the NULL pointers are what is checked,
+    // and the other pointers are valid.
+    unsafe {
+        assert_eq!(VipQueryNic(nic, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipCreatePtag(nic, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipCreateCQ(nic, 16, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipCreateCQ(nic, 0, &mut vh), VIP_INVALID_PARAMETER);
+        assert_eq!(
+            VipCreateCQ(nic, VIP_ULONG::MAX, &mut vh),
+            VIP_ERROR_RESOURCE
+        );
+        assert_eq!(
+            VipCreateVi(nic, null_mut(), null_mut(), null_mut(), &mut vh),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipCreateVi(nic, &mut at, null_mut(), null_mut(), null_mut()),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipQueryVi(v, null_mut(), &mut at, &mut se, &mut re),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipQueryVi(v, &mut st, null_mut(), &mut se, &mut re),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipQueryVi(v, &mut st, &mut at, null_mut(), &mut re),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipQueryVi(v, &mut st, &mut at, &mut se, null_mut()),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(VipSetViAttributes(v, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipPostSend(v, null_mut(), 1), VIP_INVALID_PARAMETER);
+        assert_eq!(VipPostRecv(v, null_mut(), 1), VIP_INVALID_PARAMETER);
+        // Misaligned: refused before anything reads it.
+        assert_eq!(VipPostRecv(v, h(0x1008).cast(), 1), VIP_DESCRIPTOR_ERROR);
+        assert_eq!(VipSendDone(v, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipRecvWait(v, 0, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipRecvDone(v, &mut d), VIP_NOT_DONE);
+        assert_eq!(VipRecvWait(v, 1, &mut d), VIP_TIMEOUT);
+        assert_eq!(d, h(0x40).cast());
+        assert_eq!(VipSendNotify(v, null_mut(), None), VIP_INVALID_PARAMETER);
+        assert_eq!(VipCQDone(c, null_mut(), &mut rq), VIP_INVALID_PARAMETER);
+        assert_eq!(VipCQDone(c, &mut vh, null_mut()), VIP_INVALID_PARAMETER);
+        assert_eq!(VipCQDone(c, &mut vh, &mut rq), VIP_NOT_DONE);
+        assert_eq!(VipCQNotify(c, null_mut(), None), VIP_INVALID_PARAMETER);
+        assert_eq!((vh, rq), (h(0x55), 77));
+        assert_eq!(
+            VipConnectRequest(v, null_mut(), null_mut(), 0, &mut at),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipConnectPeerRequest(v, null_mut(), null_mut(), 0),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipConnectWait(nic, null_mut(), 0, null_mut(), &mut at, &mut vh),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipNSGetHostByName(nic, null_mut(), null_mut(), 0),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipNSGetHostByAddr(nic, null_mut(), null_mut(), null_mut()),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipQuerySystemManagementInfo(nic, VIP_SMI_AUTODISCOVERY, null_mut()),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipQuerySystemManagementInfo(nic, 2, null_mut()),
+            VIP_INVALID_PARAMETER
+        );
+        let mut ma = VIP_MEM_ATTRIBUTES {
+            Ptag: p,
+            EnableRdmaWrite: 0,
+            EnableRdmaRead: 0,
+        };
+        let mut mh = 9;
+        assert_eq!(
+            VipRegisterMem(nic, null_mut(), 64, &mut ma, &mut mh),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipRegisterMem(nic, h(0x1000), 0, &mut ma, &mut mh),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipRegisterMem(nic, h(0x1000), 64, null_mut(), &mut mh),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(
+            VipRegisterMem(nic, h(0x1000), 64, &mut ma, null_mut()),
+            VIP_INVALID_PARAMETER
+        );
+        assert_eq!(mh, 9);
+        assert_eq!(VipDestroyVi(v), VIP_SUCCESS);
+        assert_eq!(VipCloseNic(nic), VIP_SUCCESS);
+    }
+}
+
+#[test]
+fn handles_name_their_nic() {
+    if !viad_available() {
+        return;
+    }
+    let a = open();
+    let p = ptag(a);
+    let v = vi(a, p, null_mut());
+    let (nic, core) = handles::vi_from(v).expect("live VI");
+    assert_eq!(handles::vi_handle(&nic, core.slot, core.generation), v);
+    assert_eq!(handles::nic_handle(&nic), a);
+    let q = handles::ptag_of(&nic, p).expect("live ptag");
+    assert_eq!(handles::ptag_handle(&nic, q), p);
+    drop((nic, core));
+    // SAFETY: handles are checked values.
+    unsafe {
+        assert_eq!(VipDestroyVi(v), VIP_SUCCESS);
+        assert_eq!(VipCloseNic(a), VIP_SUCCESS);
+    }
+}
