@@ -1,55 +1,160 @@
 //! Shared helpers for the integration tests: spawning the peer program,
 //! talking to it over its stdin/stdout, unique discriminators, and the
 //! common VIA set-up.
+//!
+//! The peer (`via-peer serve`) is a small command interpreter: the test
+//! sends one command line and reads one answer line (see
+//! `src/bin/via-peer.rs` for the commands). Every wait in a test is bounded
+//! by [`WAIT`] or an explicit deadline, and synchronises on a line from the
+//! peer, a completion or an exit status, never on a sleep.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, Once, mpsc};
+use std::time::{Duration, Instant};
 
-use via::{DescBuilder, Nic, Ptag, Region, Reliability, Vi, ViAttributes};
+use via::{AsyncError, DescBuilder, ErrorCode, Nic, Ptag, Region, Reliability, Vi, ViAttributes};
 
-/// A discriminator unique to this process and `tag`.
+/// A discriminator unique to this process, this test (thread) and `tag`,
+/// short enough for `MaxDiscriminatorLen` (64).
 pub fn disc(tag: &str) -> Vec<u8> {
-    format!("{}-{}-{}", tag, std::process::id(), std::thread::current().name().unwrap_or("t")).into_bytes()
+    let name = std::thread::current().name().unwrap_or("t").to_string();
+    // FNV-1a of the test name keeps the discriminator short.
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let d = format!("{}-{}-{h:x}", tag, std::process::id());
+    assert!(d.len() <= 64, "discriminator {d:?} too long");
+    d.into_bytes()
+}
+
+/// [`disc`] as a string (for the peer's command line).
+pub fn disc_str(tag: &str) -> String {
+    String::from_utf8(disc(tag)).unwrap()
+}
+
+/// Makes sure an up-to-date `viad` binary is where the library looks for
+/// it (beside the test executables): `cargo test -p via-tests` alone does
+/// not build the `via-tools` package. Builds it into the same target
+/// directory once per process (a no-op when it is current); if cargo is
+/// not available, an existing `viad` is used as it is.
+pub fn ensure_viad() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let exe = std::env::current_exe().expect("current exe");
+        let mut dir = exe.parent().expect("exe dir").to_path_buf();
+        if dir.ends_with("deps") {
+            dir.pop();
+        }
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let target = dir.parent().expect("target dir").to_path_buf();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "via-tools",
+            "--bin",
+            "viad",
+            "--manifest-path",
+        ])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target);
+        if release {
+            cmd.arg("--release");
+        }
+        match cmd.output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => assert!(
+                via::agent::find_viad().is_some(),
+                "building viad failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => assert!(
+                via::agent::find_viad().is_some(),
+                "no viad, and cannot run cargo: {e}"
+            ),
+        }
+        assert!(
+            via::agent::find_viad().is_some(),
+            "viad not found after building it"
+        );
+    });
+}
+
+/// Opens the default NIC (building `viad` first if needed).
+pub fn open_nic() -> Nic {
+    ensure_viad();
+    let _ = env_logger::builder().is_test(true).try_init();
+    Nic::open(None).expect("open NIC")
 }
 
 /// The peer program (`via-peer`), running one scenario.
 pub struct Peer {
     pub child: Child,
     stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    lines: mpsc::Receiver<String>,
 }
+
+/// Longest wait for one line from the peer. The peer bounds its own waits
+/// by [`WAIT`], so a peer that says nothing for this long is stuck.
+pub const LINE_WAIT: Duration = Duration::from_secs(60);
 
 impl Peer {
     /// Starts `via-peer <args>`; `exe` is `env!("CARGO_BIN_EXE_via-peer")`.
     pub fn spawn(exe: &str, args: &[&str]) -> Peer {
-        let mut child = Command::new(exe)
-            .args(args)
+        Self::spawn_env(exe, args, &[])
+    }
+
+    /// Starts `via-peer <args>` with extra environment variables.
+    pub fn spawn_env(exe: &str, args: &[&str], env: &[(&str, &str)]) -> Peer {
+        ensure_viad();
+        let mut cmd = Command::new(exe);
+        cmd.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn via-peer");
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn via-peer");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        Peer { child, stdin, stdout }
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || pump(stdout, tx));
+        Peer {
+            child,
+            stdin,
+            lines,
+        }
     }
 
-    /// Reads the next line the peer prints (blocks until it does).
+    /// Starts the command interpreter (`via-peer serve`).
+    pub fn serve(exe: &str) -> Peer {
+        Self::spawn(exe, &["serve"])
+    }
+
+    /// The peer's process id.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Reads the next line the peer prints (at most [`LINE_WAIT`]).
     pub fn line(&mut self) -> String {
-        let mut s = String::new();
-        let n = self.stdout.read_line(&mut s).expect("read from peer");
-        assert!(n > 0, "peer exited early");
-        s.trim_end().to_string()
+        match self.lines.recv_timeout(LINE_WAIT) {
+            Ok(l) => l,
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("peer silent for {LINE_WAIT:?}"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => panic!("peer exited early"),
+        }
     }
 
-    /// Reads lines until one starts with `prefix`; returns the rest.
+    /// Reads the next line, which must start with `prefix`; returns the rest.
     pub fn expect(&mut self, prefix: &str) -> String {
-        loop {
-            let l = self.line();
-            if let Some(rest) = l.strip_prefix(prefix) {
-                return rest.trim().to_string();
-            }
+        let l = self.line();
+        match l.strip_prefix(prefix) {
+            Some(rest) => rest.trim().to_string(),
+            None => panic!("peer said {l:?}, expected {prefix:?}"),
         }
     }
 
@@ -59,24 +164,153 @@ impl Peer {
         self.stdin.flush().unwrap();
     }
 
+    /// Sends a command and returns the one line that answers it.
+    pub fn cmd(&mut self, s: &str) -> String {
+        self.say(s);
+        self.line()
+    }
+
+    /// Sends a command whose answer must start with `prefix`; returns the
+    /// rest of the answer.
+    pub fn cmd_expect(&mut self, s: &str, prefix: &str) -> String {
+        let l = self.cmd(s);
+        match l.strip_prefix(prefix) {
+            Some(rest) => rest.trim().to_string(),
+            None => panic!("peer answered {l:?} to {s:?}, expected {prefix:?}"),
+        }
+    }
+
     /// Waits for the peer to exit and checks it succeeded.
     pub fn finish(mut self) {
-        let st = self.child.wait().expect("wait for peer");
+        let mut st = None;
+        let exited = wait_until(LINE_WAIT, || {
+            st = self.child.try_wait().expect("wait for peer");
+            st.is_some()
+        });
+        assert!(exited, "peer did not exit within {LINE_WAIT:?}");
+        let st = st.unwrap();
         assert!(st.success(), "peer failed: {st}");
+    }
+
+    /// Tells an interpreter peer to exit and checks that it succeeded.
+    pub fn exit(mut self) {
+        self.say("exit");
+        self.finish();
     }
 }
 
-/// Reads a command line from stdin (peer side).
-pub fn read_cmd() -> String {
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // A test that failed half-way must not leave its peer running.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn pump(mut r: BufReader<ChildStdout>, tx: mpsc::Sender<String>) {
+    loop {
+        let mut s = String::new();
+        match r.read_line(&mut s) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                if tx.send(s.trim_end().to_string()).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Reads a command line from stdin (peer side); `None` at end of input.
+pub fn read_cmd() -> Option<String> {
     let mut s = String::new();
-    std::io::stdin().read_line(&mut s).expect("stdin");
-    s.trim_end().to_string()
+    match std::io::stdin().read_line(&mut s) {
+        Ok(0) => None,
+        Ok(_) => Some(s.trim_end().to_string()),
+        Err(e) => panic!("stdin: {e}"),
+    }
 }
 
 /// Prints a line for the test (peer side) and flushes.
 pub fn tell(s: &str) {
     println!("{s}");
     std::io::stdout().flush().unwrap();
+}
+
+/// The asynchronous errors a NIC reported to its error callback.
+#[derive(Default)]
+pub struct ErrorLog {
+    seen: Mutex<Vec<(AsyncError, String, Instant)>>,
+    cv: Condvar,
+}
+
+impl ErrorLog {
+    /// Installs a callback on `nic` that records every error (with the name
+    /// of the thread it ran on and when).
+    pub fn install(nic: &Nic) -> Arc<ErrorLog> {
+        let log = Arc::new(ErrorLog::default());
+        let l = log.clone();
+        nic.set_error_callback(move |e| {
+            let t = std::thread::current().name().unwrap_or("?").to_string();
+            l.seen.lock().unwrap().push((*e, t, Instant::now()));
+            l.cv.notify_all();
+        });
+        log
+    }
+
+    /// Every error so far.
+    pub fn all(&self) -> Vec<AsyncError> {
+        self.seen.lock().unwrap().iter().map(|x| x.0).collect()
+    }
+
+    /// Waits up to `t` for an error with `code`; returns it, the thread it
+    /// was reported on and when.
+    pub fn wait_for(&self, code: ErrorCode, t: Duration) -> Option<(AsyncError, String, Instant)> {
+        let deadline = Instant::now() + t;
+        let mut g = self.seen.lock().unwrap();
+        loop {
+            if let Some(x) = g.iter().find(|x| x.0.code == code) {
+                return Some(x.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            g = self.cv.wait_timeout(g, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Like [`ErrorLog::wait_for`], but removes the error it returns, so
+    /// that a later wait needs a new report.
+    pub fn take(&self, code: ErrorCode, t: Duration) -> Option<(AsyncError, String, Instant)> {
+        let deadline = Instant::now() + t;
+        let mut g = self.seen.lock().unwrap();
+        loop {
+            if let Some(i) = g.iter().position(|x| x.0.code == code) {
+                return Some(g.remove(i));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            g = self.cv.wait_timeout(g, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Forgets every error seen so far.
+    pub fn clear(&self) {
+        self.seen.lock().unwrap().clear();
+    }
+
+    /// Waits up to `t` for an error with `code`, panicking if none comes.
+    pub fn expect(&self, code: ErrorCode, t: Duration) -> AsyncError {
+        match self.wait_for(code, t) {
+            Some(x) => x.0,
+            None => panic!("no {code:?} reported within {t:?}; seen {:?}", self.all()),
+        }
+    }
 }
 
 /// A NIC, a tag, a region and a VI: the usual start.
@@ -88,17 +322,71 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// A VI of level `rel` with `MaxTransferSize` as large as the NIC allows
+    /// and a region of `bytes` (RDMA enables on both as given).
     pub fn new(rel: Reliability, bytes: usize, rdma_write: bool, rdma_read: bool) -> Setup {
-        let _ = env_logger::builder().is_test(true).try_init();
-        let nic = Nic::open(None).expect("open NIC");
+        let nic = open_nic();
+        let mtu = nic.attributes().max_transfer_size.min(u32::MAX as u64) as u32;
+        Self::with(nic, rel, bytes, rdma_write, rdma_read, mtu)
+    }
+
+    /// As [`Setup::new`] on an open `nic` with `MaxTransferSize` `mtu`.
+    pub fn with(
+        nic: Nic,
+        rel: Reliability,
+        bytes: usize,
+        rdma_write: bool,
+        rdma_read: bool,
+        mtu: u32,
+    ) -> Setup {
         let ptag = nic.create_ptag().unwrap();
         let mem = Region::new(&nic, bytes, ptag, rdma_write, rdma_read).unwrap();
         let mut a = ViAttributes::new(rel, ptag);
-        a.max_transfer_size = via::Nic::open(None).unwrap().attributes().max_transfer_size as u32;
+        a.max_transfer_size = mtu;
         a.enable_rdma_write = rdma_write;
         a.enable_rdma_read = rdma_read;
         let vi = nic.create_vi(&a, None, None).unwrap();
         Setup { nic, ptag, mem, vi }
+    }
+
+    /// Address of byte `off` of the region.
+    pub fn addr(&self, off: usize) -> u64 {
+        self.mem.addr(off).unwrap()
+    }
+
+    /// Connects the VI as a client to the interpreter peer, which listens
+    /// on `d` and accepts.
+    pub fn connect_to(&self, peer: &mut Peer, d: &str) {
+        peer.say(&format!("listen {d} accept"));
+        peer.expect("LISTENING");
+        let local = self.nic.address(b"client");
+        self.vi
+            .connect(&local, &self.nic.address(d.as_bytes()), WAIT)
+            .expect("connect");
+        assert_eq!(peer.expect("ACCEPT"), "ok");
+        assert_eq!(self.vi.state(), via::ViState::Connected);
+    }
+
+    /// Fills `len` bytes at `off` with `pattern(len, seed)`; returns them.
+    pub fn fill(&self, off: usize, len: usize, seed: u32) -> Vec<u8> {
+        let p = pattern(len, seed);
+        self.mem.write(off, &p).unwrap();
+        p
+    }
+
+    /// Reads `len` bytes at `off`.
+    pub fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        self.mem.read(off, &mut b).unwrap();
+        b
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        // `Nic` has no `Drop` (the process keeps every open NIC until
+        // `close`): close it so that tests do not accumulate NICs.
+        let _ = self.nic.close();
     }
 }
 
@@ -108,17 +396,164 @@ pub const WAIT: Option<Duration> = Some(Duration::from_secs(20));
 
 /// Posts a receive of `len` bytes at `buf` using the descriptor at `desc`.
 pub fn post_recv(s: &Setup, desc: usize, buf: usize, len: u32) {
-    let d = DescBuilder::recv().segment(&s.mem, buf, len).write(&s.mem, desc).unwrap();
+    let d = DescBuilder::recv()
+        .segment(&s.mem, buf, len)
+        .write(&s.mem, desc)
+        .unwrap();
     s.vi.post_recv(&s.mem, d).unwrap();
 }
 
 /// Posts a send of `len` bytes at `buf` using the descriptor at `desc`.
 pub fn post_send(s: &Setup, desc: usize, buf: usize, len: u32) {
-    let d = DescBuilder::send().segment(&s.mem, buf, len).write(&s.mem, desc).unwrap();
+    let d = DescBuilder::send()
+        .segment(&s.mem, buf, len)
+        .write(&s.mem, desc)
+        .unwrap();
     s.vi.post_send(&s.mem, d).unwrap();
 }
 
 /// A deterministic byte pattern for size `n` and round `r`.
 pub fn pattern(n: usize, r: u32) -> Vec<u8> {
-    (0..n).map(|i| (i as u32).wrapping_mul(31).wrapping_add(r * 7) as u8).collect()
+    (0..n)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(r * 7) as u8)
+        .collect()
+}
+
+/// Parses a number written in decimal or `0x` hexadecimal.
+pub fn num(s: &str) -> u64 {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    }
+    .unwrap_or_else(|_| panic!("not a number: {s:?}"))
+}
+
+/// The whitespace-separated fields of a peer answer, as numbers.
+pub fn nums(s: &str) -> Vec<u64> {
+    s.split_whitespace().map(num).collect()
+}
+
+/// A region of the peer: address, handle, length (from `MEM`/`REGION`).
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteMem {
+    pub addr: u64,
+    pub handle: u32,
+    pub len: u64,
+}
+
+impl RemoteMem {
+    /// Parses `<addr> <handle> <len>`.
+    pub fn parse(s: &str) -> RemoteMem {
+        let v = nums(s);
+        RemoteMem {
+            addr: v[0],
+            handle: v[1] as u32,
+            len: v[2],
+        }
+    }
+}
+
+/// Waits, at most `t`, for `cond` to hold, re-checking every millisecond
+/// (for conditions no event announces, such as another process exiting
+/// elsewhere or a mapping disappearing). Returns whether it held.
+pub fn wait_until(t: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + t;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Lower-case hexadecimal of `b`.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Parses [`hex`] output.
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Runs the test `name` of the current test executable in a child process
+/// with extra environment variables (for configuration that is read once
+/// per process, such as `VIA_CQ`). Returns its combined output; panics if
+/// it fails or runs longer than `limit`.
+pub fn run_child_test(name: &str, env: &[(&str, &str)], limit: Duration) -> String {
+    let exe = std::env::current_exe().unwrap();
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = std::env::temp_dir().join(format!("via-tests-{}-{n}-{name}.log", std::process::id()));
+    let file = std::fs::File::create(&log).unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn child test");
+    let mut st = None;
+    let done = wait_until(limit, || {
+        st = child.try_wait().unwrap();
+        st.is_some()
+    });
+    if !done {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let out = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(done, "child test {name} ran over {limit:?}:\n{out}");
+    let st = st.unwrap();
+    assert!(st.success(), "child test {name} failed ({st}):\n{out}");
+    assert!(
+        out.contains("1 passed"),
+        "child test {name} did not run:\n{out}"
+    );
+    out
+}
+
+/// The pid of the process listening on the abstract Unix socket `name`
+/// (the viad of an instance: `via::agent::socket_name()`), found through
+/// `/proc/net/unix` and the fd tables in `/proc`. (`SO_PEERCRED` on a
+/// connection names the process that called `listen`, which for a
+/// daemonized viad is its parent, gone since.)
+pub fn listener_pid(name: &[u8]) -> Option<i32> {
+    let want = format!("@{}", String::from_utf8_lossy(name));
+    let table = std::fs::read_to_string("/proc/net/unix").ok()?;
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Flags 00010000: listening.
+            (f.len() >= 8 && f[7] == want && f[3] == "00010000").then(|| f[6].to_string())
+        })
+        .collect();
+    let targets: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(l) = std::fs::read_link(fd.path()) {
+                if targets.iter().any(|t| l.as_os_str() == t.as_str()) {
+                    return Some(pid);
+                }
+            }
+        }
+    }
+    None
 }

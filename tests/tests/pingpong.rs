@@ -7,10 +7,16 @@ const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
 
 #[test]
 fn pingpong_sizes_data_checked() {
-    let sizes: Vec<usize> = (0..=20).map(|p| 1usize << p).chain([0, 1, 3, 100, 4095, 4097, 65535, 65537, 1_000_000]).collect();
+    let sizes: Vec<usize> = (0..=20)
+        .map(|p| 1usize << p)
+        .chain([0, 1, 3, 100, 4095, 4097, 65535, 65537, 1_000_000])
+        .collect();
     let max = 1 << 20;
     let d = String::from_utf8(disc("pp")).unwrap();
-    let mut peer = Peer::spawn(PEER, &["echo", &d, "rd", &max.to_string(), &sizes.len().to_string()]);
+    let mut peer = Peer::spawn(
+        PEER,
+        &["echo", &d, "rd", &max.to_string(), &sizes.len().to_string()],
+    );
     peer.expect("LISTENING");
     let s = Setup::new(Reliability::ReliableDelivery, 2 * max + 8192, false, false);
     let remote = s.nic.address(d.as_bytes());
@@ -25,7 +31,12 @@ fn pingpong_sizes_data_checked() {
         let c = s.vi.send_wait(WAIT).expect("send");
         assert_eq!(c.status & via::descriptor::status::ERROR_MASK, 0);
         let c = s.vi.recv_wait(WAIT).expect("recv");
-        assert_eq!(c.status & via::descriptor::status::ERROR_MASK, 0, "status {:#x}", c.status);
+        assert_eq!(
+            c.status & via::descriptor::status::ERROR_MASK,
+            0,
+            "status {:#x}",
+            c.status
+        );
         assert_eq!(s.mem.word(24) as usize, n, "length");
         let mut got = vec![0u8; n];
         s.mem.read(rbuf, &mut got).unwrap();

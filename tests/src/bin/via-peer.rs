@@ -1,7 +1,55 @@
 //! The other process of the integration tests: `via-peer <scenario> <args>`.
 //! It talks to the test over stdin/stdout lines.
+//!
+//! Scenarios:
+//! * `echo <disc> <u|rd|rr> <max> <rounds>`: accept, echo every message back.
+//! * `serve`: a command interpreter (below); one answer line per command.
+//! * `fan <disc> <rel> <vis> <msgs>`: `vis` VIs with CQs, connected to the
+//!   test; on `GO` sends `msgs` messages on each, round robin; then receives
+//!   one message per VI.
+//! * `sink <disc> <rel> <vis> <per_vi> <size>`: accepts `vis` connections,
+//!   each with `per_vi` receives posted, and checks that every message of
+//!   every sending thread arrives exactly once and in order.
+//! * `autostart`: checks that no viad serves `VIA_INSTANCE`, opens a NIC
+//!   (which starts one) and prints its pid.
+//!
+//! Interpreter commands (numbers in decimal or `0x` hex; `seg` is
+//! `off:len` in region 0 or `off:len@region`):
+//!
+//! | command | answer |
+//! |---|---|
+//! | `open <rel> <bytes> <w> <r> [mtu]` | `MEM <addr> <handle> <len>` (NIC, tag, region 0, VI) |
+//! | `listen <disc> accept\|reject` | `LISTENING`, then `ACCEPT ok\|<error>` or `REJECT ok\|<error>` |
+//! | `connect <disc>` | `CONNECT ok\|<error>` (to the test's address `<disc>`) |
+//! | `peer <local> <remote>` | `PEER ok\|<error>` (peer-to-peer, waits) |
+//! | `recv <desc> <seg>...` | `OK` or `POSTERR <error>` |
+//! | `send <desc> [imm=<v>] <seg>...` | `OK` or `POSTERR <error>` |
+//! | `write <desc> <raddr> <rhandle> [imm=<v>] <seg>...` | RDMA write: `OK` or `POSTERR <error>` |
+//! | `wait_recv` / `wait_send` | `RECV\|SEND <status> <len> <imm>` or `WAITERR <error>` |
+//! | `recv_done` | `RECV ...` or `WAITERR NotDone` |
+//! | `fill\|check <region> <off> <len> <seed>` | `OK` / `SAME` or `DIFF <index>` |
+//! | `spin_status <desc>` | `SPINNING`, then `STATUS <status> <len> <imm>` (spins on memory only) |
+//! | `spin_mem <region> <off> <len> <seed>` | `SPINNING`, then `SEEN` (spins on memory only) |
+//! | `peek <region> <off> <len>` / `poke <region> <off> <hex>` | `DATA <hex>` / `OK` |
+//! | `wait_error <code>` | `ERROR <code> <resource> <vi slot>` or `NOERROR` |
+//! | `errors` / `clear_errors` | `ERRORS <code>,...` or `ERRORS none` / `OK` |
+//! | `set_vi <w> <r>` | `OK` or `<error>` (RDMA enables of the idle VI) |
+//! | `state` / `slot` | `STATE <state>` / `SLOT <n>` |
+//! | `region <bytes> <same\|new> <w> <r>` | `REGION <idx> <addr> <handle> <len>` |
+//! | `foreign <bytes>` | `REGION ...`: a region of a second NIC |
+//! | `set_mem <idx> <w> <r>` | `OK` |
+//! | `dereg <idx>` | `OK` |
+//! | `disconnect` | `OK` or `<error>` |
+//! | `stream <raddr> <rhandle> <bytes>` | `STREAMING`, then RDMA writes forever |
+//! | `stream_send <bytes>` | `STREAMING`, then sends forever (`[round: u64]` + pattern) |
+//! | `exit` | (exits 0) |
 
-use via::Reliability;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use via::descriptor::status;
+use via::{Cq, DescBuilder, Nic, Ptag, Region, Reliability, Vi, ViAttributes, ViState};
 use via_tests::*;
 
 fn rel(s: &str) -> Reliability {
@@ -18,7 +66,27 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args[1].as_str() {
         // Echo server: accept on <disc>, then echo every message back.
-        "echo" => echo(&args[2], rel(&args[3]), args[4].parse().unwrap(), args[5].parse().unwrap()),
+        "echo" => echo(
+            &args[2],
+            rel(&args[3]),
+            args[4].parse().unwrap(),
+            args[5].parse().unwrap(),
+        ),
+        "serve" => Interp::default().run(),
+        "fan" => fan(
+            &args[2],
+            rel(&args[3]),
+            args[4].parse().unwrap(),
+            args[5].parse().unwrap(),
+        ),
+        "sink" => sink(
+            &args[2],
+            rel(&args[3]),
+            args[4].parse().unwrap(),
+            args[5].parse().unwrap(),
+            args[6].parse().unwrap(),
+        ),
+        "autostart" => autostart(),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -37,11 +105,617 @@ fn echo(disc: &str, r: Reliability, max: usize, rounds: u32) {
     req.accept(&s.vi).expect("accept");
     for i in 0..rounds as usize {
         let c = s.vi.recv_wait(WAIT).expect("recv");
-        assert_eq!(c.status & via::descriptor::status::ERROR_MASK, 0, "recv status {:#x}", c.status);
+        assert_eq!(
+            c.status & status::ERROR_MASK,
+            0,
+            "recv status {:#x}",
+            c.status
+        );
         let len = s.mem.word(descs[i % 2] + 24);
         post_recv(&s, descs[(i + 1) % 2], bufs[(i + 1) % 2], max as u32);
         post_send(&s, 128, bufs[i % 2], len);
         s.vi.send_wait(WAIT).expect("send");
     }
     tell("DONE");
+}
+
+/// The interpreter's objects.
+#[derive(Default)]
+struct Interp {
+    nic: Option<Nic>,
+    nic2: Option<Nic>,
+    ptag: Option<Ptag>,
+    regions: Vec<Option<Region>>,
+    vi: Option<Vi>,
+    errors: Option<Arc<ErrorLog>>,
+}
+
+fn flag(s: &str) -> bool {
+    matches!(s, "1" | "true" | "y")
+}
+
+impl Interp {
+    fn nic(&self) -> &Nic {
+        self.nic.as_ref().expect("open first")
+    }
+    fn vi(&self) -> &Vi {
+        self.vi.as_ref().expect("open first")
+    }
+    fn region(&self, i: usize) -> &Region {
+        self.regions[i].as_ref().expect("live region")
+    }
+
+    /// Adds the segments `off:len[@region]` to `b`.
+    fn segs(&self, mut b: DescBuilder, args: &[&str]) -> DescBuilder {
+        for a in args {
+            let (body, reg) = match a.split_once('@') {
+                Some((x, r)) => (x, r.parse::<usize>().unwrap()),
+                None => (*a, 0),
+            };
+            let (off, len) = body.split_once(':').expect("off:len");
+            b = b.segment(self.region(reg), num(off) as usize, num(len) as u32);
+        }
+        b
+    }
+
+    /// Splits an optional `imm=<v>` off the arguments.
+    fn imm<'a>(args: &'a [&'a str]) -> (Option<u32>, &'a [&'a str]) {
+        match args.first().and_then(|a| a.strip_prefix("imm=")) {
+            Some(v) => (Some(num(v) as u32), &args[1..]),
+            None => (None, args),
+        }
+    }
+
+    fn post(&self, desc: usize, b: DescBuilder, send: bool) -> String {
+        let mem = self.region(0);
+        let d = b.write(mem, desc).unwrap();
+        let r = if send {
+            self.vi().post_send(mem, d)
+        } else {
+            self.vi().post_recv(mem, d)
+        };
+        match r {
+            Ok(()) => "OK".into(),
+            Err(e) => format!("POSTERR {e:?}"),
+        }
+    }
+
+    fn completion(&self, tag: &str, r: via::Result<via::Completion>) -> String {
+        match r {
+            Ok(c) => {
+                let m = self.region(0);
+                let off = (c.desc - m.addr(0).unwrap()) as usize;
+                format!(
+                    "{tag} {:#x} {} {:#x}",
+                    c.status,
+                    m.word(off + 24),
+                    m.word(off + 20)
+                )
+            }
+            Err(e) => format!("WAITERR {e:?}"),
+        }
+    }
+
+    fn run(mut self) {
+        while let Some(line) = read_cmd() {
+            let a: Vec<&str> = line.split_whitespace().collect();
+            if a.is_empty() {
+                continue;
+            }
+            if a[0] == "exit" {
+                if let Some(n) = &self.nic {
+                    let _ = n.close();
+                }
+                return;
+            }
+            let out = self.exec(&a);
+            tell(&out);
+        }
+    }
+
+    fn exec(&mut self, a: &[&str]) -> String {
+        match a[0] {
+            "open" => {
+                let nic = Nic::open(None).expect("open NIC");
+                let errors = ErrorLog::install(&nic);
+                let ptag = nic.create_ptag().unwrap();
+                let (w, r) = (flag(a[3]), flag(a[4]));
+                let mem = Region::new(&nic, num(a[2]) as usize, ptag, w, r).unwrap();
+                let mut at = ViAttributes::new(rel(a[1]), ptag);
+                at.enable_rdma_write = w;
+                at.enable_rdma_read = r;
+                if let Some(m) = a.get(5) {
+                    at.max_transfer_size = num(m) as u32;
+                }
+                let vi = nic.create_vi(&at, None, None).unwrap();
+                let out = format!(
+                    "MEM {:#x} {} {}",
+                    mem.addr(0).unwrap(),
+                    mem.handle(),
+                    mem.len()
+                );
+                self.nic = Some(nic);
+                self.ptag = Some(ptag);
+                self.regions = vec![Some(mem)];
+                self.vi = Some(vi);
+                self.errors = Some(errors);
+                out
+            }
+            "listen" => {
+                let local = self.nic().address(a[1].as_bytes());
+                tell("LISTENING");
+                let req = match self.nic().connect_wait(&local, WAIT) {
+                    Ok(r) => r,
+                    Err(e) => return format!("ACCEPT {e:?}"),
+                };
+                if a[2] == "reject" {
+                    match req.reject() {
+                        Ok(()) => "REJECT ok".into(),
+                        Err(e) => format!("REJECT {e:?}"),
+                    }
+                } else {
+                    match req.accept(self.vi()) {
+                        Ok(()) => "ACCEPT ok".into(),
+                        Err(e) => format!("ACCEPT {e:?}"),
+                    }
+                }
+            }
+            "connect" => {
+                let local = self.nic().address(b"peer");
+                let remote = self.nic().address(a[1].as_bytes());
+                match self.vi().connect(&local, &remote, WAIT) {
+                    Ok(_) => "CONNECT ok".into(),
+                    Err(e) => format!("CONNECT {e:?}"),
+                }
+            }
+            "peer" => {
+                let local = self.nic().address(a[1].as_bytes());
+                let remote = self.nic().address(a[2].as_bytes());
+                let r = self
+                    .vi()
+                    .connect_peer(&local, &remote, WAIT)
+                    .and_then(|()| self.vi().connect_peer_wait());
+                match r {
+                    Ok(_) => "PEER ok".into(),
+                    Err(e) => format!("PEER {e:?}"),
+                }
+            }
+            "recv" => {
+                let b = self.segs(DescBuilder::recv(), &a[2..]);
+                self.post(num(a[1]) as usize, b, false)
+            }
+            "send" => {
+                let (imm, rest) = Self::imm(&a[2..]);
+                let mut b = DescBuilder::send();
+                if let Some(v) = imm {
+                    b = b.immediate(v);
+                }
+                let b = self.segs(b, rest);
+                self.post(num(a[1]) as usize, b, true)
+            }
+            "write" => {
+                let (imm, rest) = Self::imm(&a[4..]);
+                let mut b = DescBuilder::rdma_write(num(a[2]), num(a[3]) as u32);
+                if let Some(v) = imm {
+                    b = b.immediate(v);
+                }
+                let b = self.segs(b, rest);
+                self.post(num(a[1]) as usize, b, true)
+            }
+            "wait_recv" => self.completion("RECV", self.vi().recv_wait(WAIT)),
+            "wait_send" => self.completion("SEND", self.vi().send_wait(WAIT)),
+            "recv_done" => self.completion("RECV", self.vi().recv_done()),
+            "fill" => {
+                let p = pattern(num(a[3]) as usize, num(a[4]) as u32);
+                self.region(num(a[1]) as usize)
+                    .write(num(a[2]) as usize, &p)
+                    .unwrap();
+                "OK".into()
+            }
+            "check" => {
+                let p = pattern(num(a[3]) as usize, num(a[4]) as u32);
+                let mut got = vec![0u8; p.len()];
+                self.region(num(a[1]) as usize)
+                    .read(num(a[2]) as usize, &mut got)
+                    .unwrap();
+                match got.iter().zip(&p).position(|(x, y)| x != y) {
+                    None => "SAME".into(),
+                    Some(i) => format!("DIFF {i}"),
+                }
+            }
+            "spin_status" => {
+                // Only memory loads while spinning: no library call runs here.
+                let desc = num(a[1]) as usize;
+                let m = self.region(0);
+                tell("SPINNING");
+                let deadline = Instant::now() + WAIT.unwrap();
+                loop {
+                    let st = m.status(desc);
+                    if st & status::DONE != 0 {
+                        return format!(
+                            "STATUS {st:#x} {} {:#x}",
+                            m.word(desc + 24),
+                            m.word(desc + 20)
+                        );
+                    }
+                    if Instant::now() > deadline {
+                        return "SPINTIMEOUT".into();
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            "spin_mem" => {
+                let m = self.region(num(a[1]) as usize);
+                let (off, p) = (
+                    num(a[2]) as usize,
+                    pattern(num(a[3]) as usize, num(a[4]) as u32),
+                );
+                let mut got = vec![0u8; p.len()];
+                tell("SPINNING");
+                let deadline = Instant::now() + WAIT.unwrap();
+                loop {
+                    m.read(off, &mut got).unwrap();
+                    if got == p {
+                        return "SEEN".into();
+                    }
+                    if Instant::now() > deadline {
+                        return "SPINTIMEOUT".into();
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            "wait_error" => {
+                let log = self.errors.as_ref().unwrap();
+                let code = code(a[1]);
+                match log.take(code, WAIT.unwrap()) {
+                    Some((e, _, _)) => format!(
+                        "ERROR {:?} {:?} {}",
+                        e.code,
+                        e.resource,
+                        e.vi.map_or(-1, |v| v.0 as i64)
+                    ),
+                    None => "NOERROR".into(),
+                }
+            }
+            "errors" => {
+                let all = self.errors.as_ref().unwrap().all();
+                let v: Vec<String> = all.iter().map(|e| format!("{:?}", e.code)).collect();
+                if v.is_empty() {
+                    "ERRORS none".into()
+                } else {
+                    format!("ERRORS {}", v.join(","))
+                }
+            }
+            "clear_errors" => {
+                self.errors.as_ref().unwrap().clear();
+                "OK".into()
+            }
+            "set_vi" => {
+                let mut at = self.vi().attributes();
+                at.enable_rdma_write = flag(a[1]);
+                at.enable_rdma_read = flag(a[2]);
+                match self.vi().set_attributes(&at) {
+                    Ok(()) => "OK".into(),
+                    Err(e) => format!("{e:?}"),
+                }
+            }
+            "peek" => {
+                let mut b = vec![0u8; num(a[3]) as usize];
+                self.region(num(a[1]) as usize)
+                    .read(num(a[2]) as usize, &mut b)
+                    .unwrap();
+                format!("DATA {}", hex(&b))
+            }
+            "poke" => {
+                self.region(num(a[1]) as usize)
+                    .write(num(a[2]) as usize, &unhex(a[3]))
+                    .unwrap();
+                "OK".into()
+            }
+            "state" => format!("STATE {:?}", self.vi().state()),
+            "slot" => format!("SLOT {}", self.vi().slot()),
+            "region" => {
+                let ptag = if a[2] == "new" {
+                    self.nic().create_ptag().unwrap()
+                } else {
+                    self.ptag.unwrap()
+                };
+                let m = Region::new(self.nic(), num(a[1]) as usize, ptag, flag(a[3]), flag(a[4]))
+                    .unwrap();
+                self.add_region(m)
+            }
+            "foreign" => {
+                let nic2 = Nic::open(None).expect("second NIC");
+                let p2 = nic2.create_ptag().unwrap();
+                let m = Region::new(&nic2, num(a[1]) as usize, p2, true, true).unwrap();
+                self.nic2 = Some(nic2);
+                self.add_region(m)
+            }
+            "set_mem" => {
+                self.region(num(a[1]) as usize)
+                    .set_attributes(self.ptag.unwrap(), flag(a[2]), flag(a[3]))
+                    .unwrap();
+                "OK".into()
+            }
+            "dereg" => {
+                let m = self.regions[num(a[1]) as usize].take().unwrap();
+                m.deregister().unwrap();
+                "OK".into()
+            }
+            "disconnect" => match self.vi().disconnect() {
+                Ok(()) => "OK".into(),
+                Err(e) => format!("{e:?}"),
+            },
+            "stream" => {
+                // RDMA writes into the test's memory until killed: each
+                // round writes a chunk, then the round number at offset 0.
+                let (raddr, rh, n) = (num(a[1]), num(a[2]) as u32, num(a[3]) as usize);
+                let m = self.region(0);
+                tell("STREAMING");
+                for round in 1u64.. {
+                    m.write(8192, &pattern(n, round as u32)).unwrap();
+                    m.write(4096, &round.to_ne_bytes()).unwrap();
+                    let d = DescBuilder::rdma_write(raddr + 4096, rh)
+                        .segment(m, 8192, n as u32)
+                        .write(m, 0)
+                        .unwrap();
+                    let c = DescBuilder::rdma_write(raddr, rh)
+                        .segment(m, 4096, 8)
+                        .write(m, 64)
+                        .unwrap();
+                    if self.vi().post_send(m, d).is_err() || self.vi().post_send(m, c).is_err() {
+                        break;
+                    }
+                    let ok = (0..2).all(|_| {
+                        self.vi()
+                            .send_wait(WAIT)
+                            .is_ok_and(|c| c.status & status::ERROR_MASK == 0)
+                    });
+                    if !ok {
+                        break;
+                    }
+                }
+                "STREAMEND".into()
+            }
+            "stream_send" => {
+                // Sends forever: message r is [r: u64] then pattern(n - 8, r).
+                let n = num(a[1]) as usize;
+                let m = self.region(0);
+                tell("STREAMING");
+                for round in 1u64.. {
+                    m.write(8192, &round.to_ne_bytes()).unwrap();
+                    m.write(8200, &pattern(n - 8, round as u32)).unwrap();
+                    let d = DescBuilder::send()
+                        .segment(m, 8192, n as u32)
+                        .write(m, 0)
+                        .unwrap();
+                    if self.vi().post_send(m, d).is_err()
+                        || !self
+                            .vi()
+                            .send_wait(WAIT)
+                            .is_ok_and(|c| c.status & status::ERROR_MASK == 0)
+                    {
+                        break;
+                    }
+                }
+                "STREAMEND".into()
+            }
+            other => panic!("unknown command {other}"),
+        }
+    }
+
+    fn add_region(&mut self, m: Region) -> String {
+        let out = format!(
+            "REGION {} {:#x} {} {}",
+            self.regions.len(),
+            m.addr(0).unwrap(),
+            m.handle(),
+            m.len()
+        );
+        self.regions.push(Some(m));
+        out
+    }
+}
+
+fn code(s: &str) -> via::ErrorCode {
+    use via::ErrorCode::*;
+    match s {
+        "PostDesc" => PostDesc,
+        "ConnLost" => ConnLost,
+        "RecvqEmpty" => RecvqEmpty,
+        "RdmawProt" => RdmawProt,
+        "RdmarProt" => RdmarProt,
+        "CompProt" => CompProt,
+        "Catastrophic" => Catastrophic,
+        _ => panic!("error code {s}"),
+    }
+}
+
+/// `fan`: `vis` VIs, each connected to the test's server on `disc`. Send
+/// completions go to one CQ, receive completions to another; both are
+/// drained through the CQ only.
+fn fan(disc: &str, r: Reliability, vis: usize, msgs: usize) {
+    const MSG: usize = 64;
+    tell(&format!("MODE {}", via::config::Config::get().cq.as_str()));
+    let nic = Nic::open(None).expect("open NIC");
+    let ptag = nic.create_ptag().unwrap();
+    let sends = vis * msgs;
+    let mem = Region::new(&nic, 2 * (sends + vis) * MSG + 4096, ptag, false, false).unwrap();
+    let scq: Cq = nic.create_cq(sends as u32).unwrap();
+    let rcq: Cq = nic.create_cq(vis as u32).unwrap();
+    let at = ViAttributes::new(r, ptag);
+    let v: Vec<Vi> = (0..vis)
+        .map(|_| nic.create_vi(&at, Some(&scq), Some(&rcq)).unwrap())
+        .collect();
+    let by_slot: HashMap<u32, usize> = v.iter().enumerate().map(|(i, x)| (x.slot(), i)).collect();
+    // Layout: send descriptors, then receive descriptors, then buffers.
+    let (sdesc, rdesc) = (0, sends * 64);
+    let bufs = (sends + vis) * 64;
+    let rbuf = |i: usize| bufs + (sends + i) * MSG;
+    for (i, x) in v.iter().enumerate() {
+        let d = DescBuilder::recv()
+            .segment(&mem, rbuf(i), MSG as u32)
+            .write(&mem, rdesc + i * 64)
+            .unwrap();
+        x.post_recv(&mem, d).unwrap();
+        let local = nic.address(format!("fan-{i}").as_bytes());
+        x.connect(&local, &nic.address(disc.as_bytes()), WAIT)
+            .expect("connect");
+    }
+    tell("CONNECTED");
+    assert_eq!(read_cmd().as_deref(), Some("GO"));
+    // Round robin: message j of every VI before message j + 1 of any.
+    for j in 0..msgs {
+        for (i, x) in v.iter().enumerate() {
+            let k = j * vis + i;
+            let mut p = pattern(MSG, k as u32);
+            p[0..4].copy_from_slice(&(i as u32).to_le_bytes());
+            p[4..8].copy_from_slice(&(j as u32).to_le_bytes());
+            mem.write(bufs + k * MSG, &p).unwrap();
+            let d = DescBuilder::send()
+                .segment(&mem, bufs + k * MSG, MSG as u32)
+                .write(&mem, sdesc + k * 64)
+                .unwrap();
+            x.post_send(&mem, d).unwrap();
+        }
+    }
+    let mut next = vec![0usize; vis];
+    for _ in 0..sends {
+        let (slot, is_recv) = scq.wait(WAIT).expect("send CQ");
+        assert!(!is_recv);
+        let i = by_slot[&slot];
+        let c = v[i].send_done().expect("send done after CQ");
+        assert_eq!(c.status, status::DONE, "send status");
+        let k = ((c.desc - mem.addr(sdesc).unwrap()) / 64) as usize;
+        assert_eq!(k, next[i] * vis + i, "send FIFO of VI {i}");
+        next[i] += 1;
+    }
+    assert_eq!(scq.done(), Err(via::Error::NotDone));
+    tell("SENT");
+    let mut got = vec![false; vis];
+    for _ in 0..vis {
+        let (slot, is_recv) = rcq.wait(WAIT).expect("recv CQ");
+        assert!(is_recv);
+        let i = by_slot[&slot];
+        let c = v[i].recv_done().expect("recv done after CQ");
+        assert_eq!(c.status, status::DONE | status::OP_RECEIVE);
+        let mut b = vec![0u8; MSG];
+        mem.read(rbuf(i), &mut b).unwrap();
+        assert_eq!(b, pattern(MSG, 1000 + i as u32), "reply data on VI {i}");
+        assert!(!std::mem::replace(&mut got[i], true));
+    }
+    assert_eq!(rcq.done(), Err(via::Error::NotDone));
+    tell("GOT");
+    // Wait for the test to finish before the VIs go away.
+    let _ = read_cmd();
+    let _ = nic.close();
+}
+
+/// `sink`: accepts `vis` connections and checks what the test's threads
+/// send: each message is `[thread: u32][seq: u32]` then a pattern.
+fn sink(disc: &str, r: Reliability, vis: usize, per_vi: usize, size: usize) {
+    let nic = Nic::open(None).expect("open NIC");
+    let ptag = nic.create_ptag().unwrap();
+    let slots = vis * per_vi;
+    let mem = Region::new(&nic, slots * (64 + size) + 4096, ptag, false, false).unwrap();
+    let at = ViAttributes::new(r, ptag);
+    let v: Vec<Vi> = (0..vis)
+        .map(|_| nic.create_vi(&at, None, None).unwrap())
+        .collect();
+    let buf = |k: usize| slots * 64 + k * size;
+    for (i, x) in v.iter().enumerate() {
+        for j in 0..per_vi {
+            let k = i * per_vi + j;
+            let d = DescBuilder::recv()
+                .segment(&mem, buf(k), size as u32)
+                .write(&mem, k * 64)
+                .unwrap();
+            x.post_recv(&mem, d).unwrap();
+        }
+    }
+    let local = nic.address(disc.as_bytes());
+    tell("LISTENING");
+    for x in &v {
+        nic.connect_wait(&local, WAIT)
+            .expect("connect wait")
+            .accept(x)
+            .expect("accept");
+    }
+    let mut seen: HashMap<(u32, u32), usize> = HashMap::new();
+    for (i, x) in v.iter().enumerate() {
+        let mut last: HashMap<u32, u32> = HashMap::new();
+        for j in 0..per_vi {
+            let c = x.recv_wait(WAIT).expect("recv");
+            assert_eq!(
+                c.status,
+                status::DONE | status::OP_RECEIVE,
+                "VI {i} message {j}"
+            );
+            let k = i * per_vi + j;
+            assert_eq!(c.desc, mem.addr(k * 64).unwrap(), "receive FIFO");
+            assert_eq!(mem.word(k * 64 + 24) as usize, size);
+            let mut b = vec![0u8; size];
+            mem.read(buf(k), &mut b).unwrap();
+            let t = u32::from_le_bytes(b[0..4].try_into().unwrap());
+            let s = u32::from_le_bytes(b[4..8].try_into().unwrap());
+            assert_eq!(
+                b[8..],
+                pattern(size - 8, t * 100_000 + s)[..],
+                "data of thread {t} seq {s}"
+            );
+            if let Some(p) = last.insert(t, s) {
+                assert!(s > p, "VI {i}: thread {t} sent {p} then {s} (order lost)");
+            }
+            *seen.entry((t, s)).or_default() += 1;
+        }
+        assert_eq!(
+            x.recv_done(),
+            Err(via::Error::NotDone),
+            "extra message on VI {i}"
+        );
+        tell(&format!("VI {i} {}", last.len()));
+    }
+    assert_eq!(seen.len(), slots, "distinct messages");
+    assert!(seen.values().all(|&n| n == 1), "a message arrived twice");
+    tell("DONE");
+    let _ = read_cmd();
+    let _ = nic.close();
+}
+
+/// `autostart`: run with a fresh `VIA_INSTANCE`.
+fn autostart() {
+    let name = via::agent::socket_name();
+    let before = via::sys::seqpacket_connect(&name);
+    tell(&format!(
+        "BEFORE {}",
+        if before.is_ok() { "listening" } else { "none" }
+    ));
+    let nic = Nic::open(None).expect("open NIC (starts viad)");
+    let s = via::sys::seqpacket_connect(&name).expect("viad listens after open");
+    let cred = via::sys::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&s)).unwrap();
+    drop(s);
+    tell(&format!("VIAD {}", cred.pid));
+    // A quick self-connection proves the new daemon brokers.
+    let ptag = nic.create_ptag().unwrap();
+    let at = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    let (a, b) = (
+        nic.create_vi(&at, None, None).unwrap(),
+        nic.create_vi(&at, None, None).unwrap(),
+    );
+    let d = format!("auto-{}", std::process::id());
+    let addr = nic.address(d.as_bytes());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        let (nic, addr) = (&nic, &addr);
+        sc.spawn(move || {
+            let r = nic.connect_wait(addr, WAIT).and_then(|req| req.accept(&b));
+            tx.send(r).unwrap();
+        });
+        a.connect(&nic.address(b"c"), addr, WAIT)
+            .expect("connect through the new viad");
+    });
+    rx.recv().unwrap().expect("accept through the new viad");
+    assert_eq!(a.state(), ViState::Connected);
+    let _ = nic.close();
+    tell("CLOSED");
 }

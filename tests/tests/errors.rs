@@ -1,0 +1,517 @@
+//! Error paths of send/receive: descriptors refused by the post call,
+//! local protection and length errors completed in the status, a message
+//! that finds no receive (Unreliable drop, reliable RECVQ_EMPTY break), a
+//! message longer than the receive, and the states `post_*` accept.
+
+use std::time::Duration;
+
+use via::descriptor::status::*;
+use via::{DescBuilder, Error, ErrorCode, Nic, Region, Reliability, ViAttributes, ViState};
+use via_tests::*;
+
+const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
+const T: Duration = Duration::from_secs(20);
+
+fn rel_name(r: Reliability) -> &'static str {
+    match r {
+        Reliability::Unreliable => "u",
+        Reliability::ReliableDelivery => "rd",
+        Reliability::ReliableReception => "rr",
+    }
+}
+
+/// The test process (MaxTransferSize 64 KiB) and a connected peer.
+fn pair(rel: Reliability, tag: &str) -> (Setup, Peer) {
+    let s = Setup::with(open_nic(), rel, 1 << 18, false, false, 65536);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect(&format!("open {} 262144 0 0", rel_name(rel)), "MEM");
+    s.connect_to(&mut p, &disc_str(tag));
+    (s, p)
+}
+
+/// `(status, length, immediate)` of a peer's completion answer.
+fn comp(s: &str) -> (u32, u32, u32) {
+    let v = nums(s);
+    (v[0] as u32, v[1] as u32, v[2] as u32)
+}
+
+#[test]
+fn bad_local_segments_complete_with_protection_error() {
+    let (s, mut p) = pair(Reliability::Unreliable, "locprot");
+    // A region of another tag, one of another NIC, and a dead one.
+    let other_tag = s.nic.create_ptag().unwrap();
+    let wrong_tag = Region::new(&s.nic, 4096, other_tag, false, false).unwrap();
+    let nic2 = open_nic();
+    let p2 = nic2.create_ptag().unwrap();
+    let foreign = Region::new(&nic2, 4096, p2, false, false).unwrap();
+    let dead = Region::new(&s.nic, 4096, s.ptag, false, false).unwrap();
+    let (dead_addr, dead_h) = (dead.addr(0).unwrap(), dead.handle());
+    dead.deregister().unwrap();
+    let base = s.addr(0);
+    let cases: Vec<(&str, DescBuilder)> = vec![
+        (
+            "bogus handle",
+            DescBuilder::send().raw_segment(base + 4096, 0xdead_beef, 10),
+        ),
+        (
+            "beyond the region",
+            DescBuilder::send().raw_segment(base + (1 << 18) - 5, s.mem.handle(), 10),
+        ),
+        (
+            "before the region",
+            DescBuilder::send().raw_segment(base - 4, s.mem.handle(), 10),
+        ),
+        (
+            "another tag",
+            DescBuilder::send().segment(&wrong_tag, 0, 10),
+        ),
+        ("another NIC", DescBuilder::send().segment(&foreign, 0, 10)),
+        (
+            "deregistered",
+            DescBuilder::send().raw_segment(dead_addr, dead_h, 10),
+        ),
+        (
+            "good then bad",
+            DescBuilder::send()
+                .segment(&s.mem, 4096, 5)
+                .raw_segment(base + 4096, 0xdead_beef, 5),
+        ),
+    ];
+    assert_eq!(p.cmd("recv 0 4096:100"), "OK");
+    for (name, b) in cases {
+        let d = b.write(&s.mem, 0).unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        let c = s.vi.send_wait(WAIT).unwrap();
+        assert_eq!(
+            c.status,
+            DONE | OP_SEND | PROTECTION_ERROR,
+            "{name}: status {:#x}",
+            c.status
+        );
+        assert_eq!(s.vi.state(), ViState::Connected, "{name}");
+        assert_eq!(
+            p.cmd("recv_done"),
+            "WAITERR NotDone",
+            "{name}: the peer got something"
+        );
+    }
+    // The connection still carries data, into the receive posted first.
+    s.fill(4096, 50, 3);
+    post_send(&s, 0, 4096, 50);
+    assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
+    assert_eq!(
+        comp(&p.cmd_expect("wait_recv", "RECV")),
+        (DONE | OP_RECEIVE, 50, 0)
+    );
+    assert_eq!(p.cmd("check 0 4096 50 3"), "SAME");
+    let _ = nic2.close();
+    p.exit();
+}
+
+#[test]
+fn length_errors_local() {
+    let (s, mut p) = pair(Reliability::Unreliable, "loclen");
+    assert_eq!(p.cmd("recv 0 4096:100000"), "OK");
+    // CS.Length different from the sum of the segments (both ways).
+    for len in [9u32, 11, 0] {
+        let d = DescBuilder::send()
+            .segment(&s.mem, 4096, 10)
+            .length(len)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        assert_eq!(
+            s.vi.send_wait(WAIT).unwrap().status,
+            DONE | OP_SEND | LENGTH_ERROR,
+            "length {len}"
+        );
+    }
+    // Above MaxTransferSize (64 KiB on this VI), consistent length.
+    let d = DescBuilder::send()
+        .segment(&s.mem, 4096, 65537)
+        .write(&s.mem, 0)
+        .unwrap();
+    s.vi.post_send(&s.mem, d).unwrap();
+    assert_eq!(
+        s.vi.send_wait(WAIT).unwrap().status,
+        DONE | OP_SEND | LENGTH_ERROR
+    );
+    assert_eq!(p.cmd("recv_done"), "WAITERR NotDone");
+    // Exactly MaxTransferSize passes.
+    s.fill(4096, 65536, 4);
+    post_send(&s, 0, 4096, 65536);
+    assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
+    assert_eq!(
+        comp(&p.cmd_expect("wait_recv", "RECV")),
+        (DONE | OP_RECEIVE, 65536, 0)
+    );
+    assert_eq!(p.cmd("check 0 4096 65536 4"), "SAME");
+    assert_eq!(s.vi.state(), ViState::Connected);
+    p.exit();
+}
+
+#[test]
+fn local_descriptor_error_breaks_reliable_connections() {
+    for (rel, bad_len) in [
+        (Reliability::ReliableDelivery, false),
+        (Reliability::ReliableReception, true),
+    ] {
+        let (s, mut p) = pair(rel, "locbrk");
+        let errs = ErrorLog::install(&s.nic);
+        assert_eq!(p.cmd("recv 0 4096:100"), "OK");
+        post_recv(&s, 128, 8192, 100);
+        let b = if bad_len {
+            DescBuilder::send().segment(&s.mem, 4096, 10).length(20)
+        } else {
+            DescBuilder::send().raw_segment(s.addr(4096), 0xdead_beef, 10)
+        };
+        s.vi.post_send(&s.mem, b.write(&s.mem, 0).unwrap()).unwrap();
+        let want = if bad_len {
+            LENGTH_ERROR
+        } else {
+            PROTECTION_ERROR
+        };
+        assert_eq!(
+            s.vi.send_wait(WAIT).unwrap().status,
+            DONE | OP_SEND | want,
+            "{rel:?}"
+        );
+        let e = errs.expect(ErrorCode::PostDesc, T);
+        assert_eq!(e.vi, Some((s.vi.slot(), e.vi.unwrap().1)));
+        assert_eq!(s.vi.state(), ViState::Error);
+        assert_eq!(
+            s.vi.recv_wait(WAIT).unwrap().status,
+            DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+        );
+        assert_eq!(
+            p.cmd("wait_error ConnLost").split(' ').nth(1),
+            Some("ConnLost")
+        );
+        assert_eq!(p.cmd_expect("state", "STATE"), "Error");
+        assert_eq!(
+            comp(&p.cmd_expect("wait_recv", "RECV")).0,
+            DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+        );
+        p.exit();
+    }
+}
+
+#[test]
+fn bad_receive_segments_complete_at_once_and_are_skipped() {
+    let (s, mut p) = pair(Reliability::ReliableDelivery, "badrecv");
+    let d = DescBuilder::recv()
+        .raw_segment(s.addr(4096), 0xdead_beef, 100)
+        .write(&s.mem, 0)
+        .unwrap();
+    s.vi.post_recv(&s.mem, d).unwrap();
+    let c = s.vi.recv_done().expect("completed at post time");
+    assert_eq!(c.status, DONE | OP_RECEIVE | PROTECTION_ERROR);
+    // The next good receive takes the next message; the connection is fine.
+    post_recv(&s, 64, 8192, 100);
+    assert_eq!(p.cmd("fill 0 4096 100 6"), "OK");
+    assert_eq!(p.cmd("send 0 4096:100"), "OK");
+    assert_eq!(comp(&p.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    let c = s.vi.recv_wait(WAIT).unwrap();
+    assert_eq!((c.desc, c.status), (s.addr(64), DONE | OP_RECEIVE));
+    assert_eq!(s.bytes(8192, 100), pattern(100, 6));
+    assert_eq!(s.vi.state(), ViState::Connected);
+    p.exit();
+}
+
+#[test]
+fn malformed_descriptors_are_refused_by_post() {
+    let (s, mut p) = pair(Reliability::ReliableDelivery, "descerr");
+    let nic2 = open_nic();
+    let p2 = nic2.create_ptag().unwrap();
+    let foreign = Region::new(&nic2, 8192, p2, false, false).unwrap();
+    let len = s.mem.len();
+    // A control segment written by hand at `off` (SegCount, Control).
+    let raw = |off: usize, segs: u16, ctl: u16| {
+        let mut b = [0u8; 32];
+        b[12..14].copy_from_slice(&segs.to_ne_bytes());
+        b[14..16].copy_from_slice(&ctl.to_ne_bytes());
+        s.mem.write(off, &b).unwrap();
+        off
+    };
+    let one = |ctl: u16| {
+        DescBuilder::send()
+            .control(ctl)
+            .segment(&s.mem, 4096, 8)
+            .write(&s.mem, 0)
+            .unwrap()
+    };
+    let cases: Vec<(&str, usize, Error)> = vec![
+        ("misaligned", raw(64 + 32, 0, 0), Error::DescriptorError),
+        (
+            "misaligned by 8",
+            raw(128 + 8, 0, 0),
+            Error::DescriptorError,
+        ),
+        ("17 segments", raw(192, 17, 0), Error::DescriptorError),
+        (
+            "segments past the region",
+            raw(len - 64, 3, 0),
+            Error::DescriptorError,
+        ),
+        (
+            "reserved control bit 0x10",
+            one(0x10),
+            Error::DescriptorError,
+        ),
+        (
+            "reserved control bit 0x8000",
+            one(0x8000),
+            Error::DescriptorError,
+        ),
+        ("reserved operation 3", one(3), Error::DescriptorError),
+    ];
+    for (name, off, err) in &cases {
+        assert_eq!(s.vi.post_send(&s.mem, *off), Err(*err), "send: {name}");
+        assert_eq!(s.vi.post_recv(&s.mem, *off), Err(*err), "recv: {name}");
+    }
+    // The descriptor in another NIC's region: its handle means nothing here.
+    let d = DescBuilder::send().write(&foreign, 0).unwrap();
+    assert_eq!(s.vi.post_send(&foreign, d), Err(Error::InvalidParameter));
+    assert_eq!(s.vi.post_recv(&foreign, d), Err(Error::InvalidParameter));
+    // The descriptor in a region of another tag.
+    let t2 = s.nic.create_ptag().unwrap();
+    let other = Region::new(&s.nic, 8192, t2, false, false).unwrap();
+    let d = DescBuilder::send().write(&other, 0).unwrap();
+    assert_eq!(
+        s.vi.post_send(&other, d),
+        Err(Error::DescriptorError),
+        "descriptor of another tag"
+    );
+    // RDMA without its address segment.
+    let mut b = [0u8; 32];
+    b[14..16].copy_from_slice(&1u16.to_ne_bytes());
+    s.mem.write(256, &b).unwrap();
+    assert_eq!(
+        s.vi.post_send(&s.mem, 256),
+        Err(Error::DescriptorError),
+        "RDMA write with no segment"
+    );
+
+    // Nothing was queued: the queues are empty, the connection is intact and
+    // the next good descriptor is the first to complete.
+    assert_eq!(s.vi.queues_empty(), (true, true));
+    assert_eq!(s.vi.send_done(), Err(Error::NotDone));
+    assert_eq!(s.vi.state(), ViState::Connected);
+    assert_eq!(p.cmd("recv 0 4096:100"), "OK");
+    s.fill(4096, 8, 7);
+    post_send(&s, 320, 4096, 8);
+    let c = s.vi.send_wait(WAIT).unwrap();
+    assert_eq!((c.desc, c.status), (s.addr(320), DONE | OP_SEND));
+    assert_eq!(
+        comp(&p.cmd_expect("wait_recv", "RECV")),
+        (DONE | OP_RECEIVE, 8, 0)
+    );
+    let _ = nic2.close();
+    p.exit();
+}
+
+#[test]
+fn unreliable_message_without_receive_is_dropped() {
+    let (s, mut p) = pair(Reliability::Unreliable, "udrop");
+    let errs = ErrorLog::install(&s.nic);
+    assert_eq!(p.cmd("fill 0 4096 100 1"), "OK");
+    assert_eq!(p.cmd("send 0 4096:100"), "OK");
+    assert_eq!(
+        comp(&p.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_SEND,
+        "sender sees success"
+    );
+    // Now a receive: the next message arrives, the dropped one never does.
+    post_recv(&s, 0, 8192, 100);
+    assert_eq!(s.vi.recv_done(), Err(Error::NotDone));
+    assert_eq!(p.cmd("fill 0 4096 100 2"), "OK");
+    assert_eq!(p.cmd("send 0 4096:100"), "OK");
+    assert_eq!(comp(&p.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    assert_eq!(s.vi.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+    assert_eq!(s.bytes(8192, 100), pattern(100, 2));
+    assert_eq!(s.vi.state(), ViState::Connected);
+    assert_eq!(p.cmd_expect("state", "STATE"), "Connected");
+    assert_eq!(p.cmd("errors"), "ERRORS none");
+    assert!(errs.all().is_empty(), "errors reported: {:?}", errs.all());
+    p.exit();
+}
+
+#[test]
+fn reliable_message_without_receive_breaks_the_connection() {
+    for rel in [
+        Reliability::ReliableDelivery,
+        Reliability::ReliableReception,
+    ] {
+        let (s, mut p) = pair(rel, "rqempty");
+        let errs = ErrorLog::install(&s.nic);
+        // The peer (sender) has a receive outstanding, which gets flushed.
+        assert_eq!(p.cmd("recv 64 8192:100"), "OK");
+        assert_eq!(p.cmd("send 0 4096:100"), "OK");
+        let want = if rel == Reliability::ReliableReception {
+            REMOTE_DESC_ERROR
+        } else {
+            0
+        };
+        assert_eq!(
+            comp(&p.cmd_expect("wait_send", "SEND")).0,
+            DONE | OP_SEND | want,
+            "{rel:?}"
+        );
+        let e = errs.expect(ErrorCode::RecvqEmpty, T);
+        assert_eq!(e.vi.map(|v| v.0), Some(s.vi.slot()));
+        assert_eq!(s.vi.state(), ViState::Error);
+        assert!(
+            p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"),
+            "{rel:?}"
+        );
+        assert_eq!(p.cmd_expect("state", "STATE"), "Error");
+        assert_eq!(
+            comp(&p.cmd_expect("wait_recv", "RECV")).0,
+            DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+        );
+        // In Error: a receive completes flushed at once, a send is accepted
+        // and completes flushed.
+        post_recv(&s, 0, 8192, 100);
+        assert_eq!(
+            s.vi.recv_done().unwrap().status,
+            DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+        );
+        post_send(&s, 64, 4096, 10);
+        assert_eq!(
+            s.vi.send_wait(WAIT).unwrap().status,
+            DONE | OP_SEND | DESC_FLUSHED_ERROR
+        );
+        assert_eq!(s.vi.state(), ViState::Error);
+        p.exit();
+    }
+}
+
+#[test]
+fn message_longer_than_the_receive() {
+    for rel in [
+        Reliability::Unreliable,
+        Reliability::ReliableDelivery,
+        Reliability::ReliableReception,
+    ] {
+        let (s, mut p) = pair(rel, "lenerr");
+        let errs = ErrorLog::install(&s.nic);
+        // Two segments of 60 bytes; the message is 121 bytes.
+        let d = DescBuilder::recv()
+            .segment(&s.mem, 8192, 60)
+            .segment(&s.mem, 9000, 60)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_recv(&s.mem, d).unwrap();
+        assert_eq!(p.cmd("send 0 4096:121"), "OK");
+        let sst = comp(&p.cmd_expect("wait_send", "SEND")).0;
+        let c = s.vi.recv_wait(WAIT).unwrap();
+        assert_eq!(c.status, DONE | OP_RECEIVE | LENGTH_ERROR, "{rel:?}");
+        match rel {
+            Reliability::Unreliable => {
+                assert_eq!(sst, DONE | OP_SEND);
+                assert_eq!(s.vi.state(), ViState::Connected);
+                // Still works: an exact fit passes.
+                post_recv(&s, 0, 8192, 121);
+                assert_eq!(p.cmd("fill 0 4096 121 8"), "OK");
+                assert_eq!(p.cmd("send 0 4096:121"), "OK");
+                assert_eq!(s.vi.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+                assert_eq!(s.bytes(8192, 121), pattern(121, 8));
+            }
+            _ => {
+                let want = if rel == Reliability::ReliableReception {
+                    REMOTE_DESC_ERROR
+                } else {
+                    0
+                };
+                assert_eq!(sst, DONE | OP_SEND | want, "{rel:?}: sender status");
+                // Both sides break; the receiver's callback names the cause.
+                let seen = errs
+                    .wait_for(ErrorCode::ConnLost, T)
+                    .or_else(|| errs.wait_for(ErrorCode::RecvqEmpty, T));
+                assert!(seen.is_some(), "{rel:?}: receiver not told");
+                assert_eq!(s.vi.state(), ViState::Error);
+                assert!(p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+                assert_eq!(p.cmd_expect("state", "STATE"), "Error");
+            }
+        }
+        p.exit();
+    }
+}
+
+#[test]
+fn post_send_and_recv_by_state() {
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = Region::new(&nic, 65536, ptag, false, false).unwrap();
+    let vi = nic
+        .create_vi(
+            &ViAttributes::new(Reliability::ReliableDelivery, ptag),
+            None,
+            None,
+        )
+        .unwrap();
+    let d = DescBuilder::send()
+        .segment(&mem, 4096, 8)
+        .write(&mem, 0)
+        .unwrap();
+    // Idle: sends refused, receives accepted (and not completed).
+    assert_eq!(vi.state(), ViState::Idle);
+    assert_eq!(vi.post_send(&mem, d), Err(Error::InvalidState));
+    let r = DescBuilder::recv()
+        .segment(&mem, 8192, 8)
+        .write(&mem, 64)
+        .unwrap();
+    vi.post_recv(&mem, r).unwrap();
+    assert_eq!(vi.recv_done(), Err(Error::NotDone));
+    assert_eq!(vi.queues_empty(), (true, false));
+    // ConnectPending (a peer-to-peer request nobody answers).
+    let vi2 = nic
+        .create_vi(
+            &ViAttributes::new(Reliability::ReliableDelivery, ptag),
+            None,
+            None,
+        )
+        .unwrap();
+    let here = nic.address(&disc("pend-a"));
+    vi2.connect_peer(
+        &here,
+        &nic.address(&disc("pend-b")),
+        Some(Duration::from_millis(300)),
+    )
+    .unwrap();
+    assert_eq!(vi2.state(), ViState::ConnectPending);
+    assert_eq!(vi2.post_send(&mem, d), Err(Error::InvalidState));
+    let r2 = DescBuilder::recv()
+        .segment(&mem, 8192, 8)
+        .write(&mem, 128)
+        .unwrap();
+    vi2.post_recv(&mem, r2).unwrap();
+    assert_eq!(vi2.connect_peer_wait().err(), Some(Error::Timeout));
+    assert_eq!(vi2.state(), ViState::Idle);
+    let _ = nic.close();
+}
+
+#[test]
+fn destroy_needs_idle_empty_unused_objects() {
+    let nic: Nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = Region::new(&nic, 4096, ptag, false, false).unwrap();
+    let at = ViAttributes::new(Reliability::Unreliable, ptag);
+    let r = DescBuilder::recv().write(&mem, 0).unwrap();
+    // A tag in use by a VI and a region.
+    let idle = nic.create_vi(&at, None, None).unwrap();
+    assert_eq!(nic.destroy_ptag(ptag), Err(Error::InvalidState));
+    // A VI with a queued receive (`destroy` consumes the handle either way).
+    let busy = nic.create_vi(&at, None, None).unwrap();
+    busy.post_recv(&mem, r).unwrap();
+    assert_eq!(busy.destroy(), Err(Error::InvalidState));
+    // An idle VI with empty queues goes.
+    assert_eq!(idle.destroy(), Ok(()));
+    // A CQ some VI uses stays.
+    let cq = nic.create_cq(16).unwrap();
+    let _user = nic.create_vi(&at, None, Some(&cq)).unwrap();
+    assert_eq!(cq.destroy(), Err(Error::InvalidState));
+    let unused = nic.create_cq(16).unwrap();
+    assert_eq!(unused.destroy(), Ok(()));
+    let _ = nic.close();
+}
