@@ -72,6 +72,11 @@ pub(crate) trait Device: Send + Sync {
     /// flight in this process.
     fn quiesce(&self, _nic: &NicInner) {}
 
+    /// Whether queued work waits for the engine.
+    fn has_work(&self) -> bool {
+        false
+    }
+
     /// Forgets everything cached about a peer session (it died): its
     /// mappings can then be released.
     fn peer_gone(&self, _session: u64) {}

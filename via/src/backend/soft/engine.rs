@@ -141,7 +141,8 @@ impl Regions {
 
     /// Drops every entry of a peer session.
     fn forget(&mut self, session: u64) {
-        self.entries.retain(|e| e.owner.0 != session || e.owner == LOCAL);
+        self.entries
+            .retain(|e| e.owner.0 != session || e.owner == LOCAL);
     }
 
     /// Keeps the most recently added entries (after a descriptor).
@@ -512,6 +513,9 @@ pub(crate) struct Engine {
     progress: Progress,
     central: Option<MappedDoorbell<SendPd>>,
     per_vi: RwLock<HashMap<u32, Arc<MappedDoorbell<SendPd>>>>,
+    /// Where the engine thread sleeps (thread progress); posters notify it
+    /// after pushing into any doorbell.
+    wake: Arc<doorbell::EventCount>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     name: String,
@@ -536,6 +540,7 @@ impl Engine {
             progress: config.progress,
             central,
             per_vi: RwLock::new(HashMap::new()),
+            wake: Arc::new(doorbell::EventCount::new()),
             stop: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(None),
             name,
@@ -544,6 +549,11 @@ impl Engine {
 
     pub(crate) fn central(&self) -> Option<&doorbell::Doorbell<SendPd>> {
         self.central.as_ref().map(|d| d.get())
+    }
+
+    /// Wakes the engine thread (thread progress) after a push.
+    pub(crate) fn wake_engine(&self) {
+        self.wake.notify_all();
     }
 
     pub(crate) fn threaded(&self) -> bool {
@@ -560,7 +570,7 @@ impl Engine {
         }
     }
 
-    fn has_work(&self) -> bool {
+    pub(crate) fn pending(&self) -> bool {
         if let Some(db) = self.central() {
             return !db.ring_view().is_empty();
         }
@@ -595,7 +605,7 @@ impl Engine {
             // below; pairs with the poster's fence.
             fence(Ordering::SeqCst);
             settle(nic, breaks);
-            if !self.has_work() {
+            if !self.pending() {
                 return;
             }
         }
@@ -805,23 +815,31 @@ impl Device for Engine {
         }
         let weak = Arc::downgrade(nic);
         let stop = self.stop.clone();
-        let central = self.central.as_ref().map(|c| c.get().clone());
+        let sleeper = self.wake.clone();
         let t = std::thread::Builder::new()
             .name("via-engine".into())
             .spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    let Some(nic) = weak.upgrade() else { return };
-                    nic.dev.quiesce(&nic);
-                    drop(nic);
-                    match &central {
-                        // The doorbell proper: posters ring, we sleep.
-                        Some(c) => {
-                            c.wait(None);
-                        }
-                        // Per-VI doorbells have no common event count: poll
-                        // them with a short sleep (thread mode only).
-                        None => std::thread::sleep(std::time::Duration::from_micros(50)),
+                loop {
+                    // Register as a sleeper before the last look, so that a
+                    // post landing after it wakes us (eventcount handshake).
+                    let key = sleeper.prepare_wait();
+                    // SeqCst: pairs with the store in `stop` (same handshake).
+                    if stop.load(Ordering::SeqCst) {
+                        sleeper.cancel_wait(key);
+                        return;
                     }
+                    let Some(nic) = weak.upgrade() else {
+                        sleeper.cancel_wait(key);
+                        return;
+                    };
+                    if nic.dev.has_work() {
+                        sleeper.cancel_wait(key);
+                        nic.dev.quiesce(&nic);
+                        continue;
+                    }
+                    // Sleep holding no reference to the NIC.
+                    drop(nic);
+                    sleeper.wait(key, None);
                 }
             })
             .expect("spawn engine thread");
@@ -829,10 +847,10 @@ impl Device for Engine {
     }
 
     fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(db) = self.central() {
-            db.event_count().notify_all();
-        }
+        // SeqCst: the engine thread checks `stop` after registering as a
+        // sleeper; `notify_all` below then finds it registered.
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.notify_all();
         if let Some(t) = self.thread.lock().unwrap().take() {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
@@ -899,11 +917,18 @@ impl Device for Engine {
         self.drain_now(nic);
     }
 
+    fn has_work(&self) -> bool {
+        self.pending()
+    }
+
     fn peer_gone(&self, session: u64) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.regions.forget(session);
         for l in g.links.slots.iter_mut() {
-            if l.as_ref().and_then(|(_, _, l)| l.as_ref()).is_some_and(|l| l.remote.session == session) {
+            if l.as_ref()
+                .and_then(|(_, _, l)| l.as_ref())
+                .is_some_and(|l| l.remote.session == session)
+            {
                 *l = None;
             }
         }

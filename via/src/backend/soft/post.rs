@@ -16,7 +16,7 @@ use super::engine::Engine;
 impl Engine {
     /// Hands `pd` to the engine. In thread mode this rings the doorbell
     /// (waking the engine thread if it sleeps); inline, the caller then
-    /// runs [`Engine::kick`].
+    /// kicks the engine (`Device::kick`).
     ///
     /// # Errors
     /// `Resource` if the doorbell stays full (only in thread mode, where the
@@ -31,17 +31,21 @@ impl Engine {
         for _ in 0..1_000_000 {
             // Reserve + fill + commit happen inside push (Release on the
             // slot stamp); a failed push publishes nothing.
-            let r = if self.threaded() {
-                db.ring(pd).map(|_| ())
-            } else {
-                db.push_quiet(pd).map(|_| ())
-            };
-            match r {
-                Ok(()) => return Ok(()),
+            match db.push_quiet(pd) {
+                Ok(_) => {
+                    if self.threaded() {
+                        // The doorbell proper: wake the engine thread if it sleeps.
+                        self.wake_engine();
+                    }
+                    return Ok(());
+                }
                 Err(full) => {
+                    // Full: drain it ourselves (inline), or let the engine
+                    // thread catch up (backpressure).
                     pd = full.into_inner();
-                    if !self.threaded() {
-                        // Inline: nobody else may be draining; do it ourselves.
+                    if self.threaded() {
+                        self.wake_engine();
+                    } else {
                         self.kick_inline(nic, None);
                     }
                     std::thread::yield_now();
