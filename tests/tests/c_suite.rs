@@ -469,6 +469,15 @@ const KNOWN: &[Known] = &[
               CONNECT_PENDING VI); the client's VI stays CONNECTED to a peer that is gone",
     },
     Known {
+        dir: "tests/c/known",
+        program: "viad_inherits_fds",
+        env: &[],
+        expect: "another process (viad) holds the write end",
+        bug: "the viad the library starts inherits the starting process's descriptors that are not \
+              close-on-exec (agent/spawn.rs runs viad with Command; viad --daemon keeps them), so a \
+              pipe a legacy program waits on for EOF stays open as long as viad lives",
+    },
+    Known {
         dir: "tests/c/suite",
         program: "cq",
         env: &[("VIA_CQ", "scan")],

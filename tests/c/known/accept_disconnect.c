@@ -6,7 +6,7 @@
  * client's VI stays CONNECTED to a peer that is gone. */
 #include "common.h"
 
-#define ROUNDS 10
+#define ROUNDS 30
 
 static int parent(void)
 {

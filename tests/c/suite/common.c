@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
@@ -72,7 +73,9 @@ int run_pair(const char *prog, unsigned alarm_s, int (*parent)(void), int (*chil
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGALRM, on_alarm);
-    if (pipe(p2c) != 0 || pipe(c2p) != 0) {
+    /* Close-on-exec: the viad the library may start (fork + exec) must not
+     * keep the pipes open, or a side would never see the other exit. */
+    if (pipe2(p2c, O_CLOEXEC) != 0 || pipe2(c2p, O_CLOEXEC) != 0) {
         perror("pipe");
         return 2;
     }

@@ -61,10 +61,8 @@ fn viad_available() -> bool {
 fn open() -> VIP_NIC_HANDLE {
     let mut nic = null_mut();
     // SAFETY: a NUL-terminated name and a valid out-pointer.
-    assert_eq!(
-        unsafe { VipOpenNic(c"via_lo".as_ptr(), &mut nic) },
-        VIP_SUCCESS
-    );
+    let r = unsafe { VipOpenNic(c"via_lo".as_ptr(), &mut nic) };
+    assert_eq!(r, VIP_SUCCESS);
     assert!(!nic.is_null());
     nic
 }
@@ -91,10 +89,8 @@ fn vi(nic: VIP_NIC_HANDLE, p: VIP_PROTECTION_HANDLE, cq: VIP_CQ_HANDLE) -> VIP_V
     let mut a = attrs(p);
     let mut v = null_mut();
     // SAFETY: valid pointers.
-    assert_eq!(
-        unsafe { VipCreateVi(nic, &mut a, cq, cq, &mut v) },
-        VIP_SUCCESS
-    );
+    let r = unsafe { VipCreateVi(nic, &mut a, cq, cq, &mut v) };
+    assert_eq!(r, VIP_SUCCESS);
     v
 }
 
