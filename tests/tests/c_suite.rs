@@ -16,10 +16,9 @@
 //! Other tests here: the header checks (`tools/check-header.sh` against the
 //! installed library), the install layout (symlinks, soname, `DESTDIR`),
 //! building through `pkg-config`, static linking with `libvipl.a`, and the
-//! known core bugs of `tests/c/known` (expected to fail until fixed).
+//! regression programs for bugs found on the way.
 //!
-//! Opt-outs, each explicit: `VIPL_SUITE_NO_ASAN=1` when the C compiler has
-//! no sanitizers; `CC` selects the compiler.
+//! `CC` selects the compiler.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -201,10 +200,6 @@ fn execute(exe: &Path, instance: &str, env: &[(&str, &str)]) -> (bool, String) {
 
 /// Builds and runs suite program `name`; panics with its output on failure.
 fn suite(name: &str, sanitize: bool, env: &[(&str, &str)]) {
-    if sanitize && std::env::var_os("VIPL_SUITE_NO_ASAN").is_some() {
-        println!("SKIP: {name} under ASan: VIPL_SUITE_NO_ASAN is set");
-        return;
-    }
     let _g = serial();
     let tag = if sanitize { "-asan" } else { "" };
     let exe = build("tests/c/suite", name, if sanitize { SAN } else { &[] }, tag);
@@ -264,7 +259,7 @@ fn asan_badinput() {
 }
 
 // The programs whose results depend on the CQ mechanism, with the scanning
-// CQ (CQ2). `cq` itself is in `known_core_bugs` for this mode.
+// CQ (CQ2).
 #[test]
 fn scan_cq_timeout() {
     suite("timeout", false, &[("VIA_CQ", "scan")]);
@@ -448,71 +443,23 @@ fn static_link() {
     assert!(ok && text.contains("PASS sendrecv"), "{text}");
 }
 
-/// A known core bug: a program (and environment) that fails, with output
-/// containing `expect`, until the core is fixed.
-struct Known {
-    dir: &'static str,
-    program: &'static str,
-    env: &'static [(&'static str, &'static str)],
-    expect: &'static str,
-    bug: &'static str,
+/// A disconnect that reaches a client while its VipConnectRequest is still
+/// completing must not be lost.
+#[test]
+fn accept_disconnect() {
+    suite("accept_disconnect", false, &[]);
 }
 
-const KNOWN: &[Known] = &[
-    Known {
-        dir: "tests/c/known",
-        program: "accept_disconnect",
-        env: &[],
-        expect: "our VI is still CONNECTED",
-        bug: "a disconnect that reaches a client while its VipConnectRequest is completing is lost \
-              (process.rs on_event -> NicInner::remote_disconnect -> ViCore::break_connection ignores a \
-              CONNECT_PENDING VI); the client's VI stays CONNECTED to a peer that is gone",
-    },
-    Known {
-        dir: "tests/c/known",
-        program: "viad_inherits_fds",
-        env: &[],
-        expect: "another process (viad) holds the write end",
-        bug: "the viad the library starts inherits the starting process's descriptors that are not \
-              close-on-exec (agent/spawn.rs runs viad with Command; viad --daemon keeps them), so a \
-              pipe a legacy program waits on for EOF stays open as long as viad lives",
-    },
-    Known {
-        dir: "tests/c/suite",
-        program: "cq",
-        env: &[("VIA_CQ", "scan")],
-        expect: "VipResizeCQ(cq, 3) returned VIP_SUCCESS, expected VIP_INVALID_STATE",
-        bug: "with the scanning CQ, VipResizeCQ does not refuse an EntryCount below the completions \
-              the CQ holds (CqCore::resize only stores the limit in Scan mode)",
-    },
-];
-
-/// Runs the reproducers of known core bugs: each must still fail the way
-/// it is known to. One that passes means the bug was fixed: move it into
-/// the suite. One that fails differently is a new failure.
+/// The viad that the library starts must not keep the application's
+/// descriptors open.
 #[test]
-fn known_core_bugs() {
-    let mut problems = Vec::new();
-    for k in KNOWN {
-        let _g = serial();
-        let exe = build(k.dir, k.program, &[], "-known");
-        let (ok, text) = execute(&exe, &format!("known-{}", k.program), k.env);
-        if ok {
-            problems.push(format!(
-                "{} {:?} passes now: the core bug is fixed; move it into the suite ({})",
-                k.program, k.env, k.bug
-            ));
-        } else if !text.contains(k.expect) {
-            problems.push(format!(
-                "{} {:?} failed, but not as the known bug ({}):\n{text}",
-                k.program, k.env, k.expect
-            ));
-        } else {
-            println!(
-                "KNOWN CORE BUG still present: {} {:?}: {}",
-                k.program, k.env, k.bug
-            );
-        }
-    }
-    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+fn viad_inherits_fds() {
+    suite("viad_inherits_fds", false, &[]);
+}
+
+/// `cq` with the scanning CQ (CQ2), including VipResizeCQ below the
+/// completions it holds.
+#[test]
+fn scan_cq_cq() {
+    suite("cq", false, &[("VIA_CQ", "scan")]);
 }

@@ -501,17 +501,24 @@ fn destroy_needs_idle_empty_unused_objects() {
     // A tag in use by a VI and a region.
     let idle = nic.create_vi(&at, None, None).unwrap();
     assert_eq!(nic.destroy_ptag(ptag), Err(Error::InvalidState));
-    // A VI with a queued receive (`destroy` consumes the handle either way).
+    // A VI with a queued receive stays, and is given back usable.
     let busy = nic.create_vi(&at, None, None).unwrap();
     busy.post_recv(&mem, r).unwrap();
-    assert_eq!(busy.destroy(), Err(Error::InvalidState));
+    let refused = busy.destroy().unwrap_err();
+    assert_eq!(refused.error, Error::InvalidState);
+    let busy = refused.object;
+    assert_eq!(busy.state(), ViState::Idle);
     // An idle VI with empty queues goes.
-    assert_eq!(idle.destroy(), Ok(()));
-    // A CQ some VI uses stays.
+    assert!(idle.destroy().is_ok());
+    // A CQ some VI uses stays; once the VI is gone it can go.
     let cq = nic.create_cq(16).unwrap();
-    let _user = nic.create_vi(&at, None, Some(&cq)).unwrap();
-    assert_eq!(cq.destroy(), Err(Error::InvalidState));
+    let user = nic.create_vi(&at, None, Some(&cq)).unwrap();
+    let refused = cq.destroy().unwrap_err();
+    assert_eq!(refused.error, Error::InvalidState);
+    let cq = refused.object;
+    assert!(user.destroy().is_ok());
+    assert!(cq.destroy().is_ok());
     let unused = nic.create_cq(16).unwrap();
-    assert_eq!(unused.destroy(), Ok(()));
+    assert!(unused.destroy().is_ok());
     let _ = nic.close();
 }

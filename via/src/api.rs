@@ -142,6 +142,34 @@ impl Nic {
     }
 }
 
+/// A refused destroy: the error and the object, still usable.
+pub struct Refused<T> {
+    /// Why.
+    pub error: Error,
+    /// The object, unchanged.
+    pub object: T,
+}
+
+impl<T> std::fmt::Debug for Refused<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Refused({:?})", self.error)
+    }
+}
+
+impl<T> std::fmt::Display for Refused<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "destroy refused: {}", self.error)
+    }
+}
+
+impl<T> std::error::Error for Refused<T> {}
+
+impl<T> From<Refused<T>> for Error {
+    fn from(r: Refused<T>) -> Error {
+        r.error
+    }
+}
+
 /// A pending connection request, from [`Nic::connect_wait`].
 pub struct ConnRequest {
     nic: Arc<NicInner>,
@@ -186,9 +214,26 @@ impl Cq {
         self.core.resize(&self.nic, entries)
     }
 
-    /// Destroys the CQ (refused while VIs use it).
-    pub fn destroy(self) -> Result<()> {
-        self.core.destroy(&self.nic)
+    /// Runs `f` once, on the provider thread, for the next completion: with
+    /// the slot of the VI and whether it is the receive queue (the CQ entry
+    /// is consumed; the descriptor is still to be dequeued from the VI).
+    pub fn notify(&self, f: impl FnOnce(u32, bool) + Send + 'static) {
+        self.core.notify(
+            &self.nic,
+            Box::new(move |vi: Arc<ViCore>, recv| f(vi.slot, recv)),
+        )
+    }
+
+    /// Destroys the CQ; refused (`InvalidState`, and the CQ given back) while
+    /// VIs use it.
+    pub fn destroy(self) -> std::result::Result<(), Refused<Cq>> {
+        match self.core.destroy(&self.nic) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(Refused {
+                error,
+                object: self,
+            }),
+        }
     }
 }
 
@@ -312,9 +357,16 @@ impl Vi {
         self.core.notify(&self.nic, Which::Send, Box::new(f))
     }
 
-    /// Destroys the VI (idle, empty queues).
-    pub fn destroy(self) -> Result<()> {
-        self.core.destroy(&self.nic)
+    /// Destroys the VI; refused (`InvalidState`, and the VI given back)
+    /// unless it is idle with empty queues.
+    pub fn destroy(self) -> std::result::Result<(), Refused<Vi>> {
+        match self.core.destroy(&self.nic) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(Refused {
+                error,
+                object: self,
+            }),
+        }
     }
 }
 

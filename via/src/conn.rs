@@ -133,7 +133,7 @@ pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> 
         .call(&Request::Accept { conn: inc.conn, me }, None)
     {
         Ok((Reply::Ok, _)) => {
-            vi.install(link, &inc.peer);
+            vi.install(nic, link, &inc.peer);
             Ok(())
         }
         Ok((other, _)) => {

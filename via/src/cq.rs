@@ -282,12 +282,37 @@ impl CqCore {
         }
     }
 
+    /// Completions a scanning CQ has not reported yet (what a ring would hold).
+    fn queued_scan(&self) -> usize {
+        self.members
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(w, r)| w.upgrade().map(|v| (v, *r)))
+            .map(|(v, r)| {
+                let q = if r {
+                    v.recv.lock().unwrap()
+                } else {
+                    v.send.lock().unwrap()
+                };
+                q.fifo
+                    .iter()
+                    .skip(q.reported)
+                    .take_while(|p| p.status.status() & crate::descriptor::status::DONE != 0)
+                    .count()
+            })
+            .sum()
+    }
+
     /// `VipResizeCQ`.
     pub fn resize(&self, nic: &NicInner, entries: u32) -> Result<()> {
         if entries == 0 || entries > MAX_CQ_ENTRIES {
             return Err(Error::InvalidParameter);
         }
         if self.mode == cq::Mode::Scan {
+            if self.queued_scan() > entries as usize {
+                return Err(Error::InvalidState);
+            }
             self.limit.store(entries, Ordering::Relaxed);
             return Ok(());
         }

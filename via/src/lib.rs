@@ -35,7 +35,7 @@ mod tpt;
 mod translate;
 mod vi;
 
-pub use api::{ConnRequest, Cq, DescBuilder, Nic, Region, Vi};
+pub use api::{ConnRequest, Cq, DescBuilder, Nic, Refused, Region, Vi};
 pub use attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};
 pub use error::{Error, Result};
 pub use nic::{AsyncError, ErrorCode, ResourceCode};

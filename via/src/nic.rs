@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::attrs::{MemAttributes, NicAttributes, Ptag, Reliability};
 use crate::backend::Device;
 use crate::backend::soft::engine::Engine;
+use crate::backend::soft::memory::ResolvedExtent;
 use crate::cq::CqCore;
 use crate::error::{Error, Result};
 use crate::handle::Slab;
@@ -277,7 +278,7 @@ impl NicInner {
                     seg: map.clone(),
                     tpt: TranslationTable::new(map.clone(), salt),
                     errors,
-                    ptags: Mutex::new(Slab::new(MAX_PTAGS, 1)),
+                    ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
                     regions: Mutex::new(HashMap::new()),
                     vis: RwLock::new(Slab::new(MAX_VI, 0)),
                     cqs: RwLock::new(Slab::new(MAX_CQ, 0)),
@@ -428,25 +429,37 @@ impl NicInner {
         } else {
             extents
         };
-        let resolved: Vec<_> = extents
+        // This process reaches arena extents through the arena's shadow, and
+        // the others (cross-memory-attach extents, for peers) in place.
+        let local: Vec<ResolvedExtent> = extents
             .iter()
-            .map(|e| {
-                (
-                    *e,
-                    (e.arena != crate::shm::arena::CMA)
-                        .then(|| self.process.arenas.shadow(e.arena))
-                        .flatten(),
-                )
+            .filter_map(|e| {
+                if e.arena != crate::shm::arena::CMA {
+                    return Some(ResolvedExtent {
+                        va: e.va,
+                        len: e.len,
+                        map: self.process.arenas.shadow(e.arena),
+                        map_off: e.arena_off,
+                    });
+                }
+                let (va, window) = range.borrow(e.va, e.len)?;
+                Some(ResolvedExtent {
+                    va,
+                    len: window.len() as u64,
+                    map: Some(Arc::new(window)),
+                    map_off: 0,
+                })
             })
             .collect();
-        let handle = match self.tpt.insert(
-            range.addr() as u64,
-            range.len() as u64,
-            attrs.ptag.0,
-            Self::mem_flags(attrs),
-            &resolved,
-            self.process.pid,
-        ) {
+        let handle = match self.tpt.insert(crate::tpt::NewRegion {
+            va: range.addr() as u64,
+            len: range.len() as u64,
+            ptag: attrs.ptag.0,
+            flags: Self::mem_flags(attrs),
+            extents: &extents,
+            local,
+            pid: self.process.pid,
+        }) {
             Ok(h) => h,
             Err(e) => {
                 self.dev.unpin(self, &extents);
@@ -564,13 +577,13 @@ impl NicInner {
                 vi.break_connection(self, ErrorCode::ConnLost, false, true);
             }
         }
-        self.dev.peer_gone(session);
+        self.dev.peer_gone(self, session);
     }
 
     /// viad says the peer of our VI `me` disconnected.
     pub fn remote_disconnect(&self, me: &Endpoint) {
         if let Some(vi) = self.vi(me.vi, me.vi_gen as u16) {
-            vi.break_connection(self, ErrorCode::ConnLost, false, false);
+            vi.peer_disconnected(self);
         }
     }
 

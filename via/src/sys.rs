@@ -530,3 +530,25 @@ pub fn clear_cloexec(fd: RawFd) -> io::Result<()> {
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) })?;
     Ok(())
 }
+
+/// Closes every descriptor above 2 (a daemon started by a library must not
+/// keep the application's pipes and sockets open).
+pub fn close_inherited_fds() {
+    // SAFETY: close_range has no memory arguments; closing descriptors we
+    // inherited and do not use is the point.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if r == 0 {
+        return;
+    }
+    // Kernels before 5.9: walk /proc/self/fd.
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds.into_iter().filter(|&fd| fd > 2) {
+        // SAFETY: as above.
+        unsafe { libc::close(fd) };
+    }
+}

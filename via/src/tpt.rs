@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::backend::soft::memory::{Resolved, ResolvedExtent};
 use crate::error::{Error, Result};
-use crate::shm::arena::{CMA, Extent};
+use crate::shm::arena::Extent;
 use crate::shm::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
 use crate::shm::mapping::Mapping;
 
@@ -125,6 +125,24 @@ struct Alloc {
     gens: Vec<u16>,
     free: std::collections::VecDeque<u32>,
     next: u32,
+}
+
+/// A region to add to the table.
+pub struct NewRegion<'a> {
+    /// First byte.
+    pub va: u64,
+    /// Length.
+    pub len: u64,
+    /// Protection tag id.
+    pub ptag: u32,
+    /// RDMA enable flags.
+    pub flags: u32,
+    /// Backing extents, as peers see them.
+    pub extents: &'a [Extent],
+    /// The same bytes as this process reaches them.
+    pub local: Vec<ResolvedExtent>,
+    /// Owner's process id.
+    pub pid: i32,
 }
 
 /// The owner's side of the table: the shared entries, plus a process-local
@@ -239,15 +257,16 @@ impl TranslationTable {
     /// # Errors
     /// `Resource` when the table is full or the region needs more than
     /// [`MAX_EXTENTS`] extents.
-    pub fn insert(
-        &self,
-        va: u64,
-        len: u64,
-        ptag: u32,
-        flags: u32,
-        extents: &[(Extent, Option<Arc<Mapping>>)],
-        pid: i32,
-    ) -> Result<u32> {
+    pub fn insert(&self, r: NewRegion<'_>) -> Result<u32> {
+        let NewRegion {
+            va,
+            len,
+            ptag,
+            flags,
+            extents,
+            local,
+            pid,
+        } = r;
         if extents.len() > MAX_EXTENTS {
             return Err(Error::Resource);
         }
@@ -273,7 +292,7 @@ impl TranslationTable {
             e.va.store(va, Ordering::Relaxed);
             e.len.store(len, Ordering::Relaxed);
             e.n_extents.store(extents.len() as u32, Ordering::Relaxed);
-            for (slot, (x, _)) in e.extents.iter().zip(extents) {
+            for (slot, x) in e.extents.iter().zip(extents) {
                 slot.va.store(x.va, Ordering::Relaxed);
                 slot.len.store(x.len, Ordering::Relaxed);
                 slot.arena.store(x.arena, Ordering::Relaxed);
@@ -289,15 +308,7 @@ impl TranslationTable {
             ptag,
             flags,
             pid,
-            extents: extents
-                .iter()
-                .map(|(x, m)| ResolvedExtent {
-                    va: x.va,
-                    len: x.len,
-                    map: if x.arena == CMA { None } else { m.clone() },
-                    map_off: if x.arena == CMA { 0 } else { x.arena_off },
-                })
-                .collect(),
+            extents: local,
         };
         self.set_local(index, Some(Arc::new(resolved)));
         Ok(handle)
@@ -351,6 +362,25 @@ mod tests {
     use super::*;
     use crate::shm::layout::OFFSETS;
 
+    fn nr<'a>(
+        va: u64,
+        len: u64,
+        ptag: u32,
+        flags: u32,
+        extents: &'a [Extent],
+        local: Vec<ResolvedExtent>,
+    ) -> NewRegion<'a> {
+        NewRegion {
+            va,
+            len,
+            ptag,
+            flags,
+            extents,
+            local,
+            pid: 1,
+        }
+    }
+
     fn table(salt: u16) -> TranslationTable {
         let (_fd, m) = Mapping::create("via-tpt-test", OFFSETS.len).unwrap();
         NicView::init(&m, 1, 1, 1).unwrap();
@@ -361,27 +391,28 @@ mod tests {
     fn insert_lookup_remove() {
         let t = table(0x1234);
         let ext = [
-            (
-                Extent {
-                    va: 0x10000,
-                    len: 0x1000,
-                    arena: 3,
-                    arena_off: 0,
-                },
-                None,
-            ),
-            (
-                Extent {
-                    va: 0x11000,
-                    len: 0x1000,
-                    arena: CMA,
-                    arena_off: 0x11000,
-                },
-                None,
-            ),
+            Extent {
+                va: 0x10000,
+                len: 0x1000,
+                arena: 3,
+                arena_off: 0,
+            },
+            Extent {
+                va: 0x11000,
+                len: 0x1000,
+                arena: crate::shm::arena::CMA,
+                arena_off: 0x11000,
+            },
         ];
-        let h = t.insert(0x10100, 0x1800, 7, 1, &ext, 1).unwrap();
-        assert_eq!(t.local(h).unwrap().extents.len(), 2);
+        let local = vec![ResolvedExtent {
+            va: 0x10100,
+            len: 0xf00,
+            map: None,
+            map_off: 0,
+        }];
+        let h = t.insert(nr(0x10100, 0x1800, 7, 1, &ext, local)).unwrap();
+        assert_eq!(t.local(h).unwrap().extents.len(), 1);
+        assert_eq!(t.lookup(h).unwrap().n_extents, 2);
         assert_ne!(h, 0);
         let s = t.lookup(h).unwrap();
         assert_eq!(
@@ -398,7 +429,7 @@ mod tests {
         assert!(t.lookup(h).is_none(), "deregistered handle refused");
         assert!(t.local(h).is_none());
         assert_eq!(t.remove(h), Err(Error::InvalidParameter));
-        let h2 = t.insert(1, 1, 1, 0, &[], 1).unwrap();
+        let h2 = t.insert(nr(1, 1, 1, 0, &[], vec![])).unwrap();
         assert_eq!(h2 & 0xffff, h & 0xffff, "slot reused");
         assert_ne!(h2, h, "with a new check");
         assert!(t.lookup(h).is_none());
@@ -408,8 +439,8 @@ mod tests {
     fn handles_of_another_table_are_refused() {
         let a = table(0x1111);
         let b = table(0x2222);
-        let ha = a.insert(0, 10, 1, 0, &[], 1).unwrap();
-        b.insert(0, 10, 1, 0, &[], 1).unwrap();
+        let ha = a.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
+        b.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
         assert!(b.lookup(ha).is_none());
         assert!(b.local(ha).is_none());
         assert!(a.lookup(0).is_none());

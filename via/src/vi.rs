@@ -77,6 +77,9 @@ pub(crate) type ViHandler = Box<dyn FnOnce(Completion) + Send>;
 
 pub(crate) struct State {
     pub state: ViState,
+    /// The peer disconnected before this side finished connecting (the
+    /// event can overtake the connecting thread).
+    pub early_disconnect: bool,
     pub peer: Option<Endpoint>,
     pub peer_request: Option<Pending>,
 }
@@ -146,6 +149,7 @@ impl ViCore {
                     fast: Fast::default(),
                     state: Mutex::new(State {
                         state: ViState::Idle,
+                        early_disconnect: false,
                         peer: None,
                         peer_request: None,
                     }),
@@ -545,6 +549,7 @@ impl ViCore {
         if st.state != ViState::Idle || st.peer_request.is_some() {
             return Err(Error::InvalidState);
         }
+        st.early_disconnect = false;
         self.set_state(&mut st, ViState::ConnectPending);
         Ok(())
     }
@@ -567,19 +572,39 @@ impl ViCore {
         })
     }
 
-    /// CONNECT_PENDING → CONNECTED over `link`.
-    pub fn install(&self, link: PeerLink, peer: &Endpoint) {
-        let mut st = self.state.lock().unwrap();
-        self.set_link(Some(Arc::new(link)));
-        self.broken.store(false, Ordering::Release);
-        self.set_state(&mut st, ViState::Connected);
-        st.peer = Some(peer.clone());
+    /// CONNECT_PENDING → CONNECTED over `link`. If the peer already
+    /// disconnected, the connection breaks at once (`CONN_LOST`).
+    pub fn install(&self, nic: &NicInner, link: PeerLink, peer: &Endpoint) {
+        let early = {
+            let mut st = self.state.lock().unwrap();
+            self.set_link(Some(Arc::new(link)));
+            self.broken.store(false, Ordering::Release);
+            self.set_state(&mut st, ViState::Connected);
+            st.peer = Some(peer.clone());
+            std::mem::take(&mut st.early_disconnect)
+        };
+        if early {
+            self.break_connection(nic, ErrorCode::ConnLost, false, false);
+        }
+    }
+
+    /// The peer disconnected: break the connection, or remember it if this
+    /// side is still connecting.
+    pub fn peer_disconnected(&self, nic: &NicInner) {
+        {
+            let mut st = self.state.lock().unwrap();
+            if st.state == ViState::ConnectPending {
+                st.early_disconnect = true;
+                return;
+            }
+        }
+        self.break_connection(nic, ErrorCode::ConnLost, false, false);
     }
 
     /// Connects to `peer` (CONNECT_PENDING → CONNECTED).
     pub fn complete_connect(&self, nic: &NicInner, peer: &Endpoint) -> Result<()> {
         let link = self.open_link(nic, peer)?;
-        self.install(link, peer);
+        self.install(nic, link, peer);
         Ok(())
     }
 

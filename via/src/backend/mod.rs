@@ -79,7 +79,7 @@ pub(crate) trait Device: Send + Sync {
 
     /// Forgets everything cached about a peer session (it died): its
     /// mappings can then be released.
-    fn peer_gone(&self, _session: u64) {}
+    fn peer_gone(&self, _nic: &NicInner, _session: u64) {}
 
     /// Offers a translated receive at ring position `pos` to the peer.
     fn post_recv(&self, _nic: &NicInner, _vi: &ViCore, _pos: u64, _pd: &RecvPd) -> Result<()> {

@@ -111,9 +111,7 @@ pub unsafe extern "C" fn VipQueryNic(
             MaxCQEntries: a.max_cq_entries as VIP_ULONG,
             MaxTransferSize: a.max_transfer_size as VIP_ULONG,
             NativeMTU: a.native_mtu as VIP_ULONG,
-            // The core's tag table skips index 0 (never a tag), so it holds
-            // one tag less than `max_ptags` says; report what can be created.
-            MaxPtags: a.max_ptags.min(crate::nic::MAX_PTAGS as u64 - 1) as VIP_ULONG,
+            MaxPtags: a.max_ptags as VIP_ULONG,
             ReliabilityLevelSupport: a.reliability_level_support as VIP_RELIABILITY_LEVEL,
             RDMAReadSupport: a.rdma_read_support as VIP_RELIABILITY_LEVEL,
         });

@@ -6,7 +6,7 @@
 //!
 //! Tests that open a NIC need `viad` (built by `cargo build -p via-tools`
 //! into the same target directory, or named by `VIA_VIAD`); without it they
-//! print `SKIP:` and return.
+//! fail and say so (`tools/test.sh` builds the binaries first).
 
 use core::ffi::c_void;
 use core::ptr::null_mut;
@@ -29,9 +29,9 @@ fn h(v: u64) -> *mut c_void {
     super::boundary::opaque(v)
 }
 
-/// Whether the library will find `viad` (the places `agent::spawn` looks
-/// in that a test binary can use: `$VIA_VIAD`, beside the test binary or
-/// one directory up, `$PATH`).
+/// Checks that the library will find `viad` (the places `agent::spawn`
+/// looks in that a test binary can use: `$VIA_VIAD`, beside the test binary
+/// or one directory up, `$PATH`), and fails the test with instructions if not.
 fn viad_available() -> bool {
     let mut dirs: Vec<std::path::PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("VIA_VIAD") {
@@ -52,10 +52,9 @@ fn viad_available() -> bool {
     if dirs.iter().any(|d| d.join("viad").is_file()) {
         return true;
     }
-    eprintln!(
-        "SKIP: viad not found (cargo build -p via-tools, or set VIA_VIAD); NIC tests not run"
+    panic!(
+        "viad not found: run `cargo build -p via-tools` first (tools/test.sh does), or set VIA_VIAD"
     );
-    false
 }
 
 fn open() -> VIP_NIC_HANDLE {

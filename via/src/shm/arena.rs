@@ -64,6 +64,24 @@ impl UserRange {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// A window on the part `va..va + len` of the range (clipped to it), for
+    /// direct access by this process to registered bytes that stay where
+    /// they are (cross-memory-attach extents). `None` if nothing is left.
+    pub fn borrow(&self, va: u64, len: u64) -> Option<(u64, Mapping)> {
+        let start = (va as usize).max(self.addr);
+        let end = (va as usize)
+            .saturating_add(len as usize)
+            .min(self.addr + self.len);
+        if start >= end {
+            return None;
+        }
+        // SAFETY: `start..end` lies inside this range, which the creator of
+        // the `UserRange` promised stays mapped while registered; the window
+        // is dropped with the registration.
+        let m = unsafe { Mapping::borrowed(start, end - start) }?;
+        Some((start as u64, m))
+    }
 }
 
 /// A piece of a pinned range: `va..va + len` lives in `arena` at `arena_off`
@@ -206,19 +224,37 @@ impl Arenas {
                     "range not readable",
                 ));
             }
-            let piece = self.classify(l, start, &table);
-            let piece = match piece {
-                Piece::Movable { .. } if self.policy == Policy::Cma => Piece::Foreign,
-                Piece::Movable { .. }
-                    if stack
-                        .as_ref()
-                        .is_some_and(|s| s.start < end && start < s.end) =>
-                {
-                    Piece::Foreign
+            // Pages only partly inside the range hold bytes that are not the
+            // caller's (allocator metadata, other objects): moving them could
+            // lose a concurrent write to those bytes, so they stay where they
+            // are and are reached by cross-memory attach. Split this line at
+            // the bounds of the fully covered pages.
+            let page = regcache::page_size();
+            let inner_start = range.addr.div_ceil(page) * page;
+            let inner_end = ((range.addr + range.len) / page * page).max(inner_start);
+            let mut cuts = vec![start];
+            for c in [inner_start, inner_end] {
+                if c > start && c < end {
+                    cuts.push(c);
                 }
-                p => p,
-            };
-            push_piece(&mut pieces, start..end, piece);
+            }
+            cuts.push(end);
+            for w in cuts.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                let partial = a < inner_start || b > inner_end;
+                let piece = match self.classify(l, a, &table) {
+                    Piece::Movable { .. } if self.policy == Policy::Cma || partial => {
+                        Piece::Foreign
+                    }
+                    Piece::Movable { .. }
+                        if stack.as_ref().is_some_and(|s| s.start < b && a < s.end) =>
+                    {
+                        Piece::Foreign
+                    }
+                    p => p,
+                };
+                push_piece(&mut pieces, a..b, piece);
+            }
             cursor = end;
         }
         if cursor != pages.end {
@@ -541,41 +577,40 @@ mod tests {
     fn private_pages_move_and_keep_contents() {
         let arenas = Arenas::new(424242, Policy::Remap, Box::new(NoPublish));
         let page = regcache::page_size();
-        let mut mem = Anon::new(3 * page);
+        let mut mem = Anon::new(4 * page);
         let base = mem.ptr as usize;
-        let v = mem.bytes();
-        for (i, b) in v.iter_mut().enumerate() {
+        for (i, b) in mem.bytes().iter_mut().enumerate() {
             *b = i as u8;
         }
-        let addr = v.as_ptr() as usize + 100;
+        // Two whole pages: one arena, contents preserved.
         // SAFETY: `mem` outlives the registration and no other thread touches it.
-        let r = unsafe { UserRange::new(addr, page) };
+        let r = unsafe { UserRange::new(base, 2 * page) };
         let ext = arenas.pin(&r).unwrap();
         assert_eq!(ext.len(), 1);
         assert_ne!(ext[0].arena, CMA);
         assert_eq!(ext[0].len as usize, 2 * page);
-        for (i, b) in v.iter().enumerate() {
+        for (i, b) in mem.bytes().iter().enumerate() {
             assert_eq!(*b, i as u8, "contents preserved");
         }
         // A write through the shadow is seen by the program.
         let shadow = arenas.shadow(ext[0].arena).unwrap();
-        let off = ext[0].arena_off as usize + (addr - ext[0].va as usize);
-        assert!(shadow.write(off, b"Z"));
+        assert!(shadow.write(100, b"Z"));
         assert_eq!(mem.bytes()[100], b'Z');
-        // Registering an overlapping range reuses the arena.
+        // A range inside pages already in the arena reuses it, even where it
+        // covers pages partly (nothing moves).
         // SAFETY: as above.
-        let r2 = unsafe { UserRange::new(addr + 10, 16) };
+        let r2 = unsafe { UserRange::new(base + 10, 16) };
         let ext2 = arenas.pin(&r2).unwrap();
         assert_eq!(ext2.len(), 1);
         assert_eq!(ext2[0].arena, ext[0].arena);
-        // A range that extends past the arena gets a second extent.
+        // A range that extends past the arena: the arena, then its last
+        // page, only partly covered, stays in place (CMA).
         // SAFETY: as above.
-        let r3 = unsafe { UserRange::new(base, 3 * page) };
+        let r3 = unsafe { UserRange::new(base, 2 * page + 10) };
         let ext3 = arenas.pin(&r3).unwrap();
         assert_eq!(ext3.len(), 2);
         assert_eq!(ext3[0].arena, ext[0].arena);
-        assert_ne!(ext3[1].arena, ext[0].arena);
-        assert_eq!(ext3.iter().map(|e| e.len).sum::<u64>() as usize, 3 * page);
+        assert_eq!(ext3[1].arena, CMA);
         arenas.unpin(&ext3);
         arenas.unpin(&ext2);
         assert_eq!(arenas.live(), 1);
@@ -583,6 +618,50 @@ mod tests {
         assert_eq!(arenas.live(), 0);
         mem.bytes()[5] = 9;
         assert_eq!(mem.bytes()[5], 9);
+    }
+
+    #[test]
+    fn partly_covered_pages_stay_in_place() {
+        let arenas = Arenas::new(424243, Policy::Remap, Box::new(NoPublish));
+        let page = regcache::page_size();
+        let mut mem = Anon::new(4 * page);
+        let base = mem.ptr as usize;
+        for (i, b) in mem.bytes().iter_mut().enumerate() {
+            *b = (i * 7) as u8;
+        }
+        // Head and tail pages partly covered: CMA; the two pages between: an arena.
+        // SAFETY: `mem` outlives the registration and no other thread touches it.
+        let r = unsafe { UserRange::new(base + 100, 3 * page) };
+        let ext = arenas.pin(&r).unwrap();
+        let kinds: Vec<bool> = ext.iter().map(|e| e.arena == CMA).collect();
+        assert_eq!(kinds, [true, false, true]);
+        assert_eq!(ext[1].va as usize, base + page);
+        assert_eq!(ext[1].len as usize, 2 * page);
+        assert_eq!(ext.iter().map(|e| e.len).sum::<u64>() as usize, 4 * page);
+        for (i, b) in mem.bytes().iter().enumerate() {
+            assert_eq!(*b, (i * 7) as u8, "contents preserved");
+        }
+        arenas.unpin(&ext);
+        // Less than a page, unaligned: nothing moves.
+        // SAFETY: as above.
+        let small = unsafe { UserRange::new(base + 3 * page + 64, 128) };
+        let ext = arenas.pin(&small).unwrap();
+        assert_eq!(ext.len(), 1);
+        assert_eq!(ext[0].arena, CMA);
+        assert_eq!(arenas.live(), 0);
+        // A borrowed window is clipped to the range.
+        let (at, w) = small.borrow(base as u64, 8 * page as u64).unwrap();
+        assert_eq!(at as usize, base + 3 * page + 64);
+        assert_eq!(w.len(), 128);
+        let mut b = [0u8; 1];
+        assert!(w.read(0, &mut b));
+        assert_eq!(b[0], ((3 * page + 64) * 7) as u8);
+        drop(w);
+        assert_eq!(
+            mem.bytes()[3 * page + 64],
+            ((3 * page + 64) * 7) as u8,
+            "borrowing unmaps nothing"
+        );
     }
 
     #[test]

@@ -25,11 +25,14 @@ unsafe impl Shared for AtomicU32 {}
 // SAFETY: as above.
 unsafe impl Shared for AtomicU64 {}
 
-/// An owned `mmap` of (part of) a memory file. Unmapped on drop.
+/// An owned `mmap` of (part of) a memory file, unmapped on drop; or a
+/// borrowed window on registered memory of this process (see
+/// [`UserRange::borrow`](super::arena::UserRange::borrow)), never unmapped.
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    owned: bool,
 }
 
 // SAFETY: the mapping is plain memory; all access goes through atomics or
@@ -64,6 +67,7 @@ impl Mapping {
         Ok(Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
+            owned: true,
         })
     }
 
@@ -98,6 +102,7 @@ impl Mapping {
         Ok(Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
+            owned: true,
         })
     }
 
@@ -109,6 +114,21 @@ impl Mapping {
         // SAFETY: see the doc comment; `self` outlives the registration
         // because the owner deregisters before dropping the mapping.
         unsafe { super::arena::UserRange::new(self.addr(), self.len) }
+    }
+
+    /// A window on `len` bytes of this process's memory at `addr`, which the
+    /// window does not own (dropping it unmaps nothing).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must stay mapped and readable/writable by this
+    /// process for as long as the window (and any clone of an `Arc` holding
+    /// it) is used.
+    pub(crate) unsafe fn borrowed(addr: usize, len: usize) -> Option<Mapping> {
+        Some(Mapping {
+            ptr: NonNull::new(addr as *mut u8)?,
+            len,
+            owned: false,
+        })
     }
 
     /// Bytes mapped.
@@ -329,14 +349,17 @@ pub(crate) unsafe fn dup_mapping(addr: usize, len: usize) -> io::Result<Mapping>
     Ok(Mapping {
         ptr: NonNull::new(p.cast()).expect("mremap returned NULL"),
         len,
+        owned: true,
     })
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: we own the mapping; no reference derived from it outlives
-        // `self` (views borrow `self`).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if self.owned {
+            // SAFETY: we own the mapping; no reference derived from it
+            // outlives `self` (views borrow `self`).
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
     }
 }
 

@@ -116,6 +116,9 @@ fn host_table() -> Vec<(String, Vec<u8>)> {
 }
 
 fn main() {
+    // Started by a library inside some application: drop whatever it let us
+    // inherit, or its pipes would never see EOF while we live.
+    sys::close_inherited_fds();
     let opts = parse_args();
     let name = via::agent::socket_name();
     let listener = match sys::seqpacket_listen(&name) {

@@ -617,10 +617,26 @@ impl Engine {
     fn drain_now(&self, nic: &NicInner) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.drain(nic, &mut g, None);
+        self.release(nic, g);
+    }
+
+    /// Releases the engine lock like every holder must: fence, act on the
+    /// breaks found, and run what was posted while the lock was held (its
+    /// poster saw the lock taken and left the descriptor to us).
+    fn release(&self, nic: &NicInner, mut g: MutexGuard<'_, EngineState>) {
         let breaks = std::mem::take(&mut g.breaks);
         drop(g);
+        // SeqCst fence: the release above is ordered before the re-check
+        // below; pairs with the poster's fence (module doc).
         fence(Ordering::SeqCst);
         settle(nic, breaks);
+        if self.pending() {
+            if self.threaded() {
+                self.wake_engine();
+            } else {
+                self.kick_inline(nic, None);
+            }
+        }
     }
 
     fn drain(&self, nic: &NicInner, st: &mut EngineState, hint: Option<&ViCore>) {
@@ -921,7 +937,7 @@ impl Device for Engine {
         self.pending()
     }
 
-    fn peer_gone(&self, session: u64) {
+    fn peer_gone(&self, nic: &NicInner, session: u64) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.regions.forget(session);
         for l in g.links.slots.iter_mut() {
@@ -932,6 +948,7 @@ impl Device for Engine {
                 *l = None;
             }
         }
+        self.release(nic, g);
     }
 
     fn post_recv(

@@ -1,4 +1,4 @@
-/* viad_inherits_fds.c (known core bug): the viad that the library starts
+/* viad_inherits_fds.c (regression test): the viad that the library starts
  * (fork + exec from the first process that opens a NIC) inherits that
  * process's file descriptors that are not close-on-exec, and keeps them
  * open while it lives. A legacy program that waits for EOF on a pipe
