@@ -273,7 +273,7 @@ impl<P: Pinner> RegCache<P> {
             inner.begin_pin(want.clone())
         };
         // If `pin` panics, the ticket stays in `pending`: harmless, it only marks nothing.
-        let pinned = self.pinner.pin(pages.clone());
+        let pinned = self.pinner.pin_bytes(pages.clone(), addr..addr + len);
         let mut inner = self.lock();
         let invalidated = inner.end_pin(ticket);
         let pinned = match pinned {

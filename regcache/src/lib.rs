@@ -93,7 +93,23 @@ pub trait Pinner: Send + Sync {
     /// Whatever keeps the backend from pinning; the cache passes it on as [`Error::Pin`].
     fn pin(&self, pages: Range<usize>) -> Result<Self::Pinned, Self::Error>;
 
-    /// Unpins what [`Pinner::pin`] returned for `pages`. The cache calls it exactly once per
+    /// Pins `pages` for a registration of exactly `bytes` (inside `pages`).
+    /// A backend that must treat pages only partly inside `bytes` differently
+    /// (they may hold other data) overrides this; the default pins `pages`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pinner::pin`].
+    fn pin_bytes(
+        &self,
+        pages: Range<usize>,
+        bytes: Range<usize>,
+    ) -> Result<Self::Pinned, Self::Error> {
+        let _ = bytes;
+        self.pin(pages)
+    }
+
+    /// Unpins what [`Pinner::pin`] or [`Pinner::pin_bytes`] returned for `pages`. The cache calls it exactly once per
     /// successful pin, with the same range.
     fn unpin(&self, pages: Range<usize>, pinned: Self::Pinned);
 }

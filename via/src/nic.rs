@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::attrs::{MemAttributes, NicAttributes, Ptag, Reliability};
-use crate::backend::Device;
 use crate::backend::soft::engine::Engine;
 use crate::backend::soft::memory::ResolvedExtent;
+use crate::backend::{Device, Pinned};
 use crate::cq::CqCore;
 use crate::error::{Error, Result};
 use crate::handle::Slab;
@@ -168,7 +168,7 @@ pub(crate) struct NicInner {
     pub tpt: TranslationTable,
     pub errors: MappedRing,
     pub ptags: Mutex<Slab<u32>>,
-    pub regions: Mutex<HashMap<u32, (Vec<Extent>, u32)>>,
+    pub regions: Mutex<HashMap<u32, (Pinned, u32)>>,
     pub vis: RwLock<Slab<Arc<ViCore>>>,
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
@@ -403,7 +403,7 @@ impl NicInner {
         if !self.ptag_valid(attrs.ptag) {
             return Err(Error::InvalidPtag);
         }
-        let extents = self.dev.pin(self, &range).map_err(|e| {
+        let pinned = self.dev.pin(self, &range).map_err(|e| {
             log::debug!(
                 "registration of {:#x}+{} refused: {e}",
                 range.addr(),
@@ -415,11 +415,11 @@ impl NicInner {
                 Error::Resource
             }
         })?;
-        // Too many pieces for one table entry: reach the region by CMA instead.
-        let extents = if extents.len() > layout::MAX_EXTENTS {
-            self.dev.unpin(self, &extents);
-            let first = extents[0].va;
-            let len = extents.iter().map(|e| e.len).sum();
+        // Too many pieces for one table entry: peers reach the region by CMA
+        // instead (the pin stays, for its reference counts).
+        let extents = if pinned.extents.len() > layout::MAX_EXTENTS {
+            let first = pinned.extents[0].va;
+            let len = pinned.extents.iter().map(|e| e.len).sum();
             vec![Extent {
                 va: first,
                 len,
@@ -427,7 +427,7 @@ impl NicInner {
                 arena_off: first,
             }]
         } else {
-            extents
+            pinned.extents.clone()
         };
         // This process reaches arena extents through the arena's shadow, and
         // the others (cross-memory-attach extents, for peers) in place.
@@ -462,7 +462,7 @@ impl NicInner {
         }) {
             Ok(h) => h,
             Err(e) => {
-                self.dev.unpin(self, &extents);
+                self.dev.unpin(self, pinned);
                 return Err(e);
             }
         };
@@ -470,7 +470,7 @@ impl NicInner {
         self.regions
             .lock()
             .unwrap()
-            .insert(handle, (extents, attrs.ptag.0));
+            .insert(handle, (pinned, attrs.ptag.0));
         Ok(handle)
     }
 
@@ -480,12 +480,12 @@ impl NicInner {
         if snap.va != addr {
             return Err(Error::InvalidParameter);
         }
-        let Some((extents, ptag)) = self.regions.lock().unwrap().remove(&handle) else {
+        let Some((pinned, ptag)) = self.regions.lock().unwrap().remove(&handle) else {
             return Err(Error::InvalidParameter);
         };
         self.tpt.remove(handle)?;
         let _ = self.ptag_ref(Ptag(ptag), -1);
-        self.dev.unpin(self, &extents);
+        self.dev.unpin(self, pinned);
         Ok(())
     }
 
@@ -618,9 +618,9 @@ impl NicInner {
         self.provider.stop(self);
         self.dev.stop();
         let regions: Vec<_> = self.regions.lock().unwrap().drain().collect();
-        for (h, (extents, _)) in regions {
+        for (h, (pinned, _)) in regions {
             let _ = self.tpt.remove(h);
-            self.dev.unpin(self, &extents);
+            self.dev.unpin(self, pinned);
         }
         let _ = self.process.agent.send(&Request::Retire {
             key: ObjKey {

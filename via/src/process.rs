@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::handle::Slab;
 use crate::nic::NicInner;
 use crate::proto::{ObjKey, ObjKind, Reply, Request};
-use crate::shm::arena::{Arenas, Publisher};
+use crate::shm::arena::{ArenaPinner, Arenas, Publisher};
 use crate::sys;
 
 /// Most NICs one process may open.
@@ -24,7 +24,9 @@ pub const MAX_NICS: u32 = 4095;
 pub(crate) struct Process {
     pub pid: i32,
     pub agent: Arc<Agent>,
-    pub arenas: Arenas,
+    pub arenas: Arc<Arenas>,
+    /// The registration path: registrations of this process, by page range.
+    pub registrations: regcache::RegCache<ArenaPinner>,
     pub nics: RwLock<Slab<Arc<NicInner>>>,
     pub next_nic_id: Mutex<u32>,
     remotes: Mutex<HashMap<(u64, u32), Weak<RemoteNic>>>,
@@ -69,15 +71,22 @@ impl Process {
             log::error!("cannot reach viad: {e}");
             Error::Resource
         })?);
-        let arenas = Arenas::new(
+        let arenas = Arc::new(Arenas::new(
             agent.session,
             config.register,
             Box::new(AgentPublisher(agent.clone())),
+        ));
+        // No caching beyond what is registered: the application may free
+        // memory once it is deregistered (automatic invalidation comes later).
+        let registrations = regcache::RegCache::new(
+            ArenaPinner(arenas.clone()),
+            regcache::Config { capacity_bytes: 0 },
         );
         let p = Arc::new(Process {
             pid: sys::getpid(),
             agent,
             arenas,
+            registrations,
             nics: RwLock::new(Slab::new(MAX_NICS, 1)),
             next_nic_id: Mutex::new(1),
             remotes: Mutex::new(HashMap::new()),

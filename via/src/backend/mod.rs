@@ -24,6 +24,13 @@ use crate::shm::layout::SendPd;
 use crate::translate::RecvPd;
 use crate::vi::ViCore;
 
+/// A registration's pinned memory: its extents, and whatever the device
+/// keeps to undo the pin (a registration-cache lease).
+pub(crate) struct Pinned {
+    pub extents: Vec<Extent>,
+    pub token: Box<dyn std::any::Any + Send + Sync>,
+}
+
 fn unsupported() -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
@@ -43,12 +50,12 @@ pub(crate) trait Device: Send + Sync {
     fn stop(&self) {}
 
     /// Makes the pages of `range` reachable by the device (and the peers).
-    fn pin(&self, _nic: &NicInner, _range: &UserRange) -> io::Result<Vec<Extent>> {
+    fn pin(&self, _nic: &NicInner, _range: &UserRange) -> io::Result<Pinned> {
         Err(unsupported())
     }
 
     /// Undoes [`Device::pin`].
-    fn unpin(&self, _nic: &NicInner, _extents: &[Extent]) {}
+    fn unpin(&self, _nic: &NicInner, _pinned: Pinned) {}
 
     /// A VI was created in `slot`.
     fn add_vi(&self, _nic: &NicInner, _slot: u32) -> Result<()> {

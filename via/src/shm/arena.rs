@@ -514,6 +514,36 @@ fn parse_line(line: &str) -> Option<MapLine> {
     })
 }
 
+/// The arenas as a `regcache::Pinner`: the registration path of
+/// `VipRegisterMem` goes through a `regcache::RegCache` of these, so
+/// overlapping registrations share their pinned pages.
+///
+/// Only ranges of [`UserRange`]s reach it: the cache that owns it is private
+/// to the process state and fed only by the registration path, which holds a
+/// `UserRange` for every range it asks for (that contract is what makes
+/// [`Arenas::pin`] sound here).
+pub struct ArenaPinner(pub std::sync::Arc<Arenas>);
+
+impl regcache::Pinner for ArenaPinner {
+    type Pinned = Vec<Extent>;
+    type Error = io::Error;
+
+    fn pin(&self, pages: Range<usize>) -> io::Result<Vec<Extent>> {
+        self.pin_bytes(pages.clone(), pages)
+    }
+
+    fn pin_bytes(&self, _pages: Range<usize>, bytes: Range<usize>) -> io::Result<Vec<Extent>> {
+        // SAFETY: see the type's doc: `bytes` is the range of a `UserRange`
+        // the registration path holds, whose contract carries over.
+        let range = unsafe { UserRange::new(bytes.start, bytes.len()) };
+        self.0.pin(&range)
+    }
+
+    fn unpin(&self, _pages: Range<usize>, extents: Vec<Extent>) {
+        self.0.unpin(&extents)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

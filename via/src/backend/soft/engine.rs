@@ -26,11 +26,11 @@ use doorbell::DoorbellMode;
 
 use std::collections::HashMap;
 
-use crate::backend::Device;
 use crate::backend::soft::complete;
 use crate::backend::soft::memory::{self, Cursor, EMPTY, Fault, Resolved, Seg};
 use crate::backend::soft::remote::PeerLink;
 use crate::backend::soft::remote::RemoteNic;
+use crate::backend::{Device, Pinned};
 use crate::config::{Config, Progress};
 use crate::descriptor::{control, status};
 use crate::error::{Error, Result};
@@ -245,26 +245,26 @@ impl Op<'_> {
         let mut pos = link.rq_pos.load(Ordering::Relaxed);
         for _ in 0..crate::shm::layout::RQ_SLOTS {
             let s = view.rq_slot(link.vi, pos)?;
-            // Acquire: pairs with the owner's Release store of POSTED, so the
-            // descriptor fields read afterwards are the ones it wrote.
-            let seq = s.seq.load(Ordering::Acquire);
+            // Claim it directly (one ownership transfer of the line instead
+            // of a read and then an upgrade). Acquire: pairs with the owner's
+            // Release store of POSTED, so the descriptor fields read
+            // afterwards are the ones it wrote.
+            let seq = match s.seq.compare_exchange(
+                slot::seq(pos, slot::POSTED),
+                slot::seq(pos, slot::TAKEN),
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    link.rq_pos.store(pos + 1, Ordering::Relaxed);
+                    return Some(pos);
+                }
+                Err(seq) => seq,
+            };
             if seq == slot::seq(pos, slot::DONE) {
                 // Completed at post time (bad descriptor) or flushed: skip.
                 pos += 1;
                 continue;
-            }
-            if seq == slot::seq(pos, slot::POSTED)
-                && s.seq
-                    .compare_exchange(
-                        seq,
-                        slot::seq(pos, slot::TAKEN),
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-            {
-                link.rq_pos.store(pos + 1, Ordering::Relaxed);
-                return Some(pos);
             }
             log::debug!(
                 "no receive at position {pos} of VI {} (seq {seq:#x})",
@@ -875,16 +875,31 @@ impl Device for Engine {
         log::debug!("{} stopped", self.name);
     }
 
-    fn pin(
-        &self,
-        nic: &NicInner,
-        range: &crate::shm::arena::UserRange,
-    ) -> std::io::Result<Vec<crate::shm::arena::Extent>> {
-        nic.process.arenas.pin(range)
+    fn pin(&self, nic: &NicInner, range: &crate::shm::arena::UserRange) -> std::io::Result<Pinned> {
+        // The registration path: the process's registration cache over the
+        // arenas (overlapping registrations share their pinned pages).
+        let lease = nic
+            .process
+            .registrations
+            .acquire(range.addr(), range.len())
+            .map_err(|e| match e {
+                regcache::Error::Pin(e) => e,
+                other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+            })?;
+        Ok(Pinned {
+            extents: lease.pinned().clone(),
+            token: Box::new(lease),
+        })
     }
 
-    fn unpin(&self, nic: &NicInner, extents: &[crate::shm::arena::Extent]) {
-        nic.process.arenas.unpin(extents)
+    fn unpin(&self, nic: &NicInner, pinned: Pinned) {
+        match pinned
+            .token
+            .downcast::<regcache::Lease<Vec<crate::shm::arena::Extent>>>()
+        {
+            Ok(lease) => nic.process.registrations.release(*lease),
+            Err(_) => log::error!("unpin: not a registration of this device"),
+        }
     }
 
     fn add_vi(&self, nic: &NicInner, slot: u32) -> Result<()> {
