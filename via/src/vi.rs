@@ -342,6 +342,10 @@ impl ViCore {
             ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
+        if let Some(l) = self.link.read().unwrap().as_deref() {
+            // Overlaps the miss on the peer's receive slot with translation.
+            l.prefetch_next_receive();
+        }
         {
             let mut q = self.send.lock().unwrap();
             if q.fifo.len() >= RQ_SLOTS as usize {

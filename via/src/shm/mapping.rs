@@ -25,6 +25,23 @@ unsafe impl Shared for AtomicU32 {}
 // SAFETY: as above.
 unsafe impl Shared for AtomicU64 {}
 
+/// Hints the CPU to start fetching the cache line of `r` (a line another
+/// core is likely to own), so that a later access finds it sooner. Never
+/// faults and changes nothing observable.
+#[inline]
+pub fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht0` is part of SSE, which every x86_64 CPU has; a
+    // prefetch of a valid reference has no side effect besides the cache.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            (r as *const T).cast(),
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}
+
 /// An owned `mmap` of (part of) a memory file, unmapped on drop; or a
 /// borrowed window on registered memory of this process (see
 /// [`UserRange::borrow`](super::arena::UserRange::borrow)), never unmapped.
