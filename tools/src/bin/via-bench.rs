@@ -126,7 +126,9 @@ fn main() {
                 "{:>10} {:>12} {:>10} {:>10} {:>12} {:>8}",
                 "bytes", "half-RTT us", "median", "p99", "MB/s", "cpu %"
             );
+            let mut rows = Vec::new();
             for s in sizes {
+                eprintln!("  {s} bytes...");
                 let r = via_pingpong(&o, s, o.iters.unwrap_or(iters_for(s, o.quick)));
                 println!(
                     "{:>10} {:>12.3} {:>10.3} {:>10.3} {:>12.1} {:>8.0}",
@@ -137,7 +139,20 @@ fn main() {
                     r.mbps(s),
                     r.cpu_pct
                 );
+                rows.push(json!({
+                    "bytes": s, "half_rtt_us": r.half_rtt_us, "median_us": r.median_us,
+                    "p99_us": r.p99_us, "mbps": r.mbps(s), "cpu_pct": r.cpu_pct,
+                }));
             }
+            write_json(
+                &o.json,
+                json!({
+                    "tool": "via-bench pingpong",
+                    "wait": if o.block { "block" } else { "poll" },
+                    "reliability": rel_name(o.rel),
+                    "rows": rows,
+                }),
+            );
         }
         "bw" => {
             let o = parse_opts(rest);
@@ -146,12 +161,31 @@ fn main() {
                 .clone()
                 .unwrap_or_else(|| vec![4 * KIB, 64 * KIB, MIB, 4 * MIB]);
             println!("{:>10} {:>12}", "bytes", "MB/s");
+            let mut rows = Vec::new();
             for s in sizes {
+                eprintln!("  {s} bytes...");
                 let gbps = via_stream(&o, s, o.iters.unwrap_or(iters_for(s, o.quick)));
                 println!("{:>10} {:>12.1}", s, gbps * 1000.0);
+                rows.push(json!({"bytes": s, "gbps": gbps}));
             }
+            write_json(
+                &o.json,
+                json!({
+                    "tool": "via-bench bw",
+                    "window": o.window,
+                    "reliability": rel_name(o.rel),
+                    "rows": rows,
+                }),
+            );
         }
         _ => usage(),
+    }
+}
+
+fn write_json(path: &str, v: serde_json::Value) {
+    match std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()) {
+        Ok(()) => println!("JSON: {path}"),
+        Err(e) => eprintln!("cannot write {path}: {e}"),
     }
 }
 
@@ -222,6 +256,13 @@ struct Ends {
 
 fn ends(bytes: usize, rel: Reliability) -> Ends {
     let nic = Nic::open(None).expect("open NIC");
+    // The end of a run is a disconnect, which the peer sees as a lost
+    // connection: expected here, not worth an error line.
+    nic.set_error_callback(|e| {
+        if e.code != via::ErrorCode::ConnLost {
+            log::error!("asynchronous error {:?}", e.code);
+        }
+    });
     let ptag = nic.create_ptag().unwrap();
     let mem = Region::new(&nic, bytes, ptag, false, false).expect("register");
     let mut a = ViAttributes::new(rel, ptag);
@@ -745,8 +786,7 @@ fn report(o: &Opts) {
         })).collect::<Vec<_>>(),
         "goal_bw_min_ratio_1mib": 0.45,
     });
-    std::fs::write(&o.json, serde_json::to_string_pretty(&j).unwrap()).expect("write JSON");
-    println!("JSON: {}", o.json);
+    write_json(&o.json, j);
 }
 
 /// One process, two connected VIs, one thread: the cost of the calls
