@@ -54,37 +54,67 @@ pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
     Ok(st.st_size as u64)
 }
 
-/// Reads into `local` from another process's memory at `remote`
-/// (`process_vm_readv`, cross-memory attach). Returns bytes read.
-pub fn process_vm_read(pid: i32, local: &mut [u8], remote: u64) -> io::Result<usize> {
+/// Direction of a cross-memory-attach transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmaDir {
+    /// Remote process -> local memory (`process_vm_readv`).
+    Read,
+    /// Local memory -> remote process (`process_vm_writev`).
+    Write,
+}
+
+/// Moves `len` bytes between local memory at `local` and another process's
+/// memory at `remote` (cross-memory attach). Returns bytes moved.
+///
+/// # Safety
+/// `local..local + len` must stay valid for writes (`Read`) or reads
+/// (`Write`) for the duration of the call.
+pub unsafe fn process_vm_raw(
+    pid: i32,
+    local: *mut u8,
+    len: usize,
+    remote: u64,
+    dir: CmaDir,
+) -> io::Result<usize> {
     let l = libc::iovec {
-        iov_base: local.as_mut_ptr().cast(),
-        iov_len: local.len(),
+        iov_base: local.cast(),
+        iov_len: len,
     };
     let r = libc::iovec {
         iov_base: remote as usize as *mut libc::c_void,
-        iov_len: local.len(),
+        iov_len: len,
     };
-    // SAFETY: the local iovec describes `local`, which we borrow mutably; the
-    // remote iovec is only interpreted by the kernel in the target process and
-    // is validated there.
-    cvt_isize(unsafe { libc::process_vm_readv(pid, &l, 1, &r, 1, 0) })
+    // SAFETY: the local iovec is valid by the caller's contract; the remote
+    // one is only interpreted, and validated, by the kernel in the target.
+    let n = unsafe {
+        match dir {
+            CmaDir::Read => libc::process_vm_readv(pid, &l, 1, &r, 1, 0),
+            CmaDir::Write => libc::process_vm_writev(pid, &l, 1, &r, 1, 0),
+        }
+    };
+    cvt_isize(n)
+}
+
+/// Reads into `local` from another process's memory at `remote`
+/// (`process_vm_readv`, cross-memory attach). Returns bytes read.
+pub fn process_vm_read(pid: i32, local: &mut [u8], remote: u64) -> io::Result<usize> {
+    // SAFETY: `local` is borrowed mutably for the call.
+    unsafe { process_vm_raw(pid, local.as_mut_ptr(), local.len(), remote, CmaDir::Read) }
 }
 
 /// Writes `local` into another process's memory at `remote`
 /// (`process_vm_writev`). Returns bytes written.
 pub fn process_vm_write(pid: i32, local: &[u8], remote: u64) -> io::Result<usize> {
-    let l = libc::iovec {
-        iov_base: local.as_ptr() as *mut libc::c_void,
-        iov_len: local.len(),
-    };
-    let r = libc::iovec {
-        iov_base: remote as usize as *mut libc::c_void,
-        iov_len: local.len(),
-    };
-    // SAFETY: the local iovec describes `local` (only read by the kernel); the
-    // remote iovec is validated by the kernel in the target process.
-    cvt_isize(unsafe { libc::process_vm_writev(pid, &l, 1, &r, 1, 0) })
+    // SAFETY: `local` is borrowed for the call and only read by the kernel.
+    unsafe {
+        process_vm_raw(
+            pid,
+            local.as_ptr().cast_mut(),
+            local.len(),
+            remote,
+            CmaDir::Write,
+        )
+    }
 }
 
 /// Credentials of the process at the other end of a Unix socket.

@@ -5,6 +5,7 @@
 //! each access checks `off + len <= self.len()` and fails instead of touching
 //! memory outside the mapping.
 
+use crate::sys::CmaDir;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
@@ -278,31 +279,7 @@ impl Mapping {
     /// Moves `len` bytes from another process's memory at `remote` into the
     /// mapping at `off` (`process_vm_readv`). `Ok(false)` if out of bounds.
     pub fn cma_read_into(&self, off: usize, len: usize, pid: i32, remote: u64) -> io::Result<bool> {
-        if !self.check(off, len) {
-            return Ok(false);
-        }
-        let l = libc::iovec {
-            // SAFETY: in bounds (checked above).
-            iov_base: unsafe { self.ptr.as_ptr().add(off) }.cast(),
-            iov_len: len,
-        };
-        let r = libc::iovec {
-            iov_base: remote as usize as *mut libc::c_void,
-            iov_len: len,
-        };
-        // SAFETY: the local iovec lies inside our mapping; the remote one is
-        // validated by the kernel against the target process.
-        let n = unsafe { libc::process_vm_readv(pid, &l, 1, &r, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n as usize != len {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "short cross-memory read",
-            ));
-        }
-        Ok(true)
+        self.cma(off, len, pid, remote, CmaDir::Read)
     }
 
     /// Moves `len` bytes at `off` of the mapping into another process's
@@ -314,27 +291,22 @@ impl Mapping {
         pid: i32,
         remote: u64,
     ) -> io::Result<bool> {
+        self.cma(off, len, pid, remote, CmaDir::Write)
+    }
+
+    fn cma(&self, off: usize, len: usize, pid: i32, remote: u64, dir: CmaDir) -> io::Result<bool> {
         if !self.check(off, len) {
             return Ok(false);
         }
-        let l = libc::iovec {
-            // SAFETY: in bounds (checked above).
-            iov_base: unsafe { self.ptr.as_ptr().add(off) }.cast(),
-            iov_len: len,
-        };
-        let r = libc::iovec {
-            iov_base: remote as usize as *mut libc::c_void,
-            iov_len: len,
-        };
-        // SAFETY: as in `cma_read_into`.
-        let n = unsafe { libc::process_vm_writev(pid, &l, 1, &r, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n as usize != len {
+        // SAFETY: `off..off + len` lies inside the mapping (checked above),
+        // which lives as long as `self`.
+        let n = unsafe {
+            crate::sys::process_vm_raw(pid, self.ptr.as_ptr().add(off), len, remote, dir)
+        }?;
+        if n != len {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                "short cross-memory write",
+                "short cross-memory transfer",
             ));
         }
         Ok(true)
