@@ -520,43 +520,23 @@ impl Broker {
     /// Expires deadlines.
     pub fn on_tick(&mut self, now: Instant) -> Vec<Out> {
         let mut out = Vec::new();
-        let due = |d: Option<Instant>| d.is_some_and(|d| d <= now);
-        self.listens.retain(|l| {
-            if due(l.deadline) {
+        // A waiter past its deadline is answered with Timeout and dropped.
+        let mut keep = |session: u64, id: u32, deadline: Option<Instant>| {
+            if deadline.is_some_and(|d| d <= now) {
                 out.push(Out::Send {
-                    to: l.session,
-                    id: l.id,
+                    to: session,
+                    id,
                     reply: Reply::Refused(Refusal::Timeout),
                 });
                 false
             } else {
                 true
             }
-        });
-        self.connects.retain(|_, c| {
-            if due(c.deadline) {
-                out.push(Out::Send {
-                    to: c.session,
-                    id: c.id,
-                    reply: Reply::Refused(Refusal::Timeout),
-                });
-                false
-            } else {
-                true
-            }
-        });
-        self.peers.retain(|p| {
-            if due(p.deadline) {
-                out.push(Out::Send {
-                    to: p.session,
-                    id: p.id,
-                    reply: Reply::Refused(Refusal::Timeout),
-                });
-                false
-            } else {
-                true
-            }
-        });
+        };
+        self.listens.retain(|l| keep(l.session, l.id, l.deadline));
+        self.connects
+            .retain(|_, c| keep(c.session, c.id, c.deadline));
+        self.peers.retain(|p| keep(p.session, p.id, p.deadline));
         self.discs.retain(|_, d| {
             if d.deadline <= now {
                 log::warn!(
