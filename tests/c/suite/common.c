@@ -422,6 +422,27 @@ VIP_DESCRIPTOR *send_wait(VIP_VI_HANDLE vi, VIP_DESCRIPTOR *expect)
     return d;
 }
 
+void exchange_message(VIP_VI_HANDLE vi, VIP_DESCRIPTOR *d, unsigned char *buf, VIP_MEM_HANDLE mh,
+                      uint32_t cap, int sender, uint32_t len, uint32_t seed)
+{
+    if (sender) {
+        barrier(100);
+        fill(buf, len, seed);
+        desc_simple(d, buf, mh, len);
+        OK(VipPostSend(vi, d, mh));
+        send_wait(vi, d);
+        CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_SEND);
+    } else {
+        desc_simple(d, buf, mh, cap);
+        OK(VipPostRecv(vi, d, mh));
+        barrier(100);
+        recv_wait(vi, d);
+        CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE);
+        CHECK_EQ(d->CS.Length, len);
+        CHECK(check_fill(buf, len, seed) == -1);
+    }
+}
+
 void fill(void *buf, size_t n, uint32_t seed)
 {
     unsigned char *p = buf;

@@ -163,6 +163,13 @@ void desc_simple(VIP_DESCRIPTOR *d, void *addr, VIP_MEM_HANDLE h, uint32_t len);
 VIP_DESCRIPTOR *recv_wait(VIP_VI_HANDLE vi, VIP_DESCRIPTOR *expect);
 VIP_DESCRIPTOR *send_wait(VIP_VI_HANDLE vi, VIP_DESCRIPTOR *expect);
 
+/* One message over the connected vi, in step with the other process: the
+ * receiver posts d for `cap` bytes at buf, then both meet at barrier 100,
+ * then the sender sends `len` bytes of fill(seed) from buf. Each side
+ * checks its completion; the receiver checks length and data. */
+void exchange_message(VIP_VI_HANDLE vi, VIP_DESCRIPTOR *d, unsigned char *buf, VIP_MEM_HANDLE mh,
+                      uint32_t cap, int sender, uint32_t len, uint32_t seed);
+
 /* Deterministic data. */
 void fill(void *buf, size_t n, uint32_t seed);
 /* Index of the first byte that differs from fill(seed), or -1. */

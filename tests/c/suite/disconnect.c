@@ -63,22 +63,7 @@ static void expect_flushed(VIP_VI_HANDLE vi)
 
 static void exchange(VIP_VI_HANDLE vi, int sender)
 {
-    VIP_DESCRIPTOR *d = desc_at(&r, 64 * 10);
-    if (sender) {
-        barrier(100);
-        fill(r.base + 32768, 777, 3);
-        desc_simple(d, r.base + 32768, r.mh, 777);
-        OK(VipPostSend(vi, d, r.mh));
-        send_wait(vi, d);
-        CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_SEND);
-    } else {
-        desc_simple(d, r.base + 32768, r.mh, 1024);
-        OK(VipPostRecv(vi, d, r.mh));
-        barrier(100);
-        recv_wait(vi, d);
-        CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE);
-        CHECK(check_fill(r.base + 32768, 777, 3) == -1);
-    }
+    exchange_message(vi, desc_at(&r, 64 * 10), r.base + 32768, r.mh, 1024, sender, 777, 3);
 }
 
 static void setup(void)

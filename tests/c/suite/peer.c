@@ -18,23 +18,7 @@ static VIP_RETURN peer_request(VIP_VI_HANDLE vi, const char *mine, const char *t
 static void exchange(VIP_VI_HANDLE vi, int sender, uint32_t seed)
 {
     region r = region_new(nic, tag, 8192, 0, 0);
-    VIP_DESCRIPTOR *d = desc_at(&r, 0);
-    if (sender) {
-        barrier(100);
-        fill(r.base + 4096, 3000, seed);
-        desc_simple(d, r.base + 4096, r.mh, 3000);
-        OK(VipPostSend(vi, d, r.mh));
-        send_wait(vi, d);
-        CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_SEND);
-    } else {
-        desc_simple(d, r.base + 4096, r.mh, 4096);
-        OK(VipPostRecv(vi, d, r.mh));
-        barrier(100);
-        recv_wait(vi, d);
-        CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE);
-        CHECK_EQ(d->CS.Length, 3000);
-        CHECK(check_fill(r.base + 4096, 3000, seed) == -1);
-    }
+    exchange_message(vi, desc_at(&r, 0), r.base + 4096, r.mh, 4096, sender, 3000, seed);
     region_free(&r);
 }
 
