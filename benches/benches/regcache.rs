@@ -37,6 +37,8 @@ fn filled(n: usize) -> RegCache<Trivial> {
         Trivial,
         Config {
             capacity_bytes: n * page_size(),
+            capacity_regions: usize::MAX,
+            ..Config::default()
         },
     );
     for i in 0..n {

@@ -29,6 +29,29 @@ pub struct Config {
     /// recently released entries are unpinned. 0 disables caching: an entry is unpinned as soon
     /// as its last lease is released (it is still shared while leases are live).
     pub capacity_bytes: usize,
+    /// Entries kept cached without a lease; beyond it, the least recently released are
+    /// unpinned. `usize::MAX`: no bound but the bytes.
+    pub capacity_regions: usize,
+    /// A miss that overlaps or touches cached entries pins the union of them and the request,
+    /// and the entries it covers leave the cache: one entry instead of a chain of overlapping
+    /// ones (as UCX's rcache merges). Off: every miss pins just its own range.
+    pub merge: bool,
+    /// Check every hit with [`Pinner::is_current`] before handing it out: for backends that
+    /// are not told when memory is unmapped, so that a hit never returns a translation of
+    /// memory that has gone away.
+    pub validate_hits: bool,
+}
+
+impl Default for Config {
+    /// 64 MiB and 4096 entries, no merging, no validation.
+    fn default() -> Config {
+        Config {
+            capacity_bytes: 64 << 20,
+            capacity_regions: 4096,
+            merge: false,
+            validate_hits: false,
+        }
+    }
 }
 
 /// Counters and gauges of a [`RegCache`], read with [`RegCache::stats`].
@@ -49,6 +72,12 @@ pub struct Stats {
     pub cached_unreferenced_bytes: usize,
     /// Entries a later acquire can hit, referenced or not.
     pub entries: usize,
+    /// Cached entries without a lease: what [`Config::capacity_regions`] bounds.
+    pub idle_entries: usize,
+    /// Misses that pinned the union of the request and cached neighbours.
+    pub merges: u64,
+    /// Hits that [`Pinner::is_current`] refused (then served as misses).
+    pub stale_hits: u64,
 }
 
 /// Why [`RegCache::acquire`] failed.
@@ -146,7 +175,7 @@ impl<T: fmt::Debug> fmt::Debug for Lease<T> {
 /// use regcache::{Config, RegCache, page_size};
 ///
 /// let ps = page_size();
-/// let cache = RegCache::new(Toy, Config { capacity_bytes: 16 * ps });
+/// let cache = RegCache::new(Toy, Config { capacity_bytes: 16 * ps, ..Config::default() });
 /// let a = cache.acquire(0x100 * ps, 2 * ps).unwrap();
 /// // Overlaps `a` without being inside it: a miss with its own, overlapping entry.
 /// let b = cache.acquire(0x101 * ps, 2 * ps).unwrap();
@@ -161,7 +190,7 @@ impl<T: fmt::Debug> fmt::Debug for Lease<T> {
 /// ```
 pub struct RegCache<P: Pinner> {
     pinner: P,
-    capacity: usize,
+    config: Config,
     inner: Mutex<Inner<P::Pinned>>,
 }
 
@@ -183,13 +212,18 @@ struct Inner<T> {
     misses: u64,
     evictions: u64,
     invalidations: u64,
+    merges: u64,
+    stale_hits: u64,
     pinned_bytes: usize,
     cached_unreferenced_bytes: usize,
+    idle_entries: usize,
 }
 
 /// A pinned page range, what its pin returned, and its leases.
 struct Entry<T> {
     pages: Range<usize>,
+    /// The bytes the pin was asked for (inside `pages`): merges pin the union of these.
+    bytes: Range<usize>,
     pinned: Arc<T>,
     /// Live leases.
     refs: usize,
@@ -234,7 +268,7 @@ impl<P: Pinner> RegCache<P> {
     pub fn new(pinner: P, config: Config) -> Self {
         Self {
             pinner,
-            capacity: config.capacity_bytes,
+            config,
             inner: Mutex::new(Inner {
                 tree: IntervalTree::new(),
                 slots: Vec::new(),
@@ -246,8 +280,11 @@ impl<P: Pinner> RegCache<P> {
                 misses: 0,
                 evictions: 0,
                 invalidations: 0,
+                merges: 0,
+                stale_hits: 0,
                 pinned_bytes: 0,
                 cached_unreferenced_bytes: 0,
+                idle_entries: 0,
             }),
         }
     }
@@ -265,15 +302,36 @@ impl<P: Pinner> RegCache<P> {
     pub fn acquire(&self, addr: usize, len: usize) -> Result<Lease<P::Pinned>, Error<P::Error>> {
         let pages = range::page_range(addr, len).map_err(Error::Range)?;
         let want = range::extent(&pages);
-        let ticket = {
+        let (ticket, pages, bytes) = loop {
             let mut inner = self.lock();
             if let Some(lease) = inner.hit(&want) {
-                return Ok(lease);
+                if !self.config.validate_hits {
+                    return Ok(lease);
+                }
+                drop(inner);
+                if self.pinner.is_current(lease.pages(), lease.pinned()) {
+                    return Ok(lease);
+                }
+                // The memory under the entry changed: drop it and pin afresh.
+                let stale = lease.pages();
+                log::debug!("cached {stale:#x?} is stale; pinning again");
+                let mut inner = self.lock();
+                inner.hits -= 1;
+                inner.stale_hits += 1;
+                drop(inner);
+                self.invalidate_pages(&range::extent(&stale));
+                self.release(lease);
+                continue;
             }
-            inner.begin_pin(want.clone())
+            let (pages, bytes) = if self.config.merge && len > 0 {
+                inner.merged(pages.clone(), addr..addr + len)
+            } else {
+                (pages.clone(), addr..addr + len)
+            };
+            break (inner.begin_pin(range::extent(&pages)), pages, bytes);
         };
         // If `pin` panics, the ticket stays in `pending`: harmless, it only marks nothing.
-        let pinned = self.pinner.pin_bytes(pages.clone(), addr..addr + len);
+        let pinned = self.pinner.pin_bytes(pages.clone(), bytes.clone());
         let mut inner = self.lock();
         let invalidated = inner.end_pin(ticket);
         let pinned = match pinned {
@@ -294,7 +352,18 @@ impl<P: Pinner> RegCache<P> {
         if invalidated {
             log::debug!("{pages:#x?} invalidated while pinning; leasing it uncached");
         }
-        Ok(inner.insert(pages, pinned, !invalidated))
+        let mut unpins = Vec::new();
+        let lease = inner.insert(
+            pages,
+            bytes,
+            pinned,
+            !invalidated,
+            self.config.merge,
+            &mut unpins,
+        );
+        drop(inner);
+        self.unpin_all(unpins);
+        Ok(lease)
     }
 
     /// Gives back a lease from [`acquire`](Self::acquire).
@@ -318,7 +387,7 @@ impl<P: Pinner> RegCache<P> {
             }
             // The entry must hold the last reference once its last lease is gone.
             drop(pinned);
-            inner.release(id, self.capacity, &mut unpins);
+            inner.release(id, &self.config, &mut unpins);
         }
         self.unpin_all(unpins);
     }
@@ -343,7 +412,7 @@ impl<P: Pinner> RegCache<P> {
     /// use regcache::{Config, RegCache, page_size};
     ///
     /// let ps = page_size();
-    /// let cache = RegCache::new(Toy, Config { capacity_bytes: 16 * ps });
+    /// let cache = RegCache::new(Toy, Config { capacity_bytes: 16 * ps, ..Config::default() });
     /// let leased = cache.acquire(0x100 * ps, ps).unwrap();
     /// cache.release(cache.acquire(0x104 * ps, ps).unwrap());
     /// assert_eq!(cache.invalidate(0x100 * ps, 8 * ps), 2);
@@ -355,13 +424,32 @@ impl<P: Pinner> RegCache<P> {
     /// ```
     pub fn invalidate(&self, addr: usize, len: usize) -> usize {
         let range = range::round_out_saturating(addr, len, range::page_size());
+        self.invalidate_pages(&range::extent(&range))
+    }
+
+    fn invalidate_pages(&self, extent: &Range<usize>) -> usize {
         let mut unpins = Vec::new();
-        let dropped = self.lock().invalidate(&range::extent(&range), &mut unpins);
+        let dropped = self.lock().invalidate(extent, &mut unpins);
         if dropped > 0 {
-            log::debug!("invalidated {dropped} entries in {range:#x?}");
+            log::debug!("invalidated {dropped} entries in {extent:#x?}");
         }
         self.unpin_all(unpins);
         dropped
+    }
+
+    /// Unpins every cached entry that has no lease (leased entries stay); returns how many.
+    pub fn flush(&self) -> usize {
+        let mut unpins = Vec::new();
+        {
+            let mut inner = self.lock();
+            while let Some(victim) = inner.lru.oldest {
+                unpins.extend(inner.unlink(victim));
+                inner.evictions += 1;
+            }
+        }
+        let n = unpins.len();
+        self.unpin_all(unpins);
+        n
     }
 
     /// A snapshot of the counters and gauges.
@@ -375,7 +463,15 @@ impl<P: Pinner> RegCache<P> {
             pinned_bytes: inner.pinned_bytes,
             cached_unreferenced_bytes: inner.cached_unreferenced_bytes,
             entries: inner.tree.len(),
+            idle_entries: inner.idle_entries,
+            merges: inner.merges,
+            stale_hits: inner.stale_hits,
         }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> Config {
+        self.config
     }
 
     /// The backend this cache pins through.
@@ -411,6 +507,7 @@ impl<T> Inner<T> {
             entry.state = State::Leased;
             let len = entry.pages.len();
             self.cached_unreferenced_bytes -= len;
+            self.idle_entries -= 1;
         }
         self.hits += 1;
         let entry = self.entry(id);
@@ -444,11 +541,71 @@ impl<T> Inner<T> {
         self.pending.swap_remove(at).invalidated
     }
 
+    /// The union of the request with every leased entry whose bytes overlap or touch the
+    /// requested bytes, as (pages, bytes). Only live registrations merge, and only when their
+    /// bytes join without a gap: the union then holds nothing but bytes the application
+    /// registered (an idle entry's memory may since have been freed and reused).
+    fn merged(
+        &mut self,
+        mut pages: Range<usize>,
+        mut bytes: Range<usize>,
+    ) -> (Range<usize>, Range<usize>) {
+        loop {
+            let probe = pages.start.saturating_sub(1)..pages.end.saturating_add(1);
+            let mut ids = Vec::new();
+            self.tree.overlapping(&probe, &mut ids);
+            let before = bytes.clone();
+            for id in ids {
+                let e = self.entry(id);
+                if e.refs > 0 && e.bytes.start <= bytes.end && bytes.start <= e.bytes.end {
+                    bytes = bytes.start.min(e.bytes.start)..bytes.end.max(e.bytes.end);
+                    pages = pages.start.min(e.pages.start)..pages.end.max(e.pages.end);
+                }
+            }
+            if bytes == before {
+                return (pages, bytes);
+            }
+        }
+    }
+
     /// Adds a freshly pinned entry with one lease; `cached` says whether lookups may find it.
-    fn insert(&mut self, pages: Range<usize>, pinned: T, cached: bool) -> Lease<T> {
+    /// With `merge`, cached entries inside the new one leave the cache (unpinned now if idle, on their
+    /// last release otherwise).
+    fn insert(
+        &mut self,
+        pages: Range<usize>,
+        bytes: Range<usize>,
+        pinned: T,
+        cached: bool,
+        merge: bool,
+        unpins: &mut Unpins<T>,
+    ) -> Lease<T> {
+        if cached && merge {
+            let mut ids = Vec::new();
+            self.tree.overlapping(&range::extent(&pages), &mut ids);
+            let mut covered = 0u64;
+            for id in ids {
+                let e = self.entry(id);
+                if e.pages.start >= pages.start && e.pages.end <= pages.end && !e.pages.is_empty() {
+                    covered += 1;
+                    if e.refs == 0 {
+                        unpins.extend(self.unlink(id));
+                    } else {
+                        e.state = State::Invalidated;
+                        let start = e.pages.start;
+                        let removed = self.tree.remove(start, id);
+                        debug_assert!(removed);
+                    }
+                }
+            }
+            if covered > 0 {
+                self.merges += 1;
+            }
+        }
         let pinned = Arc::new(pinned);
         let entry = Entry {
             pages: pages.clone(),
+            bytes,
             pinned: Arc::clone(&pinned),
             refs: 1,
             state: if cached {
@@ -479,13 +636,17 @@ impl<T> Inner<T> {
 
     /// Drops one lease of entry `id`, then keeps, or unpins, or evicts as [`RegCache::release`]
     /// says. The lease's `Arc` must be dropped already.
-    fn release(&mut self, id: usize, capacity: usize, unpins: &mut Unpins<T>) {
+    fn release(&mut self, id: usize, config: &Config, unpins: &mut Unpins<T>) {
         let entry = self.entry(id);
         entry.refs -= 1;
         if entry.refs > 0 {
             return;
         }
-        if entry.state == State::Invalidated || capacity == 0 || entry.pages.is_empty() {
+        if entry.state == State::Invalidated
+            || config.capacity_bytes == 0
+            || config.capacity_regions == 0
+            || entry.pages.is_empty()
+        {
             unpins.extend(self.unlink(id));
             return;
         }
@@ -493,7 +654,10 @@ impl<T> Inner<T> {
         let len = entry.pages.len();
         self.lru_push_newest(id);
         self.cached_unreferenced_bytes += len;
-        while self.cached_unreferenced_bytes > capacity {
+        self.idle_entries += 1;
+        while self.cached_unreferenced_bytes > config.capacity_bytes
+            || self.idle_entries > config.capacity_regions
+        {
             let victim = self
                 .lru
                 .oldest
@@ -542,6 +706,7 @@ impl<T> Inner<T> {
         }
         if entry.state == State::Idle {
             self.cached_unreferenced_bytes -= entry.pages.len();
+            self.idle_entries -= 1;
         }
         self.pinned_bytes -= entry.pages.len();
         match Arc::try_unwrap(entry.pinned) {
@@ -605,7 +770,7 @@ impl<P: Pinner> Drop for RegCache<P> {
 impl<P: Pinner> fmt::Debug for RegCache<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegCache")
-            .field("capacity", &self.capacity)
+            .field("config", &self.config)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
@@ -701,6 +866,7 @@ mod tests {
             Recorder::default(),
             Config {
                 capacity_bytes: capacity_pages * page_size(),
+                ..Config::default()
             },
         )
     }
@@ -1002,6 +1168,109 @@ mod tests {
         let s = c.stats();
         assert_eq!((s.misses, s.hits, s.entries), (1, 1, 1));
         c.release(a);
+    }
+
+    fn configured(config: Config) -> RegCache<Recorder> {
+        RegCache::new(Recorder::default(), config)
+    }
+
+    #[test]
+    fn region_budget_evicts_oldest() {
+        let c = configured(Config {
+            capacity_bytes: 1 << 30,
+            capacity_regions: 2,
+            ..Config::default()
+        });
+        for i in 0..4 {
+            c.release(c.acquire(pg(2 * i), 1).unwrap());
+        }
+        let s = c.stats();
+        assert_eq!((s.idle_entries, s.entries, s.evictions), (2, 2, 2));
+        assert_eq!(c.pinner().unpins(), [span(0, 1), span(2, 3)]);
+        // The newest two are still hits.
+        c.release(c.acquire(pg(4), 1).unwrap());
+        c.release(c.acquire(pg(6), 1).unwrap());
+        assert_eq!(c.stats().hits, 2);
+        assert_eq!(c.flush(), 2);
+        assert_eq!(c.stats().idle_entries, 0);
+        assert_eq!(c.stats().pinned_bytes, 0);
+    }
+
+    #[test]
+    fn merge_pins_the_union_of_touching_registrations() {
+        let c = configured(Config {
+            merge: true,
+            ..Config::default()
+        });
+        let a = c.acquire(pg(0), 2 * page_size()).unwrap();
+        // Idle entries never merge (their memory may have been freed).
+        c.release(c.acquire(pg(3), page_size()).unwrap());
+        // Its bytes touch the first (leased) entry's: one entry for pages 0..3.
+        let b = c.acquire(pg(2), 100).unwrap();
+        assert_eq!(b.pages(), span(0, 3));
+        assert_eq!(c.pinner().events().last(), Some(&Event::Pin(span(0, 3))));
+        let s = c.stats();
+        assert_eq!((s.merges, s.entries), (1, 2), "{s:?}");
+        // The merged leased entry left the cache; it is unpinned on release, not kept.
+        c.release(a);
+        assert!(c.pinner().unpins().contains(&span(0, 2)));
+        // A gap between the bytes: no merge, even where pages touch.
+        let d = c.acquire(pg(2) + 200, 10).unwrap();
+        assert_eq!(d.pages(), span(0, 3), "a hit");
+        let e = c.acquire(pg(4) + 8, 8).unwrap();
+        assert_eq!(e.pages(), span(4, 5));
+        assert_eq!(c.stats().merges, 1);
+        // Requests inside now hit.
+        let f = c.acquire(pg(1), page_size()).unwrap();
+        assert_eq!(f.pages(), span(0, 3));
+        for l in [b, d, e, f] {
+            c.release(l);
+        }
+    }
+
+    /// Refuses hits on pinned ranges listed as stale.
+    #[derive(Default)]
+    struct Checking {
+        inner: Recorder,
+        stale: Mutex<Vec<Range<usize>>>,
+    }
+
+    impl Pinner for Checking {
+        type Pinned = Range<usize>;
+        type Error = Refused;
+        fn pin(&self, pages: Range<usize>) -> Result<Range<usize>, Refused> {
+            self.inner.pin(pages)
+        }
+        fn unpin(&self, pages: Range<usize>, pinned: Range<usize>) {
+            self.inner.unpin(pages, pinned)
+        }
+        fn is_current(&self, pages: Range<usize>, _: &Range<usize>) -> bool {
+            !self.stale.lock().unwrap().contains(&pages)
+        }
+    }
+
+    #[test]
+    fn validated_hits_never_return_stale_pins() {
+        let c = RegCache::new(
+            Checking::default(),
+            Config {
+                validate_hits: true,
+                ..Config::default()
+            },
+        );
+        let a = c.acquire(pg(0), page_size()).unwrap();
+        c.release(c.acquire(pg(0), 1).unwrap());
+        assert_eq!(c.stats().hits, 1);
+        // The memory under the entry changed: the next request pins afresh.
+        c.pinner().stale.lock().unwrap().push(span(0, 1));
+        let b = c.acquire(pg(0), 1).unwrap();
+        assert!(!Arc::ptr_eq(&a.pinned, &b.pinned), "a new pin");
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.stale_hits), (1, 2, 1));
+        c.pinner().stale.lock().unwrap().clear();
+        c.release(a);
+        c.release(b);
+        assert_eq!(c.pinner().inner.pins(), 2);
     }
 
     #[test]

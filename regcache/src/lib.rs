@@ -40,7 +40,7 @@
 //! }
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let cache = RegCache::new(Toy::default(), Config { capacity_bytes: 1 << 20 });
+//! let cache = RegCache::new(Toy::default(), Config { capacity_bytes: 1 << 20, ..Config::default() });
 //! let buf = vec![0u8; 3 * regcache::page_size()];
 //! let addr = buf.as_ptr() as usize;
 //!
@@ -112,4 +112,12 @@ pub trait Pinner: Send + Sync {
     /// Unpins what [`Pinner::pin`] or [`Pinner::pin_bytes`] returned for `pages`. The cache calls it exactly once per
     /// successful pin, with the same range.
     fn unpin(&self, pages: Range<usize>, pinned: Self::Pinned);
+
+    /// Whether `pinned`, made for `pages`, still describes the memory there (the pages were not
+    /// unmapped or replaced since). Asked on every hit when [`Config::validate_hits`] is set;
+    /// the default says yes.
+    fn is_current(&self, pages: Range<usize>, pinned: &Self::Pinned) -> bool {
+        let _ = (pages, pinned);
+        true
+    }
 }

@@ -193,6 +193,7 @@ fn run(capacity_pages: usize, ops: Vec<Op>, release_at_end: Vec<bool>) {
         pinner.clone(),
         Config {
             capacity_bytes: capacity,
+            ..Config::default()
         },
     );
     let mut model = Model {

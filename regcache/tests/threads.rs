@@ -104,6 +104,7 @@ fn threads_share_one_cache() {
         pinner.clone(),
         Config {
             capacity_bytes: capacity,
+            ..Config::default()
         },
     );
     let start = Barrier::new(THREADS);
