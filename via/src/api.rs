@@ -24,6 +24,19 @@ use crate::proto::NetAddr;
 use crate::shm::mapping::Mapping;
 use crate::vi::{Completion, ViCore, Which};
 
+/// Counters of the registration path of a process.
+#[derive(Clone, Copy, Debug)]
+pub struct RegistrationStats {
+    /// The pin-down cache.
+    pub cache: regcache::Stats,
+    /// The arenas (shared files registered pages move into).
+    pub arenas: crate::mem::arena::ArenaStats,
+    /// The memory-event monitor (`None`: none on this kernel).
+    pub monitor: Option<crate::mem::monitor::MonitorStats>,
+}
+
+pub use crate::backend::soft::tcache::{CacheCounts, TranslationStats};
+
 /// An open NIC. Closed with [`Nic::close`] or when the last clone is
 /// dropped (VIs, CQs and regions of a closed NIC refuse further use).
 #[derive(Clone)]
@@ -64,6 +77,33 @@ impl Nic {
     /// The NIC's attributes.
     pub fn attributes(&self) -> NicAttributes {
         self.inner.attributes()
+    }
+
+    /// Counters of the registration path of this process (the pin-down
+    /// cache, the arenas, the memory-event monitor).
+    pub fn registration_stats(&self) -> RegistrationStats {
+        let p = &self.inner.process;
+        RegistrationStats {
+            cache: p.registrations.stats(),
+            arenas: p.arenas.stats(),
+            monitor: p.monitor.as_ref().map(|m| m.stats()),
+        }
+    }
+
+    /// Drops every cached registration that no live registration uses
+    /// (for measurements that start cold).
+    pub fn flush_registration_cache(&self) -> usize {
+        let p = &self.inner.process;
+        if let Some(m) = &p.monitor {
+            m.sync();
+        }
+        p.registrations.flush()
+    }
+
+    /// Counters of this NIC's translation cache (the engine's), if the
+    /// device has one.
+    pub fn translation_stats(&self) -> Option<TranslationStats> {
+        self.inner.dev.translation_stats()
     }
 
     /// This host's VIA address.

@@ -8,6 +8,13 @@
 //! | `VIA_REGISTER` | `remap`, `cma` | `remap` |
 //! | `VIA_INLINE` | bytes carried inside the doorbell entry | `0` |
 //! | `VIA_PROGRESS` | `inline` (posting thread runs the engine), `thread` | `inline` |
+//! | `VIA_REGCACHE` | `on` (deregistered regions stay cached), `off` | `on` |
+//! | `VIA_REGCACHE_BYTES` | bytes of deregistered regions kept cached | 256 MiB |
+//! | `VIA_REGCACHE_REGIONS` | deregistered regions kept cached | 16384 |
+//! | `VIA_REGCACHE_MERGE` | `on` (a miss pins the union with touching entries), `off` | `on` |
+//! | `VIA_MOVE_CHUNK` | bytes moved per write-protected step of a registration | 2 MiB |
+//! | `VIA_TCACHE_ENTRIES` | entries of the engine's translation cache | 1024 |
+//! | `VIA_TCACHE_WAYS` | its associativity (1 = direct-mapped) | 1 |
 #![forbid(unsafe_code)]
 
 use std::sync::OnceLock;
@@ -15,7 +22,7 @@ use std::time::Duration;
 
 use doorbell::DoorbellMode;
 
-use crate::shm::arena::Policy;
+use crate::mem::arena::Policy;
 
 /// How the engine is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -42,6 +49,29 @@ pub struct Config {
     pub inline: usize,
     /// Engine driving mode.
     pub progress: Progress,
+    /// The registration cache.
+    pub regcache: regcache::Config,
+    /// Bytes per write-protected step when pages move into an arena.
+    pub move_chunk: usize,
+    /// Entries of the engine's translation cache.
+    pub tcache_entries: usize,
+    /// Its associativity.
+    pub tcache_ways: usize,
+}
+
+/// `on`/`off` switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Switch(bool);
+
+impl std::str::FromStr for Switch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "on" | "1" | "yes" => Ok(Switch(true)),
+            "off" | "0" | "no" => Ok(Switch(false)),
+            _ => Err(format!("'{s}' is neither on nor off")),
+        }
+    }
 }
 
 fn var<T: std::str::FromStr>(name: &str, default: T) -> T
@@ -78,6 +108,26 @@ impl Config {
             register: var("VIA_REGISTER", Policy::Remap),
             inline: var::<usize>("VIA_INLINE", 0).min(crate::shm::layout::MAX_INLINE),
             progress,
+            regcache: {
+                let on = var("VIA_REGCACHE", Switch(true)).0;
+                regcache::Config {
+                    capacity_bytes: if on {
+                        var("VIA_REGCACHE_BYTES", 256usize << 20)
+                    } else {
+                        0
+                    },
+                    capacity_regions: if on {
+                        var("VIA_REGCACHE_REGIONS", 16384usize)
+                    } else {
+                        0
+                    },
+                    merge: var("VIA_REGCACHE_MERGE", Switch(true)).0,
+                    validate_hits: false,
+                }
+            },
+            move_chunk: var("VIA_MOVE_CHUNK", 2usize << 20).max(1),
+            tcache_entries: var("VIA_TCACHE_ENTRIES", 1024usize).clamp(1, 1 << 20),
+            tcache_ways: var("VIA_TCACHE_WAYS", 1usize).clamp(1, 64),
         }
     }
 

@@ -24,6 +24,7 @@ pub mod descriptor;
 mod error;
 pub mod ffi;
 pub mod handle;
+pub mod mem;
 mod nic;
 mod notify;
 mod ns;
@@ -35,7 +36,10 @@ mod tpt;
 mod translate;
 mod vi;
 
-pub use api::{ConnRequest, Cq, DescBuilder, Nic, Refused, Region, Vi};
+pub use api::{
+    CacheCounts, ConnRequest, Cq, DescBuilder, Nic, Refused, Region, RegistrationStats,
+    TranslationStats, Vi,
+};
 pub use attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};
 pub use error::{Error, Result};
 pub use nic::{AsyncError, ErrorCode, ResourceCode};

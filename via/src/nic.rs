@@ -17,10 +17,10 @@ use crate::backend::{Device, Pinned};
 use crate::cq::CqCore;
 use crate::error::{Error, Result};
 use crate::handle::Slab;
+use crate::mem::arena::{Extent, UserRange};
 use crate::notify::Provider;
 use crate::process::Process;
 use crate::proto::{Endpoint, ObjKey, ObjKind, Request};
-use crate::shm::arena::{Extent, UserRange};
 use crate::shm::layout::{
     self, ERROR_RING, MAX_CQ, MAX_REGIONS, MAX_SEGS, MAX_VI, NicView, OFFSETS, RQ_SLOTS,
 };
@@ -157,6 +157,22 @@ pub(crate) struct Incoming {
     pub peer: Endpoint,
 }
 
+/// A registration of this NIC, by handle.
+pub(crate) struct RegionRec {
+    /// What the registration path pinned.
+    pinned: Pinned,
+    /// Protection tag id.
+    ptag: u32,
+    /// The registered bytes.
+    va: u64,
+    len: u64,
+    /// Arena pages it holds (kept out of a child after `fork`).
+    held: Vec<std::ops::Range<usize>>,
+    /// The memory went away under it (unmapped, moved, discarded): the
+    /// translation is gone, only `VipDeregisterMem` remains to be called.
+    revoked: bool,
+}
+
 /// One open NIC.
 pub(crate) struct NicInner {
     pub process: Arc<Process>,
@@ -168,7 +184,7 @@ pub(crate) struct NicInner {
     pub tpt: TranslationTable,
     pub errors: MappedRing,
     pub ptags: Mutex<Slab<u32>>,
-    pub regions: Mutex<HashMap<u32, (Pinned, u32)>>,
+    pub regions: Mutex<HashMap<u32, RegionRec>>,
     pub vis: RwLock<Slab<Arc<ViCore>>>,
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
@@ -177,6 +193,22 @@ pub(crate) struct NicInner {
     pub error_cb: Mutex<Option<ErrorHandler>>,
     pub closed: AtomicBool,
     pub ns_open: AtomicBool,
+}
+
+/// Longest wait of [`NicInner::quiesce_accessors`] for one peer.
+pub const QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The arena pages of a registration of `len` bytes at `addr`: the whole
+/// pages of its arena extents (what `MADV_DONTFORK` covers while it lives).
+fn held_ranges(extents: &[Extent], addr: usize, len: usize) -> Vec<std::ops::Range<usize>> {
+    let page = regcache::page_size();
+    let (lo, hi) = (addr.div_ceil(page) * page, (addr + len) / page * page);
+    extents
+        .iter()
+        .filter(|e| e.arena != crate::mem::arena::CMA)
+        .map(|e| (e.va as usize).max(lo)..((e.va + e.len) as usize).min(hi))
+        .filter(|r| r.start < r.end)
+        .collect()
 }
 
 /// Accepted device names: the default (`None`, empty), `via_lo` and
@@ -259,11 +291,6 @@ impl NicInner {
             })?;
         drop(fd);
         let engine = Engine::new(process.config, session, id)?;
-        let salt = (session as u16)
-            .wrapping_mul(31)
-            .wrapping_add(id as u16)
-            .wrapping_mul(0x9e37)
-            | 1;
         let nic = process
             .nics
             .write()
@@ -276,7 +303,7 @@ impl NicInner {
                     id,
                     name: name.clone(),
                     seg: map.clone(),
-                    tpt: TranslationTable::new(map.clone(), salt),
+                    tpt: TranslationTable::new(map.clone()),
                     errors,
                     ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
                     regions: Mutex::new(HashMap::new()),
@@ -423,7 +450,7 @@ impl NicInner {
             vec![Extent {
                 va: first,
                 len,
-                arena: crate::shm::arena::CMA,
+                arena: crate::mem::arena::CMA,
                 arena_off: first,
             }]
         } else {
@@ -434,7 +461,7 @@ impl NicInner {
         let local: Vec<ResolvedExtent> = extents
             .iter()
             .filter_map(|e| {
-                if e.arena != crate::shm::arena::CMA {
+                if e.arena != crate::mem::arena::CMA {
                     return Some(ResolvedExtent {
                         va: e.va,
                         len: e.len,
@@ -451,6 +478,9 @@ impl NicInner {
                 })
             })
             .collect();
+        // The arena pages of this registration stay out of a child after fork.
+        let held = held_ranges(&pinned.extents, range.addr(), range.len());
+        self.process.arenas.hold(&held, true);
         let handle = match self.tpt.insert(crate::tpt::NewRegion {
             va: range.addr() as u64,
             len: range.len() as u64,
@@ -462,31 +492,119 @@ impl NicInner {
         }) {
             Ok(h) => h,
             Err(e) => {
+                self.process.arenas.hold(&held, false);
                 self.dev.unpin(self, pinned);
                 return Err(e);
             }
         };
         self.ptag_ref(attrs.ptag, 1)?;
-        self.regions
-            .lock()
-            .unwrap()
-            .insert(handle, (pinned, attrs.ptag.0));
+        self.regions.lock().unwrap().insert(
+            handle,
+            RegionRec {
+                pinned,
+                ptag: attrs.ptag.0,
+                va: range.addr() as u64,
+                len: range.len() as u64,
+                held,
+                revoked: false,
+            },
+        );
         Ok(handle)
     }
 
-    /// `VipDeregisterMem`. `addr` must be the address the region was registered with.
+    /// `VipDeregisterMem`. `addr` must be the address the region was
+    /// registered with. When it returns, no engine of this process or of a
+    /// peer reads or writes the region any more (see
+    /// [`NicInner::quiesce_accessors`]).
     pub fn deregister(&self, addr: u64, handle: u32) -> Result<()> {
-        let snap = self.tpt.lookup(handle).ok_or(Error::InvalidParameter)?;
-        if snap.va != addr {
-            return Err(Error::InvalidParameter);
-        }
-        let Some((pinned, ptag)) = self.regions.lock().unwrap().remove(&handle) else {
-            return Err(Error::InvalidParameter);
+        let rec = {
+            let mut g = self.regions.lock().unwrap();
+            match g.get(&handle) {
+                Some(r) if r.va == addr => g.remove(&handle).expect("present"),
+                _ => return Err(Error::InvalidParameter),
+            }
         };
-        self.tpt.remove(handle)?;
-        let _ = self.ptag_ref(Ptag(ptag), -1);
-        self.dev.unpin(self, pinned);
+        if !rec.revoked {
+            let _ = self.tpt.remove(handle);
+            self.quiesce_accessors();
+        }
+        self.release(rec);
         Ok(())
+    }
+
+    fn release(&self, rec: RegionRec) {
+        self.process.arenas.hold(&rec.held, false);
+        let _ = self.ptag_ref(Ptag(rec.ptag), -1);
+        self.dev.unpin(self, rec.pinned);
+    }
+
+    /// The application unmapped, moved or discarded `range` (memory
+    /// events): registrations over it lose their translation at once (peers
+    /// then get `RDMA_PROT_ERROR`, local posts `PROTECTION_ERROR`); the
+    /// handles stay until `VipDeregisterMem`.
+    pub fn revoke_overlapping(&self, range: &std::ops::Range<usize>) {
+        let mut revoked = 0;
+        {
+            let mut g = self.regions.lock().unwrap();
+            for (&h, r) in g.iter_mut() {
+                let (a, b) = (r.va as usize, (r.va + r.len.max(1)) as usize);
+                if !r.revoked && a < range.end && range.start < b {
+                    r.revoked = true;
+                    let _ = self.tpt.remove(h);
+                    revoked += 1;
+                }
+            }
+        }
+        if revoked > 0 {
+            log::debug!(
+                "{}: {revoked} registrations over {range:#x?} revoked (memory went away)",
+                self.name
+            );
+            self.quiesce_accessors();
+        }
+    }
+
+    /// Waits until no engine touches memory under a translation that was
+    /// valid before the call: this process's engine (its lock) and the
+    /// engine of every connected peer (the access epoch of each VI: odd
+    /// while the peer's engine is inside an operation on it; it re-checks
+    /// the translation between chunks of 256 KiB, so the wait is bounded by
+    /// one chunk). A peer that does not move on within
+    /// [`QUIESCE_TIMEOUT`] (stopped, or dead) is logged and not waited for.
+    pub fn quiesce_accessors(&self) {
+        self.dev.quiesce_light(self);
+        // SeqCst: the table update before this call is ordered before the
+        // epoch loads below; pairs with the fence in the peer's engine after
+        // it raises the epoch (Dekker: either it sees the new table, or we
+        // see its odd epoch).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let view = self.view();
+        let deadline = std::time::Instant::now() + QUIESCE_TIMEOUT;
+        for vi in self.all_vis() {
+            let Some(sh) = view.vi(vi.slot) else { continue };
+            let e = sh.access.load(Ordering::SeqCst);
+            if e & 1 == 0 {
+                continue;
+            }
+            let mut spins = 0u32;
+            while sh.access.load(Ordering::Acquire) == e {
+                if std::time::Instant::now() >= deadline {
+                    log::warn!(
+                        "{}: the peer of VI {} stayed inside an operation for {:?}; not waiting",
+                        self.name,
+                        vi.slot,
+                        QUIESCE_TIMEOUT
+                    );
+                    break;
+                }
+                spins += 1;
+                if spins < 1000 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
     }
 
     /// `VipQueryMem`.
@@ -518,7 +636,7 @@ impl NicInner {
             self.ptag_ref(attrs.ptag, 1)?;
             let _ = self.ptag_ref(old, -1);
             if let Some(r) = self.regions.lock().unwrap().get_mut(&handle) {
-                r.1 = attrs.ptag.0;
+                r.ptag = attrs.ptag.0;
             }
         }
         Ok(())
@@ -574,6 +692,19 @@ impl NicInner {
     pub fn peer_died(&self, session: u64) {
         for vi in self.all_vis() {
             if vi.peer_session() == Some(session) {
+                // The dead process's engine touches nothing any more (its
+                // mappings are gone): an access epoch it left odd is over.
+                if let Some(sh) = self.view().vi(vi.slot) {
+                    let e = sh.access.load(Ordering::Acquire);
+                    if e & 1 == 1 {
+                        let _ = sh.access.compare_exchange(
+                            e,
+                            e.wrapping_add(1),
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        );
+                    }
+                }
                 vi.break_connection(self, ErrorCode::ConnLost, false, true);
             }
         }
@@ -618,9 +749,11 @@ impl NicInner {
         self.provider.stop(self);
         self.dev.stop();
         let regions: Vec<_> = self.regions.lock().unwrap().drain().collect();
-        for (h, (pinned, _)) in regions {
-            let _ = self.tpt.remove(h);
-            self.dev.unpin(self, pinned);
+        for (h, rec) in regions {
+            if !rec.revoked {
+                let _ = self.tpt.remove(h);
+            }
+            self.release(rec);
         }
         let _ = self.process.agent.send(&Request::Retire {
             key: ObjKey {

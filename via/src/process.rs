@@ -12,9 +12,10 @@ use crate::backend::soft::remote::RemoteNic;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::handle::Slab;
+use crate::mem::arena::{self, ArenaPinner, Arenas, Publisher};
+use crate::mem::monitor::{self, MemEvent, Monitor};
 use crate::nic::NicInner;
 use crate::proto::{ObjKey, ObjKind, Reply, Request};
-use crate::shm::arena::{ArenaPinner, Arenas, Publisher};
 use crate::sys;
 
 /// Most NICs one process may open.
@@ -27,6 +28,9 @@ pub(crate) struct Process {
     pub arenas: Arc<Arenas>,
     /// The registration path: registrations of this process, by page range.
     pub registrations: regcache::RegCache<ArenaPinner>,
+    /// Memory events (unmap, discard, move) of this address space, if the
+    /// kernel offers them.
+    pub monitor: Option<Arc<Monitor>>,
     pub nics: RwLock<Slab<Arc<NicInner>>>,
     pub next_nic_id: Mutex<u32>,
     remotes: Mutex<HashMap<(u64, u32), Weak<RemoteNic>>>,
@@ -71,22 +75,29 @@ impl Process {
             log::error!("cannot reach viad: {e}");
             Error::Resource
         })?);
+        monitor::set_apply(on_memory_events);
+        let monitor = Monitor::get();
+        let mut cache = config.regcache;
         let arenas = Arc::new(Arenas::new(
-            agent.session,
-            config.register,
+            arena::Config {
+                policy: config.register,
+                chunk: config.move_chunk,
+                restore_on_retire: cache.capacity_bytes == 0 || cache.capacity_regions == 0,
+            },
             Box::new(AgentPublisher(agent.clone())),
+            monitor.clone(),
         ));
-        // No caching beyond what is registered: the application may free
-        // memory once it is deregistered (automatic invalidation comes later).
-        let registrations = regcache::RegCache::new(
-            ArenaPinner(arenas.clone()),
-            regcache::Config { capacity_bytes: 0 },
-        );
+        crate::mem::fork::install(Arc::downgrade(&arenas));
+        // Without memory events a hit cannot know that the memory under it
+        // changed: check each one against the mappings.
+        cache.validate_hits = monitor.is_none();
+        let registrations = regcache::RegCache::new(ArenaPinner(arenas.clone()), cache);
         let p = Arc::new(Process {
             pid: sys::getpid(),
             agent,
             arenas,
             registrations,
+            monitor,
             nics: RwLock::new(Slab::new(MAX_NICS, 1)),
             next_nic_id: Mutex::new(1),
             remotes: Mutex::new(HashMap::new()),
@@ -133,6 +144,34 @@ impl Process {
             .iter()
             .map(|(_, _, n)| n.clone())
             .collect()
+    }
+}
+
+/// Applies memory events (on the monitor's applier thread, or in a
+/// registration that syncs first): cache entries over memory that went away
+/// are dropped, registrations over it lose their translation.
+fn on_memory_events(evs: &[MemEvent]) {
+    let Some(p) = Process::current() else { return };
+    if p.pid != sys::getpid() {
+        return;
+    }
+    for ev in evs {
+        let r = match ev {
+            MemEvent::Unmap(r) | MemEvent::Remove(r) => r.clone(),
+            MemEvent::Remap { from, .. } => from.clone(),
+            MemEvent::Everything => {
+                log::error!(
+                    "memory events were lost: every cached registration is dropped (live \
+                     registrations keep their translation)"
+                );
+                p.registrations.invalidate(0, usize::MAX);
+                continue;
+            }
+        };
+        p.registrations.invalidate(r.start, r.len());
+        for nic in p.all_nics() {
+            nic.revoke_overlapping(&r);
+        }
     }
 }
 

@@ -582,3 +582,151 @@ pub fn close_inherited_fds() {
         unsafe { libc::close(fd) };
     }
 }
+
+/// `madvise(2)` on a page-aligned range.
+pub fn madvise(r: &std::ops::Range<usize>, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: madvise with DONTFORK/DOFORK/REMOVE-like advice changes no
+    // memory this process reads through Rust references; the kernel
+    // validates the range.
+    cvt(unsafe { libc::madvise(r.start as *mut libc::c_void, r.end - r.start, advice) })?;
+    Ok(())
+}
+
+/// Writes `len` bytes of this process's memory at `addr` into `fd` at
+/// `off` (`pwrite`): the kernel validates the source, so an unmapped
+/// source is an `EFAULT`, never a crash.
+pub fn pwrite_from_memory(fd: &OwnedFd, addr: usize, len: usize, off: u64) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: pwrite only reads `addr + done ..` in the kernel, which
+        // checks the range; no Rust reference is created.
+        let r = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                (addr + done) as *const libc::c_void,
+                len - done,
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// Maps `fd` at `off` shared over the page-aligned range `r` (`MAP_FIXED`).
+///
+/// # Safety
+/// `r` must be memory of this process whose contents the caller has
+/// copied into `fd` at `off`, and that no Rust reference points into
+/// (the pages are replaced).
+pub unsafe fn map_fixed_shared(
+    r: &std::ops::Range<usize>,
+    prot: i32,
+    fd: &OwnedFd,
+    off: u64,
+) -> io::Result<()> {
+    // SAFETY: the caller's contract.
+    let m = unsafe {
+        libc::mmap(
+            r.start as *mut libc::c_void,
+            r.end - r.start,
+            prot,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            off as libc::off_t,
+        )
+    };
+    if m == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Replaces the mapping over the page-aligned range `r` by private
+/// anonymous memory with the same contents and protection `prot`: a copy
+/// is built aside and moved over `r` with one `mremap` (atomic for other
+/// threads: they see the old or the new pages, never a hole).
+///
+/// # Safety
+/// `r` must be readable memory of this process that nobody writes while
+/// the copy is made, and that no Rust reference points into.
+pub unsafe fn replace_with_private_copy(r: &std::ops::Range<usize>, prot: i32) -> io::Result<()> {
+    let len = r.end - r.start;
+    // SAFETY: a fresh private anonymous mapping aliases nothing.
+    let tmp = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if tmp == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `r` is readable (caller), `tmp` is ours and writable; they do
+    // not overlap (the kernel chose `tmp` in free space).
+    unsafe { std::ptr::copy_nonoverlapping(r.start as *const u8, tmp.cast::<u8>(), len) };
+    let fix = || -> io::Result<()> {
+        if prot != libc::PROT_READ | libc::PROT_WRITE {
+            // SAFETY: `tmp` is our own mapping.
+            cvt(unsafe { libc::mprotect(tmp, len, prot) })?;
+        }
+        // SAFETY: moves our mapping `tmp` over `r` (the caller's contract).
+        let m = unsafe {
+            libc::mremap(
+                tmp,
+                len,
+                len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                r.start as *mut libc::c_void,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    let res = fix();
+    if res.is_err() {
+        // SAFETY: `tmp` is still our own mapping (the move failed).
+        unsafe { libc::munmap(tmp, len) };
+    }
+    res
+}
+
+/// Unmaps the page-aligned range `r`.
+///
+/// # Safety
+/// Nothing may use `r` afterwards (no Rust reference, no mapping object
+/// that would unmap it again).
+pub unsafe fn munmap_range(r: &std::ops::Range<usize>) {
+    // SAFETY: the caller's contract.
+    unsafe { libc::munmap(r.start as *mut libc::c_void, r.end - r.start) };
+}
+
+/// Installs fork handlers (`pthread_atfork`).
+pub fn atfork(
+    prepare: unsafe extern "C" fn(),
+    parent: unsafe extern "C" fn(),
+    child: unsafe extern "C" fn(),
+) -> io::Result<()> {
+    // SAFETY: the handlers are plain functions valid for the whole process.
+    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}

@@ -6,9 +6,15 @@
 //! the only writer and uses a seqlock per entry; readers take a consistent
 //! [`Snapshot`] and retry (bounded) while an entry changes.
 //!
-//! A memory handle (`VIP_MEM_HANDLE`) is `check << 16 | index`: `index`
-//! selects the entry, `check` mixes the entry's generation with a per-NIC
-//! salt, so a deregistered handle or a handle of another NIC is refused.
+//! A memory handle (`VIP_MEM_HANDLE`) is the image of a per-NIC
+//! registration counter under a keyed 32-bit permutation (a Feistel network
+//! whose round function is SipHash with a per-NIC random key, as RDMA
+//! devices derive rkeys from a secret): a handle value comes back only
+//! after 2^32 registrations of the NIC, whatever slot it used, and one
+//! handle says nothing about the others. Its low 16 bits select the table
+//! entry (a registration whose image falls on a busy entry takes the next
+//! counter value), and the entry stores the whole handle, so a stale handle
+//! or one of another NIC is refused.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
@@ -16,7 +22,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::backend::soft::memory::{Resolved, ResolvedExtent};
 use crate::error::{Error, Result};
-use crate::shm::arena::Extent;
+use crate::mem::arena::Extent;
 use crate::shm::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
 use crate::shm::mapping::Mapping;
 
@@ -26,8 +32,8 @@ pub const VALID: u32 = 1 << 31;
 /// A registered region as seen at one instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Snapshot {
-    /// Handle check bits.
-    pub check: u16,
+    /// The memory handle.
+    pub handle: u32,
     /// RDMA enable flags.
     pub flags: u32,
     /// Protection tag id.
@@ -57,26 +63,36 @@ impl Snapshot {
     }
 }
 
-/// Splits a handle into (index, check).
-pub fn split(handle: u32) -> (u32, u16) {
-    (handle & 0xffff, (handle >> 16) as u16)
+/// The table entry a handle lives in.
+pub fn index_of(handle: u32) -> u32 {
+    handle & 0xffff
 }
 
-/// Reads entry `index` of a (possibly remote, untrusted) table and checks it
-/// against `check`. `None` if the handle is invalid or the entry keeps
-/// changing. Also returns the entry's sequence value, which changes with
-/// any later write (for caches).
+/// Reads the entry of `handle` in a (possibly remote, untrusted) table.
+/// `None` if the handle is not live there or the entry keeps changing. Also
+/// returns the entry's sequence value, which changes with any later write
+/// (for caches).
 pub fn read(view: &NicView<'_>, handle: u32) -> Option<(Snapshot, u32)> {
-    let (index, check) = split(handle);
-    let e = view.tpt(index)?;
-    snapshot(e).filter(|(s, _)| s.check == check)
+    let e = view.tpt(index_of(handle))?;
+    snapshot(e).filter(|(s, _)| s.handle == handle)
+}
+
+/// Whether `handle` is still registered in a (possibly remote) table: two
+/// loads, for checks in the middle of a transfer. Handles never repeat, so
+/// a live handle is the same registration.
+pub fn is_live(view: &NicView<'_>, handle: u32) -> bool {
+    view.tpt(index_of(handle)).is_some_and(|e| {
+        // Acquire: pairs with the Release that ends the owner's write.
+        e.seq.load(Ordering::Acquire);
+        e.handle.load(Ordering::Acquire) == handle && e.check.load(Ordering::Acquire) & VALID != 0
+    })
 }
 
 /// The current sequence value of the entry of `handle` (cache validation:
 /// equal to a value returned by [`read`] means the entry is unchanged).
 pub fn seq(view: &NicView<'_>, handle: u32) -> Option<u32> {
     // Acquire: pairs with the writer's final Release, as in `snapshot`.
-    view.tpt(split(handle).0)
+    view.tpt(index_of(handle))
         .map(|e| e.seq.load(Ordering::Acquire))
 }
 
@@ -91,7 +107,7 @@ fn snapshot(e: &TptEntry) -> Option<(Snapshot, u32)> {
         }
         let check = e.check.load(Ordering::Relaxed);
         let mut snap = Snapshot {
-            check: check as u16,
+            handle: e.handle.load(Ordering::Relaxed),
             flags: e.flags.load(Ordering::Relaxed),
             ptag: e.ptag.load(Ordering::Relaxed),
             va: e.va.load(Ordering::Relaxed),
@@ -121,10 +137,50 @@ fn snapshot(e: &TptEntry) -> Option<(Snapshot, u32)> {
     None
 }
 
+/// Handle allocation: which entries are busy, and the permutation.
 struct Alloc {
-    gens: Vec<u16>,
-    free: std::collections::VecDeque<u32>,
-    next: u32,
+    busy: Vec<bool>,
+    live: u32,
+    /// Next registration number (its image is the next handle tried).
+    counter: u32,
+    key: std::collections::hash_map::RandomState,
+}
+
+impl Alloc {
+    /// The keyed permutation of 32-bit values (4-round Feistel network).
+    fn permute(&self, x: u32) -> u32 {
+        use std::hash::BuildHasher;
+        let (mut l, mut r) = ((x >> 16) as u16, x as u16);
+        for round in 0u8..4 {
+            let f = self.key.hash_one((round, r)) as u16;
+            (l, r) = (r, l ^ f);
+        }
+        ((l as u32) << 16) | r as u32
+    }
+
+    /// The next handle whose entry is free, and that entry; `None` when
+    /// the table is full.
+    fn next(&mut self) -> Option<(u32, u32)> {
+        if self.live >= MAX_REGIONS - 1 {
+            return None;
+        }
+        loop {
+            let h = self.permute(self.counter);
+            self.counter = self.counter.wrapping_add(1);
+            let index = index_of(h);
+            if h != 0 && index != 0 && !self.busy[index as usize] {
+                self.busy[index as usize] = true;
+                self.live += 1;
+                return Some((h, index));
+            }
+        }
+    }
+
+    fn free(&mut self, index: u32) {
+        if std::mem::replace(&mut self.busy[index as usize], false) {
+            self.live -= 1;
+        }
+    }
 }
 
 /// A region to add to the table.
@@ -150,7 +206,6 @@ pub struct NewRegion<'a> {
 /// engine look regions up here, with no seqlock and no arena lookup).
 pub struct TranslationTable {
     map: Arc<Mapping>,
-    salt: u16,
     alloc: Mutex<Alloc>,
     local: RwLock<Vec<Option<Arc<Resolved>>>>,
     version: AtomicU64,
@@ -191,15 +246,20 @@ impl RegionCache {
 }
 
 impl TranslationTable {
-    /// The table inside the NIC segment `map`; `salt` distinguishes NICs.
-    pub fn new(map: Arc<Mapping>, salt: u16) -> TranslationTable {
+    /// The table inside the NIC segment `map`, with a fresh random key.
+    pub fn new(map: Arc<Mapping>) -> TranslationTable {
+        let key = std::collections::hash_map::RandomState::new();
+        let counter = {
+            use std::hash::BuildHasher;
+            key.hash_one("start") as u32
+        };
         TranslationTable {
             map,
-            salt,
             alloc: Mutex::new(Alloc {
-                gens: vec![0; MAX_REGIONS as usize],
-                free: Default::default(),
-                next: 1,
+                busy: vec![false; MAX_REGIONS as usize],
+                live: 0,
+                counter,
+                key,
             }),
             local: RwLock::new(Vec::new()),
             version: AtomicU64::new(1),
@@ -214,7 +274,7 @@ impl TranslationTable {
 
     /// The region of `handle` in this process, resolved.
     pub fn local(&self, handle: u32) -> Option<Arc<Resolved>> {
-        let (index, _) = split(handle);
+        let index = index_of(handle);
         let g = self.local.read().unwrap();
         g.get(index as usize)?
             .as_ref()
@@ -235,10 +295,6 @@ impl TranslationTable {
 
     fn view(&self) -> NicView<'_> {
         NicView::attach(&self.map).expect("own segment")
-    }
-
-    fn check_of(&self, generation: u16) -> u16 {
-        (generation ^ self.salt).max(1)
     }
 
     fn write(e: &TptEntry, f: impl FnOnce(&TptEntry)) {
@@ -270,20 +326,7 @@ impl TranslationTable {
         if extents.len() > MAX_EXTENTS {
             return Err(Error::Resource);
         }
-        let (index, generation) = {
-            let mut a = self.alloc.lock().unwrap();
-            let index = match a.free.pop_front() {
-                Some(i) => i,
-                None if a.next < MAX_REGIONS => {
-                    a.next += 1;
-                    a.next - 1
-                }
-                None => return Err(Error::Resource),
-            };
-            a.gens[index as usize] = a.gens[index as usize].wrapping_add(1);
-            (index, a.gens[index as usize])
-        };
-        let check = self.check_of(generation);
+        let (handle, index) = self.alloc.lock().unwrap().next().ok_or(Error::Resource)?;
         let view = self.view();
         let e = view.tpt(index).expect("index in range");
         Self::write(e, |e| {
@@ -298,9 +341,9 @@ impl TranslationTable {
                 slot.arena.store(x.arena, Ordering::Relaxed);
                 slot.arena_off.store(x.arena_off, Ordering::Relaxed);
             }
-            e.check.store(VALID | check as u32, Ordering::Relaxed);
+            e.handle.store(handle, Ordering::Relaxed);
+            e.check.store(VALID, Ordering::Relaxed);
         });
-        let handle = ((check as u32) << 16) | index;
         let resolved = Resolved {
             handle,
             va,
@@ -325,13 +368,14 @@ impl TranslationTable {
     /// `InvalidParameter` if the handle is not live.
     pub fn remove(&self, handle: u32) -> Result<Snapshot> {
         let snap = self.lookup(handle).ok_or(Error::InvalidParameter)?;
-        let (index, _) = split(handle);
+        let index = index_of(handle);
         self.set_local(index, None);
         let view = self.view();
         Self::write(view.tpt(index).expect("checked"), |e| {
-            e.check.store(0, Ordering::Relaxed)
+            e.check.store(0, Ordering::Relaxed);
+            e.handle.store(0, Ordering::Relaxed);
         });
-        self.alloc.lock().unwrap().free.push_back(index);
+        self.alloc.lock().unwrap().free(index);
         Ok(snap)
     }
 
@@ -341,7 +385,7 @@ impl TranslationTable {
     /// `InvalidParameter` if the handle is not live.
     pub fn set_attributes(&self, handle: u32, ptag: u32, flags: u32) -> Result<()> {
         self.lookup(handle).ok_or(Error::InvalidParameter)?;
-        let (index, _) = split(handle);
+        let index = index_of(handle);
         let view = self.view();
         Self::write(view.tpt(index).expect("checked"), |e| {
             e.ptag.store(ptag, Ordering::Relaxed);
@@ -381,15 +425,15 @@ mod tests {
         }
     }
 
-    fn table(salt: u16) -> TranslationTable {
+    fn table() -> TranslationTable {
         let (_fd, m) = Mapping::create("via-tpt-test", OFFSETS.len).unwrap();
         NicView::init(&m, 1, 1, 1).unwrap();
-        TranslationTable::new(Arc::new(m), salt)
+        TranslationTable::new(Arc::new(m))
     }
 
     #[test]
     fn insert_lookup_remove() {
-        let t = table(0x1234);
+        let t = table();
         let ext = [
             Extent {
                 va: 0x10000,
@@ -400,7 +444,7 @@ mod tests {
             Extent {
                 va: 0x11000,
                 len: 0x1000,
-                arena: crate::shm::arena::CMA,
+                arena: crate::mem::arena::CMA,
                 arena_off: 0x11000,
             },
         ];
@@ -430,15 +474,45 @@ mod tests {
         assert!(t.local(h).is_none());
         assert_eq!(t.remove(h), Err(Error::InvalidParameter));
         let h2 = t.insert(nr(1, 1, 1, 0, &[], vec![])).unwrap();
-        assert_eq!(h2 & 0xffff, h & 0xffff, "slot reused");
-        assert_ne!(h2, h, "with a new check");
+        assert_ne!(h2, h, "never the same handle again");
         assert!(t.lookup(h).is_none());
     }
 
     #[test]
+    fn handles_never_alias_and_fill_the_table() {
+        let t = table();
+        // One slot reused over and over (register, deregister): every handle
+        // differs from every earlier one, far beyond 65,536 registrations.
+        let mut seen = std::collections::HashSet::new();
+        let mut slots = std::collections::HashSet::new();
+        for _ in 0..300_000 {
+            let h = t.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
+            assert!(seen.insert(h), "handle {h:#x} came back");
+            slots.insert(index_of(h));
+            t.remove(h).unwrap();
+        }
+        // Entries are spread over the table, not one slot reused.
+        assert!(slots.len() > 60_000, "{} slots", slots.len());
+        // Handles of one run do not follow from one another.
+        let a = t.insert(nr(0, 1, 1, 0, &[], vec![])).unwrap();
+        let b = t.insert(nr(0, 1, 1, 0, &[], vec![])).unwrap();
+        assert!(b.wrapping_sub(a) > 1 && a.wrapping_sub(b) > 1);
+        t.remove(a).unwrap();
+        t.remove(b).unwrap();
+        // The table holds MAX_REGIONS - 1 regions, then refuses.
+        let all: Vec<u32> = (0..MAX_REGIONS - 1)
+            .map(|_| t.insert(nr(0, 1, 1, 0, &[], vec![])).unwrap())
+            .collect();
+        assert_eq!(t.insert(nr(0, 1, 1, 0, &[], vec![])), Err(Error::Resource));
+        for h in &all {
+            assert_eq!(t.lookup(*h).unwrap().handle, *h);
+        }
+    }
+
+    #[test]
     fn handles_of_another_table_are_refused() {
-        let a = table(0x1111);
-        let b = table(0x2222);
+        let a = table();
+        let b = table();
         let ha = a.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
         b.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
         assert!(b.lookup(ha).is_none());

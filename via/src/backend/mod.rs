@@ -18,8 +18,8 @@ use std::io;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::mem::arena::{Extent, UserRange};
 use crate::nic::NicInner;
-use crate::shm::arena::{Extent, UserRange};
 use crate::shm::layout::SendPd;
 use crate::translate::RecvPd;
 use crate::vi::ViCore;
@@ -78,6 +78,17 @@ pub(crate) trait Device: Send + Sync {
     /// Runs everything queued now; afterwards no earlier descriptor is in
     /// flight in this process.
     fn quiesce(&self, _nic: &NicInner) {}
+
+    /// Counters of the device's translation cache, if it has one.
+    fn translation_stats(&self) -> Option<soft::tcache::TranslationStats> {
+        None
+    }
+
+    /// Waits until no engine step that started before the call is still
+    /// running (it may leave queued work queued).
+    fn quiesce_light(&self, nic: &NicInner) {
+        self.quiesce(nic)
+    }
 
     /// Whether queued work waits for the engine.
     fn has_work(&self) -> bool {

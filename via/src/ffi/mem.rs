@@ -7,8 +7,8 @@ use crate::error::{Error, Result};
 use crate::ffi::boundary::{Out, address, boolean, ffi_boundary, read_in, vip_bool};
 use crate::ffi::handles::{nic_from, ptag_handle, ptag_of};
 use crate::ffi::types::*;
+use crate::mem::arena::UserRange;
 use crate::nic::NicInner;
-use crate::shm::arena::UserRange;
 
 /// Converts C memory attributes for `nic`.
 fn mem_attrs_in(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttributes> {

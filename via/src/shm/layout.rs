@@ -26,7 +26,7 @@ use super::mapping::{Mapping, Shared};
 /// "VIANIC" + layout generation, first word of the segment.
 pub const NIC_MAGIC: u64 = u64::from_le_bytes(*b"VIANIC\x00\x01");
 /// Layout version; bumped on any change below.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// VIs per NIC.
 pub const MAX_VI: u32 = 1024;
 /// Receive descriptors outstanding per VI (`MaxDescriptorsPerQueue`).
@@ -117,7 +117,11 @@ pub struct ViShared {
     pub send_cq: AtomicU32,
     /// [`interest`] bits, read by completers after each completion.
     pub interest: AtomicU32,
-    _pad: [AtomicU32; 9],
+    /// Access epoch: odd while the connected peer's engine is inside an
+    /// operation that touches this process's memory for this VI (see
+    /// `NicInner::quiesce_accessors`). Written by that engine only.
+    pub access: AtomicU32,
+    _pad: [AtomicU32; 8],
     /// Sleepers in `VipRecvWait` on this VI.
     pub recv_wake: EventCount,
     /// Sleepers in `VipSendWait` on this VI.
@@ -163,7 +167,7 @@ pub struct TptExtent {
 pub struct TptEntry {
     /// Seqlock counter.
     pub seq: AtomicU32,
-    /// Handle check bits (low 16) and `VALID` (bit 31).
+    /// `VALID` (bit 31) while the entry holds a live region.
     pub check: AtomicU32,
     /// [`flags`] (RDMA enables) of the region.
     pub flags: AtomicU32,
@@ -175,7 +179,10 @@ pub struct TptEntry {
     pub len: AtomicU64,
     /// Extents in use.
     pub n_extents: AtomicU32,
-    _pad: [AtomicU32; 7],
+    /// The full memory handle of the region (its low 16 bits are this
+    /// entry's index); a handle matches only its own registration.
+    pub handle: AtomicU32,
+    _pad: [AtomicU32; 6],
     /// Backing extents, in address order.
     pub extents: [TptExtent; MAX_EXTENTS],
 }

@@ -45,7 +45,7 @@ pub fn prefetch<T>(r: &T) {
 
 /// An owned `mmap` of (part of) a memory file, unmapped on drop; or a
 /// borrowed window on registered memory of this process (see
-/// [`UserRange::borrow`](super::arena::UserRange::borrow)), never unmapped.
+/// [`UserRange::borrow`](crate::mem::arena::UserRange::borrow)), never unmapped.
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
@@ -128,10 +128,10 @@ impl Mapping {
     /// this mapping alone (no other data shares them), they stay mapped while
     /// `self` lives, and access goes through copies, so moving them into an
     /// arena loses nothing.
-    pub fn user_range(&self) -> super::arena::UserRange {
+    pub fn user_range(&self) -> crate::mem::arena::UserRange {
         // SAFETY: see the doc comment; `self` outlives the registration
         // because the owner deregisters before dropping the mapping.
-        unsafe { super::arena::UserRange::new(self.addr(), self.len) }
+        unsafe { crate::mem::arena::UserRange::new(self.addr(), self.len) }
     }
 
     /// A window on `len` bytes of this process's memory at `addr`, which the

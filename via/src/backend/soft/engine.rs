@@ -27,9 +27,9 @@ use doorbell::DoorbellMode;
 use std::collections::HashMap;
 
 use crate::backend::soft::complete;
-use crate::backend::soft::memory::{self, Cursor, EMPTY, Fault, Resolved, Seg};
+use crate::backend::soft::memory::{self, Cursor, EMPTY, Fault, Seg};
 use crate::backend::soft::remote::PeerLink;
-use crate::backend::soft::remote::RemoteNic;
+use crate::backend::soft::tcache::{Regions, Use};
 use crate::backend::{Device, Pinned};
 use crate::config::{Config, Progress};
 use crate::descriptor::{control, status};
@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::nic::{ErrorCode, NicInner};
 use crate::shm::layout::{DOORBELL_SLOTS, MAX_SEGS, SendPd, VI_DOORBELL_SLOTS, flags, slot};
 use crate::shm::rings::MappedDoorbell;
-use crate::tpt::{self, TranslationTable};
+use crate::tpt;
 use crate::vi::ViCore;
 
 /// A reliable-connection break found while the engine lock was held; acted
@@ -46,112 +46,6 @@ struct Break {
     vi: (u32, u16),
     code: ErrorCode,
     tell_peer: bool,
-}
-
-/// Region translations kept by the engine (its "TLB"), addressed by index
-/// while a descriptor runs, so the data path counts no references.
-///
-/// Local entries are valid while the translation table's version is
-/// unchanged; a peer's entries while the peer's table entry keeps its
-/// sequence value (one load each). Entries are only appended or replaced in
-/// place during a descriptor, so indices stay valid until [`Regions::trim`].
-#[derive(Default)]
-struct Regions {
-    entries: Vec<RegionEntry>,
-    local_version: u64,
-}
-
-struct RegionEntry {
-    /// `(0, 0)` for local regions, else the peer's (session, NIC id): ids
-    /// that are never reused, unlike addresses.
-    owner: (u64, u32),
-    handle: u32,
-    /// Table sequence value (peer entries).
-    stamp: u32,
-    region: Arc<Resolved>,
-}
-
-/// Entries kept between descriptors.
-const REGION_CACHE: usize = 32;
-
-/// Owner key of local entries (no session is 0).
-const LOCAL: (u64, u32) = (0, 0);
-
-impl Regions {
-    fn local(&mut self, t: &TranslationTable, handle: u32) -> Option<usize> {
-        let v = t.version();
-        if v != self.local_version {
-            // Stale local entries become unreachable (handle 0 never matches).
-            for e in self.entries.iter_mut().filter(|e| e.owner == LOCAL) {
-                e.handle = 0;
-            }
-            self.local_version = v;
-        }
-        if let Some(i) = self
-            .entries
-            .iter()
-            .position(|e| e.owner == LOCAL && e.handle == handle)
-        {
-            return Some(i);
-        }
-        let region = t.local(handle)?;
-        self.entries.push(RegionEntry {
-            owner: LOCAL,
-            handle,
-            stamp: 0,
-            region,
-        });
-        Some(self.entries.len() - 1)
-    }
-
-    fn remote(&mut self, r: &RemoteNic, handle: u32) -> Option<usize> {
-        let owner = (r.session, r.nic);
-        let now = tpt::seq(&r.view(), handle)?;
-        let hit = self
-            .entries
-            .iter()
-            .position(|e| e.owner == owner && e.handle == handle);
-        if let Some(i) = hit {
-            if self.entries[i].stamp == now {
-                return Some(i);
-            }
-        }
-        let (region, stamp) = r.resolve(handle)?;
-        let e = RegionEntry {
-            owner,
-            handle,
-            stamp,
-            region,
-        };
-        match hit {
-            Some(i) => {
-                self.entries[i] = e;
-                Some(i)
-            }
-            None => {
-                self.entries.push(e);
-                Some(self.entries.len() - 1)
-            }
-        }
-    }
-
-    fn get(&self, i: usize) -> &Resolved {
-        &self.entries[i].region
-    }
-
-    /// Drops every entry of a peer session.
-    fn forget(&mut self, session: u64) {
-        self.entries
-            .retain(|e| e.owner.0 != session || e.owner == LOCAL);
-    }
-
-    /// Keeps the most recently added entries (after a descriptor).
-    fn trim(&mut self) {
-        if self.entries.len() > REGION_CACHE {
-            let extra = self.entries.len() - REGION_CACHE;
-            self.entries.drain(..extra);
-        }
-    }
 }
 
 /// The engine's view of each VI's connection, validated by the VI's link
@@ -182,7 +76,6 @@ impl Links {
 }
 
 /// What the engine keeps between descriptors; guarded by the engine lock.
-#[derive(Default)]
 struct EngineState {
     regions: Regions,
     links: Links,
@@ -199,6 +92,9 @@ struct Op<'a> {
     pd: &'a SendPd,
     regions: &'a mut Regions,
     breaks: &'a mut Vec<Break>,
+    /// The initiator's status when a transfer stopped because a region was
+    /// deregistered under it.
+    cut: Option<u32>,
 }
 
 /// A filler for unused slots of segment arrays.
@@ -227,7 +123,7 @@ impl Op<'_> {
                 Some(p) if self.regions.get(idx[p]).handle == s.handle => idx[p],
                 _ => self
                     .regions
-                    .local(&self.nic.tpt, s.handle)
+                    .local(&self.nic.tpt, s.handle, Use::Send)
                     .ok_or(status::PROTECTION_ERROR)?,
             };
             if !self.regions.get(j).covers(s.va, s.len as u64) {
@@ -311,7 +207,7 @@ impl Op<'_> {
         let desc_off = s.desc_off.load(Ordering::Relaxed);
         let n = s.seg_count.load(Ordering::Relaxed) as usize;
         // Mutable phase: find every region (indices stay valid).
-        let desc_i = self.regions.remote(&link.remote, desc_handle);
+        let desc_i = self.regions.remote(&link.remote, desc_handle, Use::Recv);
         let mut fault = if n > MAX_SEGS {
             status::FORMAT_ERROR
         } else {
@@ -325,7 +221,7 @@ impl Op<'_> {
                 let prev = i.checked_sub(1).map(|p| dst_i[p]).or(desc_i);
                 let j = match prev {
                     Some(p) if self.regions.get(p).handle == h => Some(p),
-                    _ => self.regions.remote(&link.remote, h),
+                    _ => self.regions.remote(&link.remote, h, Use::Recv),
                 };
                 let off = s.segs[i].off.load(Ordering::Relaxed);
                 let l = s.segs[i].len.load(Ordering::Relaxed) as u64;
@@ -366,11 +262,30 @@ impl Op<'_> {
             fault = status::FORMAT_ERROR;
         }
         if fault == 0 && copy_data {
+            let nic = self.nic;
+            let dst_handles: [u32; MAX_SEGS] = std::array::from_fn(|i| {
+                if i < n {
+                    regions.get(dst_i[i]).handle
+                } else {
+                    0
+                }
+            });
+            let mut still =
+                || still_registered(nic, link, pd, &dst_handles[..n], status::REMOTE_DESC_ERROR);
             fault = match move_fast(regions, s, &dst_i, n, pd, &src_i, src_n, len) {
                 Some(r) => r,
-                None => move_general(regions, s, &dst_i, n, pd, &src_i, src_n, len),
+                None => move_general(regions, s, &dst_i, n, pd, &src_i, src_n, len, &mut still),
             };
+            if fault & CUT != 0 {
+                // Stopped at a chunk boundary: the receive failed, and the
+                // initiator hears why (never DONE).
+                self.cut = Some(fault & !CUT);
+                fault = status::PROTECTION_ERROR;
+            }
         }
+        // The owner may have deregistered the receive descriptor's memory:
+        // nothing is written into it then.
+        let desc = desc.filter(|d| crate::tpt::is_live(&view, d.handle));
         // The slot is finished before the status becomes visible: once the
         // owner sees DONE it may recycle the slot.
         s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
@@ -401,7 +316,10 @@ impl Op<'_> {
         };
         match self.deliver(pos, status::OP_RECEIVE, true, self.pd.length) {
             Ok(()) => 0,
-            Err(_) => self.remote_failure(ErrorCode::ConnLost),
+            Err(_) => {
+                let st = self.remote_failure(ErrorCode::ConnLost);
+                self.cut.take().unwrap_or(st)
+            }
         }
     }
 
@@ -411,7 +329,9 @@ impl Op<'_> {
         let (link, pd) = (self.link, self.pd);
         let view = link.remote.view();
         let tvi = view.vi(link.vi)?;
-        let i = self.regions.remote(&link.remote, pd.remote_handle)?;
+        let i = self
+            .regions
+            .remote(&link.remote, pd.remote_handle, Use::Rdma)?;
         let r = self.regions.get(i);
         let ok = tvi.flags.load(Ordering::Acquire) & need != 0
             && r.flags & need != 0
@@ -434,8 +354,10 @@ impl Op<'_> {
     fn rdma_copy(&mut self, far: usize, to_remote: bool) -> std::result::Result<(), u32> {
         let mut idx = [0usize; MAX_SEGS];
         let m = self.local_regions(&mut idx)?;
-        let pd = self.pd;
+        let (nic, link, pd) = (self.nic, self.link, self.pd);
         let regions = &*self.regions;
+        let far_handle = [regions.get(far).handle];
+        let mut still = || still_registered(nic, link, pd, &far_handle, status::RDMA_PROT_ERROR);
         let mut local = [NO_SEG; MAX_SEGS];
         for i in 0..m {
             local[i] = Seg {
@@ -451,13 +373,14 @@ impl Op<'_> {
         }];
         let (mut a, mut b) = (Cursor::new(&local[..m]), Cursor::new(&remote));
         let r = if to_remote {
-            memory::copy(&mut a, &mut b, pd.length as u64)
+            memory::copy(&mut a, &mut b, pd.length as u64, &mut still)
         } else {
-            memory::copy(&mut b, &mut a, pd.length as u64)
+            memory::copy(&mut b, &mut a, pd.length as u64, &mut still)
         };
         r.map_err(|f| match f {
             Fault::Protection => status::PROTECTION_ERROR,
             Fault::Transport => status::TRANSPORT_ERROR,
+            Fault::Cut(st) => st,
         })
     }
 
@@ -535,7 +458,11 @@ impl Engine {
             DoorbellMode::PerVi => None,
         };
         Ok(Engine {
-            state: Mutex::new(EngineState::default()),
+            state: Mutex::new(EngineState {
+                regions: Regions::new(config.tcache_entries, config.tcache_ways),
+                links: Links::default(),
+                breaks: Vec::new(),
+            }),
             mode: config.doorbell,
             progress: config.progress,
             central,
@@ -677,7 +604,7 @@ fn move_fast(
     src_n: usize,
     len: u32,
 ) -> Option<u32> {
-    if n != 1 || (pd.inline_len == 0 && src_n != 1) {
+    if n != 1 || (pd.inline_len == 0 && src_n != 1) || len as u64 > memory::CHUNK {
         return None;
     }
     let dr = regions.get(dst_i[0]);
@@ -702,6 +629,7 @@ fn move_general(
     src_i: &[usize; MAX_SEGS],
     src_n: usize,
     len: u32,
+    still: &mut dyn FnMut() -> Option<u32>,
 ) -> u32 {
     let mut dst = [NO_SEG; MAX_SEGS];
     for i in 0..n {
@@ -724,20 +652,48 @@ fn move_general(
                 len: pd.segs[i].len as u64,
             };
         }
-        memory::copy(&mut Cursor::new(&src[..src_n]), &mut to, len as u64)
+        memory::copy(&mut Cursor::new(&src[..src_n]), &mut to, len as u64, still)
     };
     match r {
         Ok(()) => 0,
         Err(Fault::Protection) => status::PROTECTION_ERROR,
         Err(Fault::Transport) => status::TRANSPORT_ERROR,
+        Err(Fault::Cut(st)) => CUT | st,
     }
+}
+
+/// Marks a `move_general` result that stopped at a chunk boundary (the
+/// status bits that follow are for the initiator).
+const CUT: u32 = 1 << 31;
+
+/// Whether every region of a running transfer is still registered: the
+/// local segments of `pd`, and `remote` in the peer's table. `None` if so,
+/// else the initiator's status (`remote_status` when the peer's region
+/// went).
+fn still_registered(
+    nic: &NicInner,
+    link: &PeerLink,
+    pd: &SendPd,
+    remote: &[u32],
+    remote_status: u32,
+) -> Option<u32> {
+    let own = nic.view();
+    let n = (pd.seg_count as usize).min(MAX_SEGS);
+    if pd.inline_len == 0 && pd.segs[..n].iter().any(|s| !tpt::is_live(&own, s.handle)) {
+        return Some(status::PROTECTION_ERROR);
+    }
+    let far = link.remote.view();
+    if remote.iter().any(|&h| !tpt::is_live(&far, h)) {
+        return Some(remote_status);
+    }
+    None
 }
 
 /// Completes the send descriptor of `pd` (its region looked up through the
 /// engine's cache).
 fn complete_send(nic: &NicInner, regions: &mut Regions, vi: &ViCore, pd: &SendPd, status: u32) {
     let r = regions
-        .local(&nic.tpt, pd.desc_handle)
+        .local(&nic.tpt, pd.desc_handle, Use::Send)
         .map(|i| regions.get(i))
         .filter(|r| r.covers(pd.desc_va, 32));
     complete::send(nic, vi, pd, r, status);
@@ -791,7 +747,11 @@ fn execute(nic: &NicInner, st: &mut EngineState, pd: &SendPd, hint: Option<&ViCo
         pd,
         regions,
         breaks,
+        cut: None,
     };
+    // Inside the operation for the peer's deregistration path: it waits
+    // for this epoch to move before `VipDeregisterMem` returns.
+    let access = link.begin_access();
     let r = if pd.fault != 0 {
         if link.reliability.is_reliable() {
             o.brk(ErrorCode::PostDesc, true);
@@ -807,6 +767,7 @@ fn execute(nic: &NicInner, st: &mut EngineState, pd: &SendPd, hint: Option<&ViCo
             _ => o.rdma_read(),
         }
     };
+    link.end_access(access);
     complete_send(nic, o.regions, vi, pd, status::DONE | r | op_status);
     o.regions.trim();
 }
@@ -875,9 +836,14 @@ impl Device for Engine {
         log::debug!("{} stopped", self.name);
     }
 
-    fn pin(&self, nic: &NicInner, range: &crate::shm::arena::UserRange) -> std::io::Result<Pinned> {
+    fn pin(&self, nic: &NicInner, range: &crate::mem::arena::UserRange) -> std::io::Result<Pinned> {
         // The registration path: the process's registration cache over the
-        // arenas (overlapping registrations share their pinned pages).
+        // arenas (overlapping registrations share their pinned pages). Memory
+        // events read so far are applied first, so a hit never returns the
+        // translation of memory the application has since unmapped.
+        if let Some(m) = &nic.process.monitor {
+            m.sync();
+        }
         let lease = nic
             .process
             .registrations
@@ -895,7 +861,7 @@ impl Device for Engine {
     fn unpin(&self, nic: &NicInner, pinned: Pinned) {
         match pinned
             .token
-            .downcast::<regcache::Lease<Vec<crate::shm::arena::Extent>>>()
+            .downcast::<regcache::Lease<Vec<crate::mem::arena::Extent>>>()
         {
             Ok(lease) => nic.process.registrations.release(*lease),
             Err(_) => log::error!("unpin: not a registration of this device"),
@@ -946,6 +912,23 @@ impl Device for Engine {
 
     fn quiesce(&self, nic: &NicInner) {
         self.drain_now(nic);
+    }
+
+    fn translation_stats(&self) -> Option<crate::backend::soft::tcache::TranslationStats> {
+        Some(
+            self.state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .regions
+                .cache
+                .stats(),
+        )
+    }
+
+    fn quiesce_light(&self, _nic: &NicInner) {
+        // Every engine step holds the lock: taking it once waits for the
+        // step in progress; later steps see the updated table.
+        drop(self.state.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     fn has_work(&self) -> bool {

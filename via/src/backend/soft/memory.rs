@@ -1,6 +1,6 @@
 //! Addressing registered memory of this process or of a peer.
 //!
-//! A registered region is a list of extents (see `shm::arena`): each byte
+//! A registered region is a list of extents (see `mem::arena`): each byte
 //! lives either in an arena file that both processes map, or in memory only
 //! reachable by cross-memory attach. A [`Resolved`] region has every arena
 //! extent already mapped, so moving bytes costs no lookup: [`Cursor`] walks
@@ -67,7 +67,14 @@ pub(crate) enum Fault {
     Protection,
     /// A cross-memory-attach call failed.
     Transport,
+    /// A region was deregistered (or its memory went away) while the
+    /// transfer ran; it stopped at a chunk boundary with this status.
+    Cut(u32),
 }
+
+/// Bytes moved between two checks that the regions of a transfer are still
+/// registered (`VipDeregisterMem` waits for at most one chunk).
+pub(crate) const CHUNK: u64 = 256 << 10;
 
 impl Resolved {
     /// Whether `va..va+len` lies inside the region.
@@ -258,10 +265,24 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Copies `len` bytes from `src` to `dst`.
-pub(crate) fn copy(src: &mut Cursor<'_>, dst: &mut Cursor<'_>, mut len: u64) -> Result<(), Fault> {
+/// Copies `len` bytes from `src` to `dst`, asking `still` before every
+/// [`CHUNK`] after the first whether the regions are still registered (an
+/// error status from it stops the copy).
+pub(crate) fn copy(
+    src: &mut Cursor<'_>,
+    dst: &mut Cursor<'_>,
+    mut len: u64,
+    still: &mut dyn FnMut() -> Option<u32>,
+) -> Result<(), Fault> {
+    let mut budget = CHUNK;
     while len > 0 {
-        let (sp, sn) = src.peek(len).ok_or(Fault::Protection)??;
+        if budget == 0 {
+            if let Some(st) = still() {
+                return Err(Fault::Cut(st));
+            }
+            budget = CHUNK;
+        }
+        let (sp, sn) = src.peek(len.min(budget)).ok_or(Fault::Protection)??;
         let (dp, dn) = dst.peek(sn).ok_or(Fault::Protection)??;
         let n = sn.min(dn);
         match (&sp, &dp) {
@@ -273,6 +294,7 @@ pub(crate) fn copy(src: &mut Cursor<'_>, dst: &mut Cursor<'_>, mut len: u64) -> 
         src.advance(n);
         dst.advance(n);
         len -= n;
+        budget -= n;
     }
     Ok(())
 }

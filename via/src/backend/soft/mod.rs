@@ -25,3 +25,4 @@ pub(crate) mod post;
 pub(crate) mod proto;
 pub(crate) mod remote;
 pub(crate) mod ring;
+pub mod tcache;

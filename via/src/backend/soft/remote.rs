@@ -6,25 +6,37 @@
 //! handles, [`Resolved`] bounds-checks every access).
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::agent::Agent;
 use crate::attrs::Reliability;
 use crate::backend::soft::memory::{Resolved, ResolvedExtent};
+use crate::mem::arena::CMA;
 use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
 use crate::proto::{Endpoint, ObjKey, ObjKind};
-use crate::shm::arena::CMA;
 use crate::shm::layout::{NicView, OFFSETS};
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
 use crate::tpt;
 
-/// Most arenas of one peer kept mapped at once; beyond this half of them are
-/// unmapped (and fetched again if needed).
-const MAX_ARENAS: usize = 4096;
+/// Arenas of one peer kept mapped after the last region that used them is
+/// gone from the engine's caches (the most recently used ones). Any other
+/// mapping lives exactly as long as a resolved region holds it, so the
+/// arenas a peer retires are unmapped here within a bounded number of
+/// translations.
+const RECENT_ARENAS: usize = 64;
+
+/// The arenas of a peer this process maps.
+#[derive(Default)]
+struct ArenaMaps {
+    /// Every mapping still held somewhere, by arena id.
+    held: HashMap<u32, Weak<Mapping>>,
+    /// The most recently used mappings, kept alive (newest last).
+    recent: VecDeque<(u32, Arc<Mapping>)>,
+}
 
 /// A peer NIC, mapped.
 pub(crate) struct RemoteNic {
@@ -33,7 +45,7 @@ pub(crate) struct RemoteNic {
     pub pid: i32,
     map: Arc<Mapping>,
     agent: Arc<Agent>,
-    arenas: RwLock<HashMap<u32, Arc<Mapping>>>,
+    arenas: Mutex<ArenaMaps>,
     cqs: RwLock<HashMap<(u32, u32), Arc<MappedRing>>>,
     errors: MappedRing,
 }
@@ -78,7 +90,7 @@ impl RemoteNic {
             pid,
             map,
             agent,
-            arenas: RwLock::new(HashMap::new()),
+            arenas: Mutex::new(ArenaMaps::default()),
             cqs: RwLock::new(HashMap::new()),
             errors,
         })
@@ -91,8 +103,12 @@ impl RemoteNic {
 
     /// The mapping of the peer's arena `id` (fetched on first use).
     fn arena(&self, id: u32) -> Option<Arc<Mapping>> {
-        if let Some(m) = self.arenas.read().unwrap().get(&id) {
-            return Some(m.clone());
+        {
+            let mut g = self.arenas.lock().unwrap();
+            if let Some(m) = g.held.get(&id).and_then(Weak::upgrade) {
+                g.touch(id, &m);
+                return Some(m);
+            }
         }
         let m = match fetch_map(&self.agent, self.session, crate::process::arena_key(id), 1) {
             Ok(m) => m,
@@ -101,14 +117,12 @@ impl RemoteNic {
                 return None;
             }
         };
-        let mut g = self.arenas.write().unwrap();
-        if g.len() >= MAX_ARENAS {
-            let drop: Vec<u32> = g.keys().take(MAX_ARENAS / 2).copied().collect();
-            for k in drop {
-                g.remove(&k);
-            }
+        let mut g = self.arenas.lock().unwrap();
+        g.held.insert(id, Arc::downgrade(&m));
+        g.touch(id, &m);
+        if g.held.len() > 4 * RECENT_ARENAS {
+            g.held.retain(|_, w| w.strong_count() > 0);
         }
-        g.insert(id, m.clone());
         Some(m)
     }
 
@@ -178,6 +192,21 @@ impl RemoteNic {
     }
 }
 
+impl ArenaMaps {
+    /// Marks `id` as just used.
+    fn touch(&mut self, id: u32, m: &Arc<Mapping>) {
+        if let Some(i) = self.recent.iter().position(|(r, _)| *r == id) {
+            let e = self.recent.remove(i).expect("present");
+            self.recent.push_back(e);
+            return;
+        }
+        self.recent.push_back((id, m.clone()));
+        if self.recent.len() > RECENT_ARENAS {
+            self.recent.pop_front();
+        }
+    }
+}
+
 /// One connection as the engine of this side uses it.
 pub(crate) struct PeerLink {
     pub remote: Arc<RemoteNic>,
@@ -226,6 +255,32 @@ impl PeerLink {
         let pos = self.rq_pos.load(Ordering::Relaxed);
         if let Some(s) = self.remote.view().rq_slot(self.vi, pos) {
             crate::shm::mapping::prefetch(s);
+        }
+    }
+
+    /// Raises the peer VI's access epoch (odd: inside an operation on its
+    /// memory); returns the raised value for [`PeerLink::end_access`].
+    pub fn begin_access(&self) -> u32 {
+        let view = self.remote.view();
+        let Some(v) = view.vi(self.vi) else { return 0 };
+        let e = (v.access.load(Ordering::Relaxed) | 1).wrapping_add(2);
+        v.access.store(e, Ordering::Relaxed);
+        // SeqCst: the odd epoch is ordered before every translation this
+        // operation reads afterwards; pairs with the owner's fence between
+        // its table update and its epoch loads (Dekker).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        e
+    }
+
+    /// Lowers the epoch raised by [`PeerLink::begin_access`].
+    pub fn end_access(&self, e: u32) {
+        if e == 0 {
+            return;
+        }
+        if let Some(v) = self.remote.view().vi(self.vi) {
+            // Release: every access of the operation happens before the
+            // owner sees the epoch move.
+            v.access.store(e.wrapping_add(1), Ordering::Release);
         }
     }
 
