@@ -230,8 +230,18 @@ macro_rules! programs {
 
 programs!(
     nic, ptag, mem, vi, connect, peer, sendrecv, gather, immediate, rdma, cq, notify, timeout,
-    disconnect, kill, errcb, ns, smi, threads, badinput,
+    disconnect, kill, errcb, ns, smi, threads, badinput, reuse, regrace, regfork, handles,
 );
+
+#[test]
+fn regfork_without_cache() {
+    suite("regfork", false, &[("VIA_REGCACHE", "off")]);
+}
+
+#[test]
+fn reuse_without_cache() {
+    suite("reuse", false, &[("VIA_REGCACHE", "off")]);
+}
 
 #[test]
 fn asan_sendrecv() {

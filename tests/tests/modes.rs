@@ -52,7 +52,7 @@ fn check_mode(mode: &str) {
     let c = Config::get();
     match mode {
         "inline" => assert_eq!(c.inline, 64),
-        "cma" => assert_eq!(c.register, via::shm::arena::Policy::Cma),
+        "cma" => assert_eq!(c.register, via::mem::arena::Policy::Cma),
         "per-vi" => assert_eq!(c.doorbell.as_str(), "per-vi"),
         "thread" => assert_eq!(c.progress, Progress::Thread),
         _ => panic!("unknown mode {mode}"),

@@ -28,9 +28,16 @@ fn via_memfds(maps: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether a memory-file name belongs to `session` (`via-<kind>:<session>:...`).
-fn of_session(name: &str, session: u64) -> bool {
-    name.split(':').nth(1) == Some(&session.to_string())
+/// Whether a memory-file name belongs to the process `pid` of viad session
+/// `session`: `via-arena:<pid>:...` (arenas are named by process),
+/// `via-<kind>:<session>:...` (everything else).
+fn of_peer(name: &str, (session, pid): (u64, i32)) -> bool {
+    let owner = name.split(':').nth(1);
+    if name.starts_with("via-arena:") {
+        owner == Some(&pid.to_string())
+    } else {
+        owner == Some(&session.to_string())
+    }
 }
 
 fn dev_shm() -> BTreeSet<String> {
@@ -61,7 +68,7 @@ fn viad_pid() -> i32 {
 }
 
 /// The `via-*` memory files viad holds open for `session`.
-fn viad_fds_of(viad: i32, session: u64) -> Vec<String> {
+fn viad_fds_of(viad: i32, peer: (u64, i32)) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{viad}/fd"))
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -71,7 +78,7 @@ fn viad_fds_of(viad: i32, session: u64) -> Vec<String> {
                     p.strip_prefix("/memfd:")
                         .map(|n| n.trim_end_matches(" (deleted)").to_string())
                 })
-                .filter(|n| n.starts_with("via-") && of_session(n, session))
+                .filter(|n| n.starts_with("via-") && of_peer(n, peer))
                 .collect()
         })
         .unwrap_or_default()
@@ -93,8 +100,8 @@ fn peer_killed_mid_stream() {
     // Who the peer is to viad. Each process maps the NIC segments of both
     // (`via-nic:<session>:<nic>`), but only its own engine doorbell
     // (`via-engine:<session>:<nic>`).
-    let peer_maps =
-        via_memfds(&std::fs::read_to_string(format!("/proc/{}/maps", p.pid())).unwrap());
+    let peer_pid = p.pid();
+    let peer_maps = via_memfds(&std::fs::read_to_string(format!("/proc/{peer_pid}/maps")).unwrap());
     let own = |maps: &BTreeSet<String>| -> (u64, u32) {
         let e = maps
             .iter()
@@ -136,17 +143,17 @@ fn peer_killed_mid_stream() {
     let mine = via_memfds(&std::fs::read_to_string("/proc/self/maps").unwrap());
     assert!(
         mine.iter()
-            .any(|n| n.starts_with("via-nic:") && of_session(n, session)),
+            .any(|n| n.starts_with("via-nic:") && of_peer(n, (session, peer_pid))),
         "the peer's NIC segment is not mapped here: {mine:?}"
     );
     assert!(
         mine.iter()
-            .any(|n| n.starts_with("via-arena:") && of_session(n, session)),
+            .any(|n| n.starts_with("via-arena:") && of_peer(n, (session, peer_pid))),
         "no arena of the peer is mapped here: {mine:?}"
     );
     let viad = viad_pid();
     assert!(
-        !viad_fds_of(viad, session).is_empty(),
+        !viad_fds_of(viad, (session, peer_pid)).is_empty(),
         "viad {viad} holds nothing of the peer (session {session}): {:?}",
         std::fs::read_dir(format!("/proc/{viad}/fd")).map(|d| d
             .filter_map(|e| e.ok())
@@ -253,7 +260,7 @@ fn peer_killed_mid_stream() {
     let unmapped = wait_until(DETECT, || {
         left = via_memfds(&std::fs::read_to_string("/proc/self/maps").unwrap())
             .into_iter()
-            .filter(|n| of_session(n, session))
+            .filter(|n| of_peer(n, (session, peer_pid)))
             .collect();
         left.is_empty()
     });
@@ -263,7 +270,7 @@ fn peer_killed_mid_stream() {
     );
     let mut held = Vec::new();
     let released = wait_until(DETECT, || {
-        held = viad_fds_of(viad, session);
+        held = viad_fds_of(viad, (session, peer_pid));
         held.is_empty()
     });
     assert!(
@@ -303,8 +310,9 @@ fn peer_killed_while_sending_into_posted_receives() {
     let mut p = Peer::serve(PEER);
     p.cmd_expect(&format!("open u {} 0 0 1048576", N + 8192), "MEM");
     s.connect_to(&mut p, &disc_str("killsend"));
+    let peer_pid = p.pid();
     let session = {
-        let maps = via_memfds(&std::fs::read_to_string(format!("/proc/{}/maps", p.pid())).unwrap());
+        let maps = via_memfds(&std::fs::read_to_string(format!("/proc/{peer_pid}/maps")).unwrap());
         let e = maps
             .iter()
             .find(|n| n.starts_with("via-engine:"))
@@ -374,7 +382,7 @@ fn peer_killed_while_sending_into_posted_receives() {
     let unmapped = wait_until(DETECT, || {
         left = via_memfds(&std::fs::read_to_string("/proc/self/maps").unwrap())
             .into_iter()
-            .filter(|n| of_session(n, session))
+            .filter(|n| of_peer(n, (session, peer_pid)))
             .collect();
         left.is_empty()
     });

@@ -194,11 +194,11 @@ static int child(void)
     barrier(5); /* the parent replaced its handler */
     OK(VipDisconnect(uvi));
     connect_to(nic, uvi, disc("unrel2"));
+    barrier(6); /* the parent saw the connection up before it goes down */
     OK(VipDisconnect(uvi));
-    barrier(6);
     connect_to(nic, uvi, disc("unrel3"));
+    barrier(7); /* as above */
     OK(VipDisconnect(uvi));
-    barrier(7);
     OK(VipDestroyVi(vi));
     OK(VipDestroyVi(uvi));
     region_free(&r);
