@@ -410,12 +410,65 @@ impl Vi {
     }
 }
 
-/// Page-aligned memory owned by this object and registered with a NIC:
-/// the safe way to get registered memory from Rust. Peers may write it at
-/// any time, so it is read and written by copy, never through references.
+/// Page-aligned memory owned by the library for the application: what a
+/// [`Region`] registers. Clones share the pages; they are unmapped when the
+/// last clone and the last region over them are gone. Peers may write it
+/// at any time, so it is read and written by copy, never through references.
+#[derive(Clone)]
+pub struct Memory(Arc<Mapping>);
+
+impl Memory {
+    /// `len` bytes (rounded up to pages), zeroed.
+    ///
+    /// # Errors
+    /// `Resource` if the memory cannot be mapped.
+    pub fn new(len: usize) -> Result<Memory> {
+        let len = len.max(1).next_multiple_of(regcache::page_size());
+        Ok(Memory(Arc::new(
+            Mapping::anonymous(len).map_err(|_| Error::Resource)?,
+        )))
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.0.addr() as u64
+    }
+
+    /// Copies bytes in at `off`.
+    pub fn write(&self, off: usize, b: &[u8]) -> Result<()> {
+        self.0
+            .write(off, b)
+            .then_some(())
+            .ok_or(Error::InvalidParameter)
+    }
+
+    /// Copies bytes out from `off`.
+    pub fn read(&self, off: usize, b: &mut [u8]) -> Result<()> {
+        self.0
+            .read(off, b)
+            .then_some(())
+            .ok_or(Error::InvalidParameter)
+    }
+}
+
+/// Memory registered with a NIC: the safe way to get registered memory
+/// from Rust. It keeps its [`Memory`] mapped while it lives; regions may
+/// overlap. Offsets of its methods count from the region's first byte.
 pub struct Region {
     nic: Arc<NicInner>,
-    map: Mapping,
+    mem: Memory,
+    off: usize,
+    len: usize,
     handle: u32,
 }
 
@@ -428,11 +481,35 @@ impl Region {
         rdma_write: bool,
         rdma_read: bool,
     ) -> Result<Region> {
-        let len = len.max(1).next_multiple_of(regcache::page_size());
-        let map = Mapping::anonymous(len).map_err(|_| Error::Resource)?;
-        // The range is a fresh private mapping owned by `map`: no other data
-        // shares its pages, and it stays mapped while `self` lives.
-        let range = map.user_range();
+        let mem = Memory::new(len)?;
+        let len = mem.len();
+        Region::within(nic, &mem, 0, len, ptag, rdma_write, rdma_read)
+    }
+
+    /// Registers `len` bytes at `off` of `mem` (any alignment, as
+    /// `VipRegisterMem`).
+    ///
+    /// # Errors
+    /// `InvalidParameter` if the range is empty or not inside `mem`; the
+    /// errors of `VipRegisterMem`.
+    pub fn within(
+        nic: &Nic,
+        mem: &Memory,
+        off: usize,
+        len: usize,
+        ptag: Ptag,
+        rdma_write: bool,
+        rdma_read: bool,
+    ) -> Result<Region> {
+        if len == 0 || off.checked_add(len).is_none_or(|e| e > mem.len()) {
+            return Err(Error::InvalidParameter);
+        }
+        // The region keeps `mem` mapped (it holds a clone) until it is
+        // deregistered.
+        let range = mem
+            .0
+            .user_range_of(off, len)
+            .ok_or(Error::InvalidParameter)?;
         let handle = nic.inner.register(
             range,
             &MemAttributes {
@@ -443,7 +520,9 @@ impl Region {
         )?;
         Ok(Region {
             nic: nic.inner.clone(),
-            map,
+            mem: mem.clone(),
+            off,
+            len,
             handle,
         })
     }
@@ -455,7 +534,7 @@ impl Region {
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     /// Whether the region is empty (never).
@@ -463,38 +542,40 @@ impl Region {
         false
     }
 
+    fn at(&self, off: usize, n: usize) -> Result<usize> {
+        match off.checked_add(n) {
+            Some(e) if e <= self.len => Ok(self.off + off),
+            _ => Err(Error::InvalidParameter),
+        }
+    }
+
     /// Virtual address of byte `off`.
     ///
     /// # Errors
     /// `InvalidParameter` if `off` is outside the region.
     pub fn addr(&self, off: usize) -> Result<u64> {
-        if off >= self.map.len() {
+        if off >= self.len {
             return Err(Error::InvalidParameter);
         }
-        Ok((self.map.addr() + off) as u64)
+        Ok(self.mem.addr() + (self.off + off) as u64)
     }
 
     /// Copies bytes in at `off`.
     pub fn write(&self, off: usize, b: &[u8]) -> Result<()> {
-        self.map
-            .write(off, b)
-            .then_some(())
-            .ok_or(Error::InvalidParameter)
+        self.mem.write(self.at(off, b.len())?, b)
     }
 
     /// Copies bytes out from `off`.
     pub fn read(&self, off: usize, b: &mut [u8]) -> Result<()> {
-        self.map
-            .read(off, b)
-            .then_some(())
-            .ok_or(Error::InvalidParameter)
+        self.mem.read(self.at(off, b.len())?, b)
     }
 
     /// Reads the descriptor status at `desc` (what a program spinning on
     /// `CS.Status` sees).
     pub fn status(&self, desc: usize) -> u32 {
-        self.map
-            .u32_at(desc + crate::descriptor::offsets::STATUS)
+        self.at(desc, 32)
+            .ok()
+            .and_then(|at| self.mem.0.u32_at(at + crate::descriptor::offsets::STATUS))
             .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
             .unwrap_or(0)
     }
@@ -503,14 +584,14 @@ impl Region {
     /// at 24, `ImmediateData` at 20).
     pub fn word(&self, off: usize) -> u32 {
         let mut b = [0u8; 4];
-        let _ = self.map.read(off, &mut b);
+        let _ = self.read(off, &mut b);
         u32::from_ne_bytes(b)
     }
 
     /// Changes the RDMA attributes or tag.
     pub fn set_attributes(&self, ptag: Ptag, rdma_write: bool, rdma_read: bool) -> Result<()> {
         self.nic.set_mem_attributes(
-            self.map.addr() as u64,
+            self.mem.addr() + self.off as u64,
             self.handle,
             &MemAttributes {
                 ptag,
@@ -523,14 +604,16 @@ impl Region {
     /// Deregisters now (also done on drop).
     pub fn deregister(mut self) -> Result<()> {
         let h = std::mem::replace(&mut self.handle, 0);
-        self.nic.deregister(self.map.addr() as u64, h)
+        self.nic.deregister(self.mem.addr() + self.off as u64, h)
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
         if self.handle != 0 {
-            let _ = self.nic.deregister(self.map.addr() as u64, self.handle);
+            let _ = self
+                .nic
+                .deregister(self.mem.addr() + self.off as u64, self.handle);
         }
     }
 }
@@ -602,7 +685,7 @@ impl DescBuilder {
     /// Adds `len` bytes at `off` of `mem`.
     pub fn segment(mut self, mem: &Region, off: usize, len: u32) -> DescBuilder {
         self.segs
-            .push((mem.map.addr() as u64 + off as u64, mem.handle, len));
+            .push((mem.mem.addr() + (mem.off + off) as u64, mem.handle, len));
         self
     }
 
@@ -615,7 +698,7 @@ impl DescBuilder {
     /// Writes the descriptor at `off` of `mem` (must be 64-byte aligned);
     /// returns `off`.
     pub fn write(&self, mem: &Region, off: usize) -> Result<usize> {
-        if off % ALIGNMENT != 0 {
+        if mem.addr(off)? % ALIGNMENT as u64 != 0 {
             return Err(Error::InvalidParameter);
         }
         let n = self.segs.len() + self.remote.is_some() as usize;

@@ -37,7 +37,7 @@ mod translate;
 mod vi;
 
 pub use api::{
-    CacheCounts, ConnRequest, Cq, DescBuilder, Nic, Refused, Region, RegistrationStats,
+    CacheCounts, ConnRequest, Cq, DescBuilder, Memory, Nic, Refused, Region, RegistrationStats,
     TranslationStats, Vi,
 };
 pub use attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};

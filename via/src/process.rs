@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::agent::Agent;
@@ -45,6 +46,13 @@ impl Publisher for AgentPublisher {
     }
     fn retire(&self, id: u32) {
         let _ = self.0.send(&Request::Retire { key: arena_key(id) });
+        if let Some(p) = Process::current() {
+            for nic in p.all_nics() {
+                // Release: peers that see the bump see the table changes
+                // made before the retirement.
+                nic.view().header().retired.fetch_add(1, Ordering::Release);
+            }
+        }
     }
 }
 
@@ -156,6 +164,7 @@ fn on_memory_events(evs: &[MemEvent]) {
         return;
     }
     for ev in evs {
+        log::debug!("memory event {ev:x?}");
         let r = match ev {
             MemEvent::Unmap(r) | MemEvent::Remove(r) => r.clone(),
             MemEvent::Remap { from, .. } => from.clone(),

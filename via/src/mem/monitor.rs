@@ -92,8 +92,14 @@ pub struct Monitor {
     tail: AtomicU64,
     /// Next slot to apply (written under `apply_lock`).
     head: AtomicU64,
+    /// Events applied completely (written under `apply_lock`, after the
+    /// application): `sync` waits for this, not for `head`, so that an
+    /// event being applied by another thread is finished before a lookup.
+    applied: AtomicU64,
     reading: AtomicBool,
-    overflow: AtomicBool,
+    /// Overflows applied (an `Everything` event each); `overflows` counts
+    /// them as they happen.
+    overflows_applied: AtomicU64,
     apply_lock: Mutex<()>,
     apply: Apply,
     wake: doorbell::EventCount,
@@ -152,8 +158,9 @@ impl Monitor {
             ring: (0..RING).map(|_| Slot::default()).collect(),
             tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
             reading: AtomicBool::new(false),
-            overflow: AtomicBool::new(false),
+            overflows_applied: AtomicU64::new(0),
             apply_lock: Mutex::new(()),
             apply,
             wake: doorbell::EventCount::new(),
@@ -219,12 +226,16 @@ impl Monitor {
             // Acquire on `reading` first: a reader that lowered it pushed its
             // events (Release) before, so the `tail` load below sees them.
             let reading = self.reading.load(Ordering::SeqCst);
-            let pending = self.tail.load(Ordering::Acquire) != self.head.load(Ordering::Acquire)
-                || self.overflow.load(Ordering::Acquire);
-            if !pending && !reading {
+            let tail = self.tail.load(Ordering::Acquire);
+            let unapplied = tail != self.applied.load(Ordering::Acquire)
+                || self.overflows.load(Ordering::Acquire)
+                    != self.overflows_applied.load(Ordering::Acquire);
+            if !unapplied && !reading {
                 return;
             }
-            if pending {
+            if unapplied {
+                // Applies what is left, or waits (the lock) for the thread
+                // applying it now.
                 self.apply_pending();
             } else {
                 std::thread::yield_now();
@@ -267,21 +278,25 @@ impl Monitor {
         }
         // Release: the reader reuses the slots only after seeing this.
         self.head.store(head, Ordering::Release);
-        if self.overflow.swap(false, Ordering::AcqRel) {
+        let overflows = self.overflows.load(Ordering::Acquire);
+        if overflows != self.overflows_applied.load(Ordering::Relaxed) {
             evs.push(MemEvent::Everything);
         }
         if !evs.is_empty() {
             log::debug!("applying {} memory events", evs.len());
             (self.apply)(&evs);
         }
+        // Release: a `sync` that sees these sees the application's effects.
+        self.applied.store(head, Ordering::Release);
+        self.overflows_applied.store(overflows, Ordering::Release);
     }
 
     fn push(&self, kind: u64, a: u64, b: u64, c: u64) {
         let tail = self.tail.load(Ordering::Relaxed);
         if tail - self.head.load(Ordering::Acquire) >= RING as u64 {
             // Full: everything will be invalidated; nothing is lost.
-            self.overflows.fetch_add(1, Ordering::Relaxed);
-            self.overflow.store(true, Ordering::Release);
+            // Release: pairs with the appliers' Acquire.
+            self.overflows.fetch_add(1, Ordering::Release);
             return;
         }
         let s = &self.ring[tail as usize % RING];
@@ -349,8 +364,9 @@ impl Monitor {
     fn apply_loop(&self) {
         loop {
             let key = self.wake.prepare_wait();
-            let pending = self.tail.load(Ordering::Acquire) != self.head.load(Ordering::Acquire)
-                || self.overflow.load(Ordering::Acquire);
+            let pending = self.tail.load(Ordering::Acquire) != self.applied.load(Ordering::Acquire)
+                || self.overflows.load(Ordering::Acquire)
+                    != self.overflows_applied.load(Ordering::Acquire);
             if pending {
                 self.wake.cancel_wait(key);
                 self.apply_pending();

@@ -65,8 +65,10 @@ pub struct NicHeader {
     pub session: AtomicU64,
     /// NIC id within the owner's session.
     pub nic_id: AtomicU32,
-    /// Reserved.
-    pub reserved: AtomicU32,
+    /// Bumped whenever the owner retires an arena: peers then drop their
+    /// translations of the owner's regions that changed, which releases
+    /// their mappings of retired arenas.
+    pub retired: AtomicU32,
     /// Offset of the error ring.
     pub errors_off: AtomicU64,
     /// Offset of the VI table.

@@ -97,7 +97,7 @@ impl Mapping {
         Ok((fd, map))
     }
 
-    /// Maps `len` bytes of private anonymous memory (for [`Mapping::user_range`]).
+    /// Maps `len` bytes of private anonymous memory (for registered memory).
     pub fn anonymous(len: usize) -> io::Result<Mapping> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
@@ -124,14 +124,17 @@ impl Mapping {
         })
     }
 
-    /// The whole mapping as a range to register. Safe: the pages belong to
-    /// this mapping alone (no other data shares them), they stay mapped while
-    /// `self` lives, and access goes through copies, so moving them into an
-    /// arena loses nothing.
-    pub fn user_range(&self) -> crate::mem::arena::UserRange {
-        // SAFETY: see the doc comment; `self` outlives the registration
-        // because the owner deregisters before dropping the mapping.
-        unsafe { crate::mem::arena::UserRange::new(self.addr(), self.len) }
+    /// `len` bytes at `off` of this mapping as a range to register, if
+    /// inside it. Safe: the pages belong to this mapping alone (no other data
+    /// shares them), and access goes through copies; the caller keeps `self`
+    /// alive until the registration is gone.
+    pub fn user_range_of(&self, off: usize, len: usize) -> Option<crate::mem::arena::UserRange> {
+        if !self.check(off, len) {
+            return None;
+        }
+        // SAFETY: inside this mapping (checked), whose pages hold nothing but
+        // what its owner puts there and stay mapped while it lives.
+        Some(unsafe { crate::mem::arena::UserRange::new(self.addr() + off, len) })
     }
 
     /// A window on `len` bytes of this process's memory at `addr`, which the

@@ -207,7 +207,10 @@ impl Op<'_> {
         let desc_off = s.desc_off.load(Ordering::Relaxed);
         let n = s.seg_count.load(Ordering::Relaxed) as usize;
         // Mutable phase: find every region (indices stay valid).
-        let desc_i = self.regions.remote(&link.remote, desc_handle, Use::Recv);
+        let lv = self.nic.tpt.version();
+        let desc_i = self
+            .regions
+            .remote(&link.remote, desc_handle, lv, Use::Recv);
         let mut fault = if n > MAX_SEGS {
             status::FORMAT_ERROR
         } else {
@@ -221,7 +224,7 @@ impl Op<'_> {
                 let prev = i.checked_sub(1).map(|p| dst_i[p]).or(desc_i);
                 let j = match prev {
                     Some(p) if self.regions.get(p).handle == h => Some(p),
-                    _ => self.regions.remote(&link.remote, h, Use::Recv),
+                    _ => self.regions.remote(&link.remote, h, lv, Use::Recv),
                 };
                 let off = s.segs[i].off.load(Ordering::Relaxed);
                 let l = s.segs[i].len.load(Ordering::Relaxed) as u64;
@@ -329,9 +332,10 @@ impl Op<'_> {
         let (link, pd) = (self.link, self.pd);
         let view = link.remote.view();
         let tvi = view.vi(link.vi)?;
+        let lv = self.nic.tpt.version();
         let i = self
             .regions
-            .remote(&link.remote, pd.remote_handle, Use::Rdma)?;
+            .remote(&link.remote, pd.remote_handle, lv, Use::Rdma)?;
         let r = self.regions.get(i);
         let ok = tvi.flags.load(Ordering::Acquire) & need != 0
             && r.flags & need != 0

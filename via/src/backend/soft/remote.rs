@@ -27,7 +27,7 @@ use crate::tpt;
 /// mapping lives exactly as long as a resolved region holds it, so the
 /// arenas a peer retires are unmapped here within a bounded number of
 /// translations.
-const RECENT_ARENAS: usize = 64;
+const RECENT_ARENAS: usize = 16;
 
 /// The arenas of a peer this process maps.
 #[derive(Default)]
@@ -94,6 +94,12 @@ impl RemoteNic {
             cqs: RwLock::new(HashMap::new()),
             errors,
         })
+    }
+
+    /// The peer's arena-retirement count (see `NicHeader::retired`).
+    pub fn retired(&self) -> u32 {
+        // Acquire: pairs with the owner's Release bump.
+        self.view().header().retired.load(Ordering::Acquire)
     }
 
     /// The peer's segment.

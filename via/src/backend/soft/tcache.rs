@@ -69,6 +69,8 @@ const SEEN_MAX: usize = 1 << 20;
 struct Entry {
     /// `(0, 0)` for local regions, else the peer's (session, NIC id).
     owner: (u64, u32),
+    /// The peer's mapping (remote entries), to check the entry is current.
+    remote: Option<Arc<RemoteNic>>,
     handle: u32,
     /// Table version (local) or entry sequence value (peer).
     stamp: u64,
@@ -83,6 +85,10 @@ pub(crate) struct TranslationCache {
     ways: usize,
     slots: Vec<Option<Entry>>,
     clock: u64,
+    /// Next slot [`TranslationCache::sweep`] checks.
+    sweep_at: usize,
+    /// Each peer's arena-retirement count when its entries were last swept.
+    retired: std::collections::HashMap<(u64, u32), u32>,
     seen: HashSet<((u64, u32), u32)>,
     stats: TranslationStats,
 }
@@ -98,6 +104,8 @@ impl TranslationCache {
             ways,
             slots: (0..sets * ways).map(|_| None).collect(),
             clock: 0,
+            sweep_at: 0,
+            retired: std::collections::HashMap::new(),
             seen: HashSet::new(),
             stats: TranslationStats {
                 entries: sets * ways,
@@ -126,13 +134,67 @@ impl TranslationCache {
         }
     }
 
+    /// Drops up to `n` entries (checked round robin) whose region changed
+    /// since: deregistered regions hold mappings of arenas their owner may
+    /// have retired, which are unmapped once no entry holds them. Run on
+    /// every miss, so stale entries go at the pace translations change.
+    fn sweep(&mut self, n: usize, local_version: u64) {
+        for _ in 0..n.min(self.slots.len()) {
+            let i = self.sweep_at;
+            self.sweep_at = (i + 1) % self.slots.len();
+            let stale = match &self.slots[i] {
+                None => false,
+                Some(e) => match &e.remote {
+                    Some(r) => tpt::seq(&r.view(), e.handle).map(u64::from) != Some(e.stamp),
+                    None => e.stamp != local_version,
+                },
+            };
+            if stale {
+                self.slots[i] = None;
+            }
+        }
+    }
+
+    /// Whether a valid entry for `(owner, handle)` with stamp `now` exists.
+    fn holds(&self, owner: (u64, u32), handle: u32, now: u64) -> bool {
+        let base = self.set_of(owner, handle) * self.ways;
+        self.slots[base..base + self.ways].iter().any(|s| {
+            s.as_ref()
+                .is_some_and(|e| e.owner == owner && e.handle == handle && e.stamp == now)
+        })
+    }
+
+    /// Drops every entry of the peer `r` whose region changed, if the peer
+    /// retired arenas since the last look: the mappings of retired arenas
+    /// go as soon as this side translates anything of that peer again.
+    fn sweep_retired(&mut self, r: &RemoteNic) {
+        let owner = (r.session, r.nic);
+        let now = r.retired();
+        if self.retired.get(&owner) == Some(&now) {
+            return;
+        }
+        self.retired.insert(owner, now);
+        let view = r.view();
+        for s in &mut self.slots {
+            let stale = s.as_ref().is_some_and(|e| {
+                e.owner == owner && tpt::seq(&view, e.handle).map(u64::from) != Some(e.stamp)
+            });
+            if stale {
+                *s = None;
+            }
+        }
+    }
+
     /// Looks `(owner, handle)` up; `current` is the stamp the entry must
     /// carry, `resolve` builds it on a miss.
+    #[allow(clippy::too_many_arguments)]
     fn lookup(
         &mut self,
         owner: (u64, u32),
+        remote: Option<&Arc<RemoteNic>>,
         handle: u32,
         current: u64,
+        local_version: u64,
         u: Use,
         resolve: impl FnOnce() -> Option<(Arc<Resolved>, u64)>,
     ) -> Option<Arc<Resolved>> {
@@ -163,6 +225,7 @@ impl TranslationCache {
         } else {
             c.other += 1;
         }
+        self.sweep(4, local_version);
         let (region, stamp) = resolve()?;
         // Replace the same key if present, else an empty way, else the LRU.
         let victim = set
@@ -180,6 +243,7 @@ impl TranslationCache {
             });
         self.slots[victim] = Some(Entry {
             owner,
+            remote: remote.cloned(),
             handle,
             stamp,
             region: region.clone(),
@@ -190,6 +254,7 @@ impl TranslationCache {
 
     /// Drops every entry of a peer session (it died).
     pub fn forget(&mut self, session: u64) {
+        self.retired.retain(|o, _| o.0 != session);
         for s in &mut self.slots {
             if s.as_ref()
                 .is_some_and(|e| e.owner.0 == session && e.owner != LOCAL)
@@ -227,23 +292,35 @@ impl Regions {
             return Some(i);
         }
         let v = t.version();
-        let r = self
-            .cache
-            .lookup(LOCAL, handle, v, u, || t.local(handle).map(|r| (r, v)))?;
+        let r = self.cache.lookup(LOCAL, None, handle, v, v, u, || {
+            t.local(handle).map(|r| (r, v))
+        })?;
         self.work.push((LOCAL.0, LOCAL.1, handle, r));
         Some(self.work.len() - 1)
     }
 
     /// The peer's region of `handle`; its index in the working set.
-    pub fn remote(&mut self, r: &RemoteNic, handle: u32, u: Use) -> Option<usize> {
+    /// `local_version` is this process's table version (for the sweep).
+    pub fn remote(
+        &mut self,
+        r: &Arc<RemoteNic>,
+        handle: u32,
+        local_version: u64,
+        u: Use,
+    ) -> Option<usize> {
         let owner = (r.session, r.nic);
         if let Some(i) = self.find(owner, handle) {
             return Some(i);
         }
         let now = tpt::seq(&r.view(), handle)? as u64;
-        let region = self.cache.lookup(owner, handle, now, u, || {
-            r.resolve(handle).map(|(reg, stamp)| (reg, stamp as u64))
-        })?;
+        if !self.cache.holds(owner, handle, now) {
+            self.cache.sweep_retired(r);
+        }
+        let region = self
+            .cache
+            .lookup(owner, Some(r), handle, now, local_version, u, || {
+                r.resolve(handle).map(|(reg, stamp)| (reg, stamp as u64))
+            })?;
         self.work.push((owner.0, owner.1, handle, region));
         Some(self.work.len() - 1)
     }
@@ -287,9 +364,11 @@ mod tests {
         let mut c = TranslationCache::new(4, 1);
         let owner = (7, 1);
         let look = |c: &mut TranslationCache, h: u32, stamp: u64| {
-            c.lookup(owner, h, stamp, Use::Recv, || Some((region(h), stamp)))
-                .unwrap()
-                .handle
+            c.lookup(owner, None, h, stamp, 0, Use::Recv, || {
+                Some((region(h), stamp))
+            })
+            .unwrap()
+            .handle
         };
         assert_eq!(look(&mut c, 1, 10), 1);
         assert_eq!(look(&mut c, 1, 10), 1);
@@ -327,7 +406,7 @@ mod tests {
             }
             for _ in 0..3 {
                 for &h in &handles {
-                    c.lookup(owner, h, 1, Use::Rdma, || Some((region(h), 1)));
+                    c.lookup(owner, None, h, 1, 1, Use::Rdma, || Some((region(h), 1)));
                 }
             }
             let s = c.stats().rdma;

@@ -1,0 +1,98 @@
+//! The registration path seen from outside: a peer does not keep the
+//! memory of regions its owner retired, and the counters of the cache and
+//! of the engine's translation cache tell what happened.
+
+use via::descriptor::status::*;
+use via::{DescBuilder, Region, Reliability};
+use via_tests::*;
+
+const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
+
+/// Mappings of `pid`'s arenas in this process.
+fn arenas_of(pid: i32) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let tag = format!("/memfd:via-arena:{pid}:");
+    maps.lines().filter(|l| l.contains(&tag)).count()
+}
+
+// The counters are per process: the two checks run one after the other.
+#[test]
+fn registration_in_this_process_and_a_peer() {
+    repeated_registration_hits_and_unmap_invalidates();
+    a_peer_unmaps_what_the_owner_retired();
+}
+
+/// The peer registers a new region, this side RDMA-writes into it (and so
+/// maps its arena), the peer deregisters and frees it: 300 times. The
+/// arenas of freed regions are retired by their owner; this side's
+/// mappings of them must stay bounded instead of growing with the rounds.
+fn a_peer_unmaps_what_the_owner_retired() {
+    let s = Setup::new(Reliability::ReliableDelivery, 1 << 16, true, false);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 65536 1 0", "MEM");
+    s.connect_to(&mut p, &disc_str("retire"));
+    let pid = p.pid();
+    let mut at_100 = 0;
+    for round in 0..300 {
+        let r = nums(&p.cmd_expect("region 65536 same 1 0", "REGION"));
+        let (idx, addr, h) = (r[0], r[1], r[2] as u32);
+        s.fill(4096, 1000, round);
+        let d = DescBuilder::rdma_write(addr + 100, h)
+            .segment(&s.mem, 4096, 1000)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        let st = s.vi.send_wait(WAIT).unwrap().status;
+        assert_eq!(st, DONE | OP_RDMA_WRITE, "round {round}: status {st:#x}");
+        assert_eq!(p.cmd(&format!("check {idx} 100 1000 {round}")), "SAME");
+        assert_eq!(p.cmd(&format!("dereg {idx}")), "OK");
+        if round == 100 {
+            at_100 = arenas_of(pid);
+        }
+    }
+    let at_300 = arenas_of(pid);
+    eprintln!("arenas of the peer mapped here: {at_100} after 100 rounds, {at_300} after 300");
+    assert!(
+        at_300 <= 24 && at_300 <= at_100 + 4,
+        "arenas of the peer mapped here: {at_100} after 100 rounds, {at_300} after 300"
+    );
+    let t = s
+        .nic
+        .translation_stats()
+        .expect("the soft NIC has a translation cache");
+    assert_eq!(t.entries, 1024);
+    assert_eq!(t.ways, 1);
+    assert!(t.rdma.compulsory >= 300, "{t:?}");
+    p.exit();
+}
+
+/// One buffer registered and deregistered over and over: after the first
+/// registration every one is a cache hit that moves nothing; with the
+/// arena's pages unmapped by the application, the next registration is a
+/// miss (the memory event invalidated the entry).
+fn repeated_registration_hits_and_unmap_invalidates() {
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Memory::new(1 << 20).unwrap();
+    let before = nic.registration_stats();
+    for _ in 0..100 {
+        let r = Region::within(&nic, &mem, 4096, 512 << 10, ptag, false, false).unwrap();
+        r.deregister().unwrap();
+    }
+    let after = nic.registration_stats();
+    assert_eq!(after.cache.misses - before.cache.misses, 1);
+    assert_eq!(after.cache.hits - before.cache.hits, 99);
+    assert_eq!(after.arenas.created - before.arenas.created, 1);
+    if after.monitor.is_none() {
+        eprintln!("SKIPPED (no memory-event monitor on this kernel): the invalidation part");
+        return;
+    }
+    // The application unmaps the memory: the cached entry goes away.
+    drop(mem);
+    let mem = via::Memory::new(1 << 20).unwrap();
+    let r = Region::within(&nic, &mem, 0, 4096, ptag, false, false).unwrap();
+    let s = nic.registration_stats();
+    assert!(s.cache.invalidations > before.cache.invalidations, "{s:?}");
+    assert!(s.monitor.unwrap().unmaps > 0);
+    r.deregister().unwrap();
+}
