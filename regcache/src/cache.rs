@@ -22,6 +22,9 @@ use crate::Pinner;
 use crate::interval::IntervalTree;
 use crate::range::{self, RangeError};
 
+/// A merged entry is at most this many times the request (see `Inner::merged`).
+pub const MERGE_LIMIT: usize = 4;
+
 /// Tuning of a [`RegCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -32,9 +35,10 @@ pub struct Config {
     /// Entries kept cached without a lease; beyond it, the least recently released are
     /// unpinned. `usize::MAX`: no bound but the bytes.
     pub capacity_regions: usize,
-    /// A miss that overlaps or touches cached entries pins the union of them and the request,
-    /// and the entries it covers leave the cache: one entry instead of a chain of overlapping
-    /// ones (as UCX's rcache merges). Off: every miss pins just its own range.
+    /// A miss whose bytes overlap leased entries pins the union of them and the request (up to
+    /// [`MERGE_LIMIT`] times the request), and the entries it covers leave the cache: one entry
+    /// instead of several overlapping ones (as UCX's rcache merges). Off: every miss pins just
+    /// its own range.
     pub merge: bool,
     /// Check every hit with [`Pinner::is_current`] before handing it out: for backends that
     /// are not told when memory is unmapped, so that a hit never returns a translation of
@@ -541,31 +545,34 @@ impl<T> Inner<T> {
         self.pending.swap_remove(at).invalidated
     }
 
-    /// The union of the request with every leased entry whose bytes overlap or touch the
-    /// requested bytes, as (pages, bytes). Only live registrations merge, and only when their
-    /// bytes join without a gap: the union then holds nothing but bytes the application
-    /// registered (an idle entry's memory may since have been freed and reused).
-    fn merged(
-        &mut self,
-        mut pages: Range<usize>,
-        mut bytes: Range<usize>,
-    ) -> (Range<usize>, Range<usize>) {
+    /// The union of the request with every leased entry whose bytes overlap the requested
+    /// bytes, as (pages, bytes). Only live registrations merge, and only when their bytes
+    /// overlap: the union then holds nothing but bytes the application registered (an idle
+    /// entry's memory may since have been freed and reused), and a row of adjacent buffers
+    /// stays a row of entries. A union larger than [`MERGE_LIMIT`] times the request is not
+    /// pinned (a chain of overlapping registrations would otherwise grow without bound and
+    /// each miss would cost the whole chain).
+    fn merged(&mut self, pages: Range<usize>, bytes: Range<usize>) -> (Range<usize>, Range<usize>) {
+        let (mut up, mut ub) = (pages.clone(), bytes.clone());
         loop {
-            let probe = pages.start.saturating_sub(1)..pages.end.saturating_add(1);
             let mut ids = Vec::new();
-            self.tree.overlapping(&probe, &mut ids);
-            let before = bytes.clone();
+            self.tree.overlapping(&range::extent(&up), &mut ids);
+            let before = ub.clone();
             for id in ids {
                 let e = self.entry(id);
-                if e.refs > 0 && e.bytes.start <= bytes.end && bytes.start <= e.bytes.end {
-                    bytes = bytes.start.min(e.bytes.start)..bytes.end.max(e.bytes.end);
-                    pages = pages.start.min(e.pages.start)..pages.end.max(e.pages.end);
+                if e.refs > 0 && e.bytes.start < ub.end && ub.start < e.bytes.end {
+                    ub = ub.start.min(e.bytes.start)..ub.end.max(e.bytes.end);
+                    up = up.start.min(e.pages.start)..up.end.max(e.pages.end);
                 }
             }
-            if bytes == before {
-                return (pages, bytes);
+            if ub == before {
+                break;
             }
         }
+        if up.len() > MERGE_LIMIT * pages.len().max(range::page_size()) {
+            return (pages, bytes);
+        }
+        (up, ub)
     }
 
     /// Adds a freshly pinned entry with one lease; `cached` says whether lookups may find it.
@@ -1205,8 +1212,8 @@ mod tests {
         let a = c.acquire(pg(0), 2 * page_size()).unwrap();
         // Idle entries never merge (their memory may have been freed).
         c.release(c.acquire(pg(3), page_size()).unwrap());
-        // Its bytes touch the first (leased) entry's: one entry for pages 0..3.
-        let b = c.acquire(pg(2), 100).unwrap();
+        // Its bytes overlap the first (leased) entry's: one entry for pages 0..3.
+        let b = c.acquire(pg(2) - 10, 110).unwrap();
         assert_eq!(b.pages(), span(0, 3));
         assert_eq!(c.pinner().events().last(), Some(&Event::Pin(span(0, 3))));
         let s = c.stats();
@@ -1214,12 +1221,21 @@ mod tests {
         // The merged leased entry left the cache; it is unpinned on release, not kept.
         c.release(a);
         assert!(c.pinner().unpins().contains(&span(0, 2)));
-        // A gap between the bytes: no merge, even where pages touch.
+        // Adjacent bytes, or a gap: no merge, even where pages touch.
         let d = c.acquire(pg(2) + 200, 10).unwrap();
         assert_eq!(d.pages(), span(0, 3), "a hit");
         let e = c.acquire(pg(4) + 8, 8).unwrap();
         assert_eq!(e.pages(), span(4, 5));
+        let g = c.acquire(pg(5), page_size()).unwrap();
+        assert_eq!(g.pages(), span(5, 6), "touching bytes stay apart");
+        c.release(g);
         assert_eq!(c.stats().merges, 1);
+        // A union far larger than the request is not pinned.
+        let big = c.acquire(pg(10), 16 * page_size()).unwrap();
+        let small = c.acquire(pg(26) - 1, 2).unwrap();
+        assert_eq!(small.pages(), span(25, 27));
+        c.release(big);
+        c.release(small);
         // Requests inside now hit.
         let f = c.acquire(pg(1), page_size()).unwrap();
         assert_eq!(f.pages(), span(0, 3));

@@ -10,6 +10,8 @@
 //! Like fabtests, one binary is both client and server: the client spawns
 //! `via-bench serve ...` and talks to it over VIA.
 
+mod reg;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,12 +30,17 @@ fn usage() -> ! {
         "usage: via-bench [report] [--quick] [--json FILE] [--reps N]\n\
          \x20      via-bench pingpong [--sizes a,b,..] [--iters N] [--wait poll|block] [--reliability u|rd|rr]\n\
          \x20      via-bench bw [--sizes a,b,..] [--iters N] [--window W]\n\
+         \x20      via-bench reg|regpp|regcost|regscale|reuse|regbig [--quick] [--json FILE] [--size S]\n\
          \n\
          report: 8-byte latency vs a bare shared-memory ping-pong (the floor), and\n\
          ping-pong / streaming bandwidth at 64 KiB, 1 MiB, 4 MiB vs memcpy, all in one run.\n\
          Sizes accept K and M suffixes. Results: a table on stdout, JSON in --json (default\n\
          via-bench.json). Environment knobs of the provider (VIA_DOORBELL, VIA_CQ, VIA_INLINE,\n\
-         VIA_SPIN_US, VIA_REGISTER) apply to both processes."
+         VIA_SPIN_US, VIA_REGISTER) apply to both processes.\n\
+         \n\
+         reg: the registration benchmarks: regpp (register around every message vs once),\n\
+         regcost (4K..256M, cache on and off), regscale (1..50,000 live registrations),\n\
+         reuse (buffer reuse 0..100%), regbig (4 GiB: time and peak extra memory)."
     );
     std::process::exit(2)
 }
@@ -116,6 +123,7 @@ fn main() {
         "serve" => serve(rest),
         "loopback" => loopback(rest.first().and_then(|v| v.parse().ok()).unwrap_or(100_000)),
         "report" => report(&parse_opts(rest)),
+        "regpp" | "regcost" | "regscale" | "reuse" | "regbig" | "reg" => reg::main(cmd, rest),
         "pingpong" => {
             let o = parse_opts(rest);
             let sizes = o
@@ -226,6 +234,11 @@ fn serve(args: &[String]) {
             args[1].parse().unwrap(),
             args[2].parse().unwrap(),
             args[3].parse().unwrap(),
+        ),
+        Some("regpp") => reg::serve_regpp(
+            &args[1],
+            args[2].parse().unwrap(),
+            args[3] == "each",
         ),
         Some("stream") => serve_stream(
             &args[1],
