@@ -130,6 +130,25 @@ impl Peer {
         }
     }
 
+    /// Starts a prepared command (stdin and stdout are piped here; stderr
+    /// is inherited) and talks to it like a peer.
+    pub fn from_command(mut cmd: Command) -> Peer {
+        ensure_viad();
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn the peer command");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || pump(stdout, tx));
+        Peer {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
     /// Starts the command interpreter (`via-peer serve`).
     pub fn serve(exe: &str) -> Peer {
         Self::spawn(exe, &["serve"])
@@ -522,13 +541,42 @@ pub fn run_child_test(name: &str, env: &[(&str, &str)], limit: Duration) -> Stri
     out
 }
 
-/// The pid of the process listening on the abstract Unix socket `name`
-/// (the viad of an instance: `via::agent::socket_name()`), found through
-/// `/proc/net/unix` and the fd tables in `/proc`. (`SO_PEERCRED` on a
-/// connection names the process that called `listen`, which for a
-/// daemonized viad is its parent, gone since.)
-pub fn listener_pid(name: &[u8]) -> Option<i32> {
-    let want = format!("@{}", String::from_utf8_lossy(name));
+/// Whether the tests run as root; if not, prints a loud
+/// `SKIPPED (needs root): <what>` line to stderr (the test then passes
+/// without checking anything: CI runs as root and runs it).
+pub fn have_root(what: &str) -> bool {
+    if via::sys::getuid() == 0 {
+        return true;
+    }
+    eprintln!("SKIPPED (needs root): {what}");
+    false
+}
+
+/// A uid at or above `from` that no account in `/etc/passwd` has and that
+/// differs from every uid in `taken`.
+pub fn unused_uid(from: u32, taken: &[u32]) -> u32 {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let used: Vec<u32> = passwd
+        .lines()
+        .filter_map(|l| l.split(':').nth(2)?.parse().ok())
+        .collect();
+    (from..)
+        .find(|u| !used.contains(u) && !taken.contains(u))
+        .unwrap()
+}
+
+/// The socket of this process's viad (`VIA_INSTANCE`).
+pub fn viad_socket() -> std::path::PathBuf {
+    via::agent::place::user_socket().expect("viad socket path")
+}
+
+/// The pid of the process listening on the Unix socket at `path` (the
+/// viad of an instance: [`viad_socket`]), found through `/proc/net/unix`
+/// and the fd tables in `/proc`. (`SO_PEERCRED` on a connection names the
+/// process that called `listen`, which for a daemonized viad is its
+/// parent, gone since.)
+pub fn listener_pid(path: &std::path::Path) -> Option<i32> {
+    let want = path.to_string_lossy().into_owned();
     let table = std::fs::read_to_string("/proc/net/unix").ok()?;
     let inodes: Vec<String> = table
         .lines()

@@ -19,8 +19,8 @@ fn instance(tag: &str) -> String {
     format!("via-tests-{tag}-{}", std::process::id())
 }
 
-fn socket_of(inst: &str) -> Vec<u8> {
-    format!("via-rs/{}/{inst}", via::sys::getuid()).into_bytes()
+fn socket_of(inst: &str) -> std::path::PathBuf {
+    via::agent::place::user_socket_for(inst).unwrap()
 }
 
 /// Waits up to `t` for process `pid` to exit (pidfd readiness); returns
@@ -89,7 +89,7 @@ fn viad_started_on_demand_and_exits_when_idle() {
     assert!(idle < Duration::from_secs(30), "viad idled {idle:?}");
     assert!(listener_pid(&name).is_none());
     assert!(
-        via::sys::seqpacket_connect(&name).is_err(),
+        via::sys::seqpacket_connect_path(&name, Duration::from_secs(1)).is_err(),
         "the socket still accepts"
     );
 }
@@ -106,7 +106,8 @@ fn garbage_clients_do_not_hurt_viad() {
 
 /// Connects a raw client.
 fn raw() -> OwnedFd {
-    let s = via::sys::seqpacket_connect(&via::agent::socket_name()).expect("connect to viad");
+    let s = via::sys::seqpacket_connect_path(&viad_socket(), Duration::from_secs(10))
+        .expect("connect to viad");
     via::sys::set_recv_timeout(s.as_raw_fd(), Duration::from_secs(10)).unwrap();
     s
 }
@@ -159,14 +160,14 @@ fn garbage_child() {
     let Ok(inst) = std::env::var(CHILD) else {
         return;
     };
-    assert_eq!(via::agent::socket_name(), socket_of(&inst));
+    assert_eq!(viad_socket(), socket_of(&inst));
     // A working connection before the garbage.
     let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
     let errs = ErrorLog::install(&s.nic);
     let mut p = Peer::serve(PEER);
     p.cmd_expect("open rd 65536 0 0", "MEM");
     s.connect_to(&mut p, &disc_str("g1"));
-    let viad = listener_pid(&via::agent::socket_name()).expect("viad of the instance");
+    let viad = listener_pid(&viad_socket()).expect("viad of the instance");
     let fds_before = fd_count(viad);
 
     let addr = |d: &str| NetAddr {
@@ -334,7 +335,7 @@ fn garbage_child() {
     // viad is the same process, and still serves: the old connection moves
     // data, a new one can be made.
     assert_eq!(
-        listener_pid(&via::agent::socket_name()),
+        listener_pid(&viad_socket()),
         Some(viad),
         "viad restarted or died"
     );

@@ -580,6 +580,16 @@ impl NicInner {
         self.dev.peer_gone(self, session);
     }
 
+    /// The viad session is gone: nothing reports a peer's death any more,
+    /// so every connected VI breaks (`CONN_LOST`) now.
+    pub fn daemon_lost(&self) {
+        for vi in self.all_vis() {
+            if vi.peer_session().is_some() {
+                vi.break_connection(self, ErrorCode::ConnLost, false, false);
+            }
+        }
+    }
+
     /// viad says the peer of our VI `me` disconnected.
     pub fn remote_disconnect(&self, me: &Endpoint) {
         if let Some(vi) = self.vi(me.vi, me.vi_gen as u16) {

@@ -12,6 +12,15 @@
 //!   every sending thread arrives exactly once and in order.
 //! * `autostart`: checks that no viad serves `VIA_INSTANCE`, opens a NIC
 //!   (which starts one) and prints its pid.
+//! * `open_timed`: opens a NIC and prints `OPEN ok <ms>` or
+//!   `OPEN <error> <ms>`, then closes it.
+//! * `squat <dir|link|abstract> <victim uid> <instance>`: an impostor of
+//!   another user. Binds viad's old abstract name for the victim and, with
+//!   `dir`, creates the victim's `/tmp/via-rs-<uid>` as its own with a
+//!   listening socket in it, with `link`, makes that path a symlink to a
+//!   directory of its own with the socket. Prints `READY`, accepts and
+//!   reads everything, and on any input line prints
+//!   `GOT <connections> <bytes> <fds>` and exits.
 //!
 //! Interpreter commands (numbers in decimal or `0x` hex; `seg` is
 //! `off:len` in region 0 or `off:len@region`):
@@ -87,6 +96,8 @@ fn main() {
             args[6].parse().unwrap(),
         ),
         "autostart" => autostart(),
+        "open_timed" => open_timed(),
+        "squat" => squat(&args[2], args[3].parse().unwrap(), &args[4]),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -684,14 +695,15 @@ fn sink(disc: &str, r: Reliability, vis: usize, per_vi: usize, size: usize) {
 
 /// `autostart`: run with a fresh `VIA_INSTANCE`.
 fn autostart() {
-    let name = via::agent::socket_name();
-    let before = via::sys::seqpacket_connect(&name);
+    let path = via::agent::place::user_socket().expect("socket path");
+    let t = std::time::Duration::from_secs(5);
+    let before = via::sys::seqpacket_connect_path(&path, t);
     tell(&format!(
         "BEFORE {}",
         if before.is_ok() { "listening" } else { "none" }
     ));
     let nic = Nic::open(None).expect("open NIC (starts viad)");
-    let s = via::sys::seqpacket_connect(&name).expect("viad listens after open");
+    let s = via::sys::seqpacket_connect_path(&path, t).expect("viad listens after open");
     let cred = via::sys::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&s)).unwrap();
     drop(s);
     tell(&format!("VIAD {}", cred.pid));
@@ -718,4 +730,78 @@ fn autostart() {
     assert_eq!(a.state(), ViState::Connected);
     let _ = nic.close();
     tell("CLOSED");
+}
+
+/// `open_timed`: how `Nic::open` ends, and how long it took.
+fn open_timed() {
+    let t0 = Instant::now();
+    let r = Nic::open(None);
+    let ms = t0.elapsed().as_millis();
+    match r {
+        Ok(nic) => {
+            tell(&format!("OPEN ok {ms}"));
+            let _ = nic.close();
+        }
+        Err(e) => tell(&format!("OPEN {e:?} {ms}")),
+    }
+}
+
+/// `squat`: see the module documentation.
+fn squat(mode: &str, victim: u32, instance: &str) {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    static CONNS: AtomicUsize = AtomicUsize::new(0);
+    static BYTES: AtomicUsize = AtomicUsize::new(0);
+    static FDS: AtomicUsize = AtomicUsize::new(0);
+    let me = via::sys::getuid();
+    let mut listeners: Vec<OwnedFd> = Vec::new();
+    let old = format!("via-rs/{victim}/{instance}");
+    listeners.push(via::sys::seqpacket_listen_abstract(old.as_bytes()).expect("bind old name"));
+    let victim_dir = std::path::PathBuf::from(format!("/tmp/via-rs-{victim}"));
+    let sock_dir = match mode {
+        "dir" => Some(victim_dir.clone()),
+        "link" => Some(std::path::PathBuf::from(format!(
+            "/tmp/via-squat-{me}-{victim}"
+        ))),
+        "abstract" => None,
+        m => panic!("squat mode {m}"),
+    };
+    if let Some(d) = &sock_dir {
+        std::fs::create_dir(d).expect("squatter's directory");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if d == &victim_dir { 0o777 } else { 0o700 };
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+        let l = via::sys::seqpacket_listen_path(&d.join(format!("{instance}.sock")))
+            .expect("bind in the squatter's directory");
+        listeners.push(l);
+        if d != &victim_dir {
+            std::os::unix::fs::symlink(d, &victim_dir).expect("symlink");
+        }
+    }
+    for l in listeners {
+        std::thread::spawn(move || {
+            while let Ok(c) = via::sys::accept(l.as_raw_fd()) {
+                CONNS.fetch_add(1, Relaxed);
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok(r) = via::sys::recv_msg(c.as_raw_fd(), &mut buf) {
+                        if r.len == 0 && r.fds.is_empty() {
+                            break;
+                        }
+                        BYTES.fetch_add(r.len, Relaxed);
+                        FDS.fetch_add(r.fds.len() + r.fds_lost as usize, Relaxed);
+                    }
+                });
+            }
+        });
+    }
+    tell("READY");
+    let _ = read_cmd();
+    tell(&format!(
+        "GOT {} {} {}",
+        CONNS.load(Relaxed),
+        BYTES.load(Relaxed),
+        FDS.load(Relaxed)
+    ));
+    std::process::exit(0);
 }

@@ -14,7 +14,7 @@ use via::proto::{self, Endpoint, NetAddr, ObjKey, Refusal, Reply, Request};
 /// Objects one session may store (bounds a misbehaving client).
 pub const MAX_OBJECTS: usize = 1 << 20;
 /// How long a disconnect waits for the peer's acknowledgement.
-pub const DISCONNECT_ACK: Duration = Duration::from_secs(2);
+pub use via::proto::DISCONNECT_ACK;
 
 /// What the I/O loop must do.
 #[derive(Debug)]

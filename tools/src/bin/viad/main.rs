@@ -6,8 +6,9 @@
 //! connections, answers the name service, and reports the death of a client
 //! process to everyone else.
 //!
-//! Clients reach it on the abstract Unix socket `via::agent::socket_name()`
-//! (`SOCK_SEQPACKET`). Each connection is checked with `SO_PEERCRED` and
+//! Clients reach it on a `SOCK_SEQPACKET` socket in the user's private
+//! directory (`via::agent::place`); an `flock` on a lock file beside it
+//! keeps it unique. Each connection is checked with `SO_PEERCRED` and
 //! watched with a pidfd.
 
 mod broker;
@@ -15,9 +16,11 @@ mod broker;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use broker::{Broker, Out};
+use via::agent::place;
 use via::proto::{self, Reply, Request};
 use via::sys;
 
@@ -120,15 +123,12 @@ fn main() {
     // inherit, or its pipes would never see EOF while we live.
     sys::close_inherited_fds();
     let opts = parse_args();
-    let name = via::agent::socket_name();
-    let listener = match sys::seqpacket_listen(&name) {
-        Ok(l) => l,
-        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-            // Another viad serves this user: nothing to do.
-            std::process::exit(0);
-        }
+    let (listener, sock_path, _lock) = match bind() {
+        Ok(Some(x)) => x,
+        // Another viad serves this user and instance: nothing to do.
+        Ok(None) => std::process::exit(0),
         Err(e) => {
-            eprintln!("viad: cannot listen: {e}");
+            eprintln!("viad: {e}");
             std::process::exit(1);
         }
     };
@@ -162,12 +162,72 @@ fn main() {
         clients: HashMap::new(),
         uid: sys::getuid(),
         idle: opts.idle,
+        sock_path,
     }
     .run();
     std::process::exit(code);
 }
 
+/// Takes this instance's lock and listens on its socket. `Ok(None)`: another
+/// daemon holds the lock and answers.
+///
+/// The lock (an `flock` on `<instance>.lock` beside the socket, in the
+/// private directory) is what makes the daemon unique: whoever holds it
+/// owns the socket path, so a socket file found there is stale (its daemon
+/// is gone) and is replaced. The lock is held until the process exits
+/// (it survives `--daemon`'s fork: the child keeps the descriptor).
+fn bind() -> io::Result<Option<(OwnedFd, PathBuf, std::fs::File)>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let instance = place::instance()?;
+    let sock_path = place::user_socket_for(&instance)?;
+    let lock_path = place::user_lock_for(&instance)?;
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", lock_path.display())))?;
+    let answers = || sys::seqpacket_connect_path(&sock_path, Duration::from_millis(200)).is_ok();
+    // A daemon that is exiting holds the lock a little longer: wait for it,
+    // bounded.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !sys::try_lock_exclusive(lock.as_raw_fd())? {
+        if answers() {
+            return Ok(None);
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::other(format!(
+                "{} is locked, but nobody answers on {}",
+                lock_path.display(),
+                sock_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    match std::fs::symlink_metadata(&sock_path) {
+        Ok(_) => {
+            if answers() {
+                return Err(io::Error::other(format!(
+                    "a daemon that does not hold {} answers on {}",
+                    lock_path.display(),
+                    sock_path.display()
+                )));
+            }
+            // Stale: its daemon died without removing it.
+            std::fs::remove_file(&sock_path)?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = sys::seqpacket_listen_path(&sock_path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", sock_path.display())))?;
+    Ok(Some((listener, sock_path, lock)))
+}
+
 struct Daemon {
+    sock_path: PathBuf,
     listener: OwnedFd,
     broker: Broker,
     clients: HashMap<u64, Client>,
@@ -195,6 +255,8 @@ impl Daemon {
                     // Last look for a client that raced with the decision.
                     if self.accept_all() == 0 {
                         log::info!("idle for {:?}: exiting", self.idle);
+                        // Still holding the lock: nobody else uses the path.
+                        let _ = std::fs::remove_file(&self.sock_path);
                         return 0;
                     }
                     idle_since = None;
@@ -223,6 +285,7 @@ impl Daemon {
             if let Err(e) = sys::poll(&mut fds, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     log::error!("poll: {e}");
+                    let _ = std::fs::remove_file(&self.sock_path);
                     return 1;
                 }
                 continue;
