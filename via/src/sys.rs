@@ -601,6 +601,14 @@ pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Duplicates a descriptor (close-on-exec).
+pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor the caller holds; the result is fresh.
+    let r = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
+    // SAFETY: fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
 /// Sets or clears `O_NONBLOCK`.
 pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor we hold.
