@@ -372,3 +372,65 @@ fn garbage_child() {
     p2.exit();
     p.exit();
 }
+
+/// Set (to the instance) only in the child of `viad_loss_breaks_connections`.
+const LOSS_CHILD: &str = "VIA_TESTS_VIAD_LOSS_CHILD";
+
+#[test]
+fn viad_loss_breaks_connections() {
+    let inst = instance("loss");
+    run_child_test(
+        "viad_loss_child",
+        &[("VIA_INSTANCE", &inst), (LOSS_CHILD, &inst)],
+        Duration::from_secs(240),
+    );
+}
+
+/// viad is killed while two processes are connected: without it a peer's
+/// death would go unnoticed, so both sides break at once (CONN_LOST through
+/// the error callback, VI in ERROR, outstanding receives flushed); requests
+/// that need viad fail with `Resource`; once every NIC is closed, the next
+/// open gets a new daemon and works.
+#[test]
+fn viad_loss_child() {
+    if std::env::var(LOSS_CHILD).is_err() {
+        return;
+    }
+    let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
+    let errs = ErrorLog::install(&s.nic);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 65536 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str("loss"));
+    post_recv(&s, 0, 4096, 100);
+    let viad = listener_pid(&viad_socket()).expect("viad of the instance");
+    // SAFETY: plain signal to a process id we just looked up.
+    assert_eq!(unsafe { libc::kill(viad, libc::SIGKILL) }, 0);
+    let e = errs.expect(via::ErrorCode::ConnLost, Duration::from_secs(20));
+    assert_eq!(e.vi.map(|v| v.0), Some(s.vi.slot()));
+    assert_eq!(s.vi.state(), ViState::Error);
+    let c = s.vi.recv_wait(WAIT).expect("the receive completes");
+    assert_eq!(c.status & DESC_FLUSHED_ERROR, DESC_FLUSHED_ERROR);
+    assert!(p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    // Requests that need viad fail cleanly.
+    let at = via::ViAttributes::new(Reliability::ReliableDelivery, s.ptag);
+    let vi2 = s.nic.create_vi(&at, None, None).unwrap();
+    let r = vi2.connect(
+        &s.nic.address(b"c"),
+        &s.nic.address(&disc("nobody")),
+        Some(Duration::from_millis(100)),
+    );
+    assert_eq!(r.err(), Some(via::Error::Resource));
+    // A second NIC while the lost one is open: refused.
+    assert_eq!(via::Nic::open(None).err(), Some(via::Error::Resource));
+    drop(vi2);
+    drop(s);
+    p.exit();
+    // Everything closed: a fresh session with a new daemon.
+    let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 65536 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str("after-loss"));
+    let again = listener_pid(&viad_socket()).expect("a new viad");
+    assert_ne!(again, viad);
+    p.exit();
+}

@@ -12,6 +12,12 @@
 //!   every sending thread arrives exactly once and in order.
 //! * `autostart`: checks that no viad serves `VIA_INSTANCE`, opens a NIC
 //!   (which starts one) and prints its pid.
+//! * `abuse <fds|conns|sessions|listens|publishers> <n>`: a client of viad
+//!   that goes beyond its limits (raw protocol): `n` published fds, `n`
+//!   connections without Hello, `n` sessions, `n` listens on one session,
+//!   or `n` sessions that each publish an object. Prints `ABUSED <counts>`
+//!   (`publishers`: `SESSIONS <ids>`), then on any input line exits (every
+//!   session it holds dies at once).
 //! * `open_timed`: opens a NIC and prints `OPEN ok <ms>` or
 //!   `OPEN <error> <ms>`, then closes it.
 //! * `squat <dir|link|abstract> <victim uid> <instance>`: an impostor of
@@ -97,6 +103,7 @@ fn main() {
         ),
         "autostart" => autostart(),
         "open_timed" => open_timed(),
+        "abuse" => abuse(&args[2], args[3].parse().unwrap()),
         "squat" => squat(&args[2], args[3].parse().unwrap(), &args[4]),
         other => panic!("unknown scenario {other}"),
     }
@@ -803,5 +810,107 @@ fn squat(mode: &str, victim: u32, instance: &str) {
         BYTES.load(Relaxed),
         FDS.load(Relaxed)
     ));
+    std::process::exit(0);
+}
+
+/// `abuse`: see the module documentation.
+fn abuse(kind: &str, n: usize) {
+    use std::os::fd::AsRawFd;
+    use via::proto::{NetAddr, ObjKey, ObjKind, Refusal, Reply, Request};
+    use via_tests::raw::{self, Client};
+    let key = |id: u32| ObjKey {
+        kind: ObjKind::Arena,
+        nic: 0,
+        id,
+        generation: 0,
+    };
+    let mut hold: Vec<Box<dyn std::any::Any>> = Vec::new();
+    match kind {
+        "fds" => {
+            let mut c = Client::open().expect("session");
+            let f = via::sys::memfd_create("via-abuse").unwrap();
+            let (mut ok, mut refused) = (0, 0);
+            for i in 0..n {
+                match c.call(
+                    &Request::Publish { key: key(i as u32) },
+                    Some(f.as_raw_fd()),
+                ) {
+                    Ok((Reply::Ok, _)) => ok += 1,
+                    Ok((Reply::Refused(Refusal::Limit), _)) => refused += 1,
+                    other => panic!("publish {i}: {other:?}"),
+                }
+            }
+            c.round_trip()
+                .expect("the abuser's own session still works");
+            tell(&format!("ABUSED {ok} {refused}"));
+            hold.push(Box::new(c));
+        }
+        "conns" => {
+            let mut failed = 0;
+            for _ in 0..n {
+                match raw::connect() {
+                    Ok(s) => hold.push(Box::new(s)),
+                    Err(_) => failed += 1,
+                }
+            }
+            tell(&format!("ABUSED {} {failed}", hold.len()));
+        }
+        "sessions" => {
+            let mut failed = 0;
+            for _ in 0..n {
+                match Client::open() {
+                    Ok(c) => hold.push(Box::new(c)),
+                    Err(_) => failed += 1,
+                }
+            }
+            tell(&format!("ABUSED {} {failed}", hold.len()));
+        }
+        "listens" => {
+            let mut c = Client::open().expect("session");
+            for i in 0..n {
+                let l = Request::Listen {
+                    local: NetAddr {
+                        host: vec![],
+                        discriminator: format!("abuse-{}-{i}", std::process::id()).into_bytes(),
+                    },
+                    timeout_ms: via::proto::INFINITE,
+                };
+                c.send(&l, None).expect("send listen");
+            }
+            // Refusals come at once; the accepted listens never answer.
+            let want: usize = std::env::var("ABUSE_EXPECT_REFUSED")
+                .map(|v| v.parse().unwrap())
+                .unwrap_or(0);
+            let mut refused = 0;
+            while refused < want {
+                match raw::recv(c.fd.as_raw_fd()) {
+                    Ok((_, Reply::Refused(Refusal::Limit), _)) => refused += 1,
+                    Ok(other) => panic!("listen answered {other:?}"),
+                    Err(e) => panic!("after {refused} refusals: {e}"),
+                }
+            }
+            c.round_trip()
+                .expect("the abuser's own session still works");
+            tell(&format!("ABUSED {refused}"));
+            hold.push(Box::new(c));
+        }
+        "publishers" => {
+            let f = via::sys::memfd_create("via-abuse").unwrap();
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                let mut c = Client::open().expect("session");
+                match c.call(&Request::Publish { key: key(1) }, Some(f.as_raw_fd())) {
+                    Ok((Reply::Ok, _)) => {}
+                    other => panic!("publish: {other:?}"),
+                }
+                ids.push(c.session.to_string());
+                hold.push(Box::new(c));
+            }
+            tell(&format!("SESSIONS {}", ids.join(" ")));
+        }
+        k => panic!("abuse {k}"),
+    }
+    let _ = read_cmd();
+    drop(hold);
     std::process::exit(0);
 }
