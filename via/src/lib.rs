@@ -26,7 +26,7 @@ pub mod ffi;
 pub mod handle;
 mod nic;
 mod notify;
-mod ns;
+pub mod ns;
 mod process;
 pub mod proto;
 pub mod shm;

@@ -50,6 +50,7 @@
 //! | `errors` / `clear_errors` | `ERRORS <code>,...` or `ERRORS none` / `OK` |
 //! | `set_vi <w> <r>` | `OK` or `<error>` (RDMA enables of the idle VI) |
 //! | `state` / `slot` | `STATE <state>` / `SLOT <n>` |
+//! | `resolve <name>` | `ADDR <hex>` or `NSERR <error>` (name service) |
 //! | `region <bytes> <same\|new> <w> <r>` | `REGION <idx> <addr> <handle> <len>` |
 //! | `foreign <bytes>` | `REGION ...`: a region of a second NIC |
 //! | `set_mem <idx> <w> <r>` | `OK` |
@@ -431,6 +432,10 @@ impl Interp {
                 "OK".into()
             }
             "state" => format!("STATE {:?}", self.vi().state()),
+            "resolve" => match self.nic().resolve(a[1]) {
+                Ok(h) => format!("ADDR {}", hex(&h)),
+                Err(e) => format!("NSERR {e:?}"),
+            },
             "slot" => format!("SLOT {}", self.vi().slot()),
             "region" => {
                 let ptag = if a[2] == "new" {

@@ -97,30 +97,13 @@ fn host_address() -> Vec<u8> {
 }
 
 fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    let s: String = s.chars().filter(|c| *c != ':').collect();
-    if s.is_empty() || s.len() % 2 != 0 || s.len() / 2 > proto::MAX_HOST {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
+    via::ns::parse_hex(s)
 }
 
+/// viad's own table, for clients that still ask it (the library resolves
+/// in each process from that process's own environment).
 fn host_table() -> Vec<(String, Vec<u8>)> {
-    let path = std::env::var("VIA_HOSTS").unwrap_or_else(|_| "/etc/via_hosts".into());
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let name = it.next()?.to_string();
-            let addr = parse_hex(it.next()?)?;
-            Some((name, addr))
-        })
-        .collect()
+    via::ns::host_table()
 }
 
 fn main() {
