@@ -450,6 +450,13 @@ fn accept_disconnect() {
     suite("accept_disconnect", false, &[]);
 }
 
+/// An orderly disconnect by the peer is not logged as an error in a program
+/// without an error callback; a killed peer still is.
+#[test]
+fn quiet_disconnect() {
+    suite("quiet_disconnect", false, &[]);
+}
+
 /// The viad that the library starts must not keep the application's
 /// descriptors open.
 #[test]

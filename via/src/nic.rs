@@ -551,14 +551,28 @@ impl NicInner {
     /// Delivers an asynchronous error to the error callback (on the
     /// provider thread).
     pub fn report(&self, e: AsyncError) {
-        self.provider.post_error(self, e);
+        self.provider.post_error(self, e, false);
     }
 
-    /// Runs the error callback for `e` (provider thread only).
-    pub fn run_error_callback(&self, e: &AsyncError) {
+    /// [`NicInner::report`]; `orderly`: an expected event (the peer
+    /// disconnected), not an error to log when no callback is set.
+    pub fn report_as(&self, e: AsyncError, orderly: bool) {
+        self.provider.post_error(self, e, orderly);
+    }
+
+    /// Runs the error callback for `e` (provider thread only). Without a
+    /// callback the error is logged: at error level, except the
+    /// `CONN_LOST` of an orderly disconnect by the peer (info).
+    pub fn run_error_callback(&self, e: &AsyncError, orderly: bool) {
         let cb = self.error_cb.lock().unwrap().clone();
         match cb {
             Some(cb) => cb(e),
+            None if orderly => log::info!(
+                "{}: the peer disconnected ({:?} on {:?})",
+                self.name,
+                e.code,
+                e.resource
+            ),
             None => log::error!(
                 "{}: asynchronous error {:?} on {:?}",
                 self.name,
@@ -613,7 +627,7 @@ impl NicInner {
                     }
                 }
             }
-            self.run_error_callback(&e);
+            self.run_error_callback(&e, false);
         }
     }
 
