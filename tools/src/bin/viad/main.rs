@@ -37,7 +37,9 @@ fn usage() -> ! {
          Serves the VIA sessions of this user on this host. The library starts it\n\
          on demand; running it by hand is only useful for debugging.\n\
          Environment: VIA_INSTANCE (socket instance name), VIA_HOST_ADDRESS (hex),\n\
-         VIA_HOSTS (name-service file: 'name hexaddr' per line), RUST_LOG."
+         VIA_HOSTS (name-service file: 'name hexaddr' per line), RUST_LOG,\n\
+         VIA_VIAD_TIMEOUT_MS (Hello deadline), VIA_VIAD_MAX_FDS, VIA_VIAD_MAX_PENDING,\n\
+         VIA_VIAD_MAX_CONNECTIONS, VIA_VIAD_MAX_QUEUE (per-client limits)."
     );
     std::process::exit(2)
 }
