@@ -341,3 +341,52 @@ fn listen_flood_child() {
     library_still_works("listen-flood");
     a.exit();
 }
+
+#[test]
+fn library_over_limit() {
+    scenario("library_over_limit", &[("VIA_VIAD_MAX_FDS", "8")]);
+}
+
+/// Through the library: a process whose registrations go beyond viad's fd
+/// limit for it gets `Resource` from the registration (viad's
+/// `Refused(Limit)`), and its session keeps working.
+#[test]
+fn library_over_limit_child() {
+    if !child("library_over_limit") {
+        return;
+    }
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mut regions = Vec::new();
+    let refused = loop {
+        match via::Region::new(&nic, 8192, ptag, false, false) {
+            Ok(r) => regions.push(r),
+            Err(e) => break e,
+        }
+        assert!(regions.len() < 64, "never refused");
+    };
+    println!(
+        "MEASURED registration refused after {} regions: {refused:?}",
+        regions.len()
+    );
+    assert_eq!(refused, via::Error::Resource);
+    // The NIC segment is one of the 8 objects.
+    assert_eq!(regions.len(), 7);
+    // The session still works: viad answers a connect request.
+    let vi = nic
+        .create_vi(
+            &via::ViAttributes::new(Reliability::ReliableDelivery, ptag),
+            None,
+            None,
+        )
+        .unwrap();
+    let r = vi.connect(
+        &nic.address(b"c"),
+        &nic.address(&disc("nobody")),
+        Some(Duration::from_millis(200)),
+    );
+    assert_eq!(r.err(), Some(via::Error::NoMatch));
+    drop(vi);
+    drop(regions);
+    let _ = nic.close();
+}
