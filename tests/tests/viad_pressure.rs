@@ -273,8 +273,10 @@ fn stopped_reader_child() {
     if !child("stopped_reader") {
         return;
     }
-    let (_nic, _viad) = start_viad();
+    let (_nic, viad) = start_viad();
     let n = 1000;
+    let mut y = Client::open().unwrap();
+    let base = fd_count(viad);
     let mut a = Peer::spawn(PEER, &["abuse", "publishers", &n.to_string()]);
     let ids: Vec<u64> = a
         .expect("SESSIONS")
@@ -299,6 +301,18 @@ fn stopped_reader_child() {
     // x reads nothing from here on; all its peers die.
     a.say("exit");
     a.finish();
+    // viad has dropped every dead session (their fds are closed) ...
+    let mut now = 0;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            now = fd_count(viad);
+            now <= base + 8
+        }),
+        "viad still has {now} fds (had {base})"
+    );
+    // ... and, once it answers a request sent after that, it has also sent
+    // (or queued) every death to x, which has not read since.
+    y.round_trip().unwrap();
     let mut died = 0;
     let t0 = Instant::now();
     while died < n {
