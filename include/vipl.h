@@ -590,9 +590,11 @@ VIP_RETURN VipConnectReject(VIP_CONN_HANDLE ConnHandle);
 
 /* Connect the idle VI ViHandle to RemoteAddr, waiting up to Timeout ms;
  * on success *RemoteViAttribs holds the peer VI's attributes (Ptag NULL).
- * VIP_SUCCESS; VIP_TIMEOUT: no answer in time (a request waits for a
- * listener on the discriminator until then); VIP_REJECT: the server
- * rejected; VIP_NO_MATCH: RemoteAddr's host is not reachable;
+ * VIP_SUCCESS; VIP_NO_MATCH: nobody listened on the discriminator until
+ * the timeout (a request waits for a listener that long; with
+ * VIP_INFINITE, forever), or RemoteAddr's host is not reachable;
+ * VIP_TIMEOUT: a server took the request but did not accept or reject it
+ * in time; VIP_REJECT: the server rejected;
  * VIP_INVALID_PARAMETER: bad ViHandle or NULL pointer;
  * VIP_INVALID_STATE: the VI is not idle; VIP_INVALID_RELIABILITY_LEVEL:
  * the levels differ; VIP_INVALID_MTU: no acceptable MaxTransferSize;

@@ -130,6 +130,25 @@ impl Peer {
         }
     }
 
+    /// Starts a prepared command (stdin and stdout are piped here; stderr
+    /// is inherited) and talks to it like a peer.
+    pub fn from_command(mut cmd: Command) -> Peer {
+        ensure_viad();
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn the peer command");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || pump(stdout, tx));
+        Peer {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
     /// Starts the command interpreter (`via-peer serve`).
     pub fn serve(exe: &str) -> Peer {
         Self::spawn(exe, &["serve"])
@@ -522,13 +541,42 @@ pub fn run_child_test(name: &str, env: &[(&str, &str)], limit: Duration) -> Stri
     out
 }
 
-/// The pid of the process listening on the abstract Unix socket `name`
-/// (the viad of an instance: `via::agent::socket_name()`), found through
-/// `/proc/net/unix` and the fd tables in `/proc`. (`SO_PEERCRED` on a
-/// connection names the process that called `listen`, which for a
-/// daemonized viad is its parent, gone since.)
-pub fn listener_pid(name: &[u8]) -> Option<i32> {
-    let want = format!("@{}", String::from_utf8_lossy(name));
+/// Whether the tests run as root; if not, prints a loud
+/// `SKIPPED (needs root): <what>` line to stderr (the test then passes
+/// without checking anything: CI runs as root and runs it).
+pub fn have_root(what: &str) -> bool {
+    if via::sys::getuid() == 0 {
+        return true;
+    }
+    eprintln!("SKIPPED (needs root): {what}");
+    false
+}
+
+/// A uid at or above `from` that no account in `/etc/passwd` has and that
+/// differs from every uid in `taken`.
+pub fn unused_uid(from: u32, taken: &[u32]) -> u32 {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let used: Vec<u32> = passwd
+        .lines()
+        .filter_map(|l| l.split(':').nth(2)?.parse().ok())
+        .collect();
+    (from..)
+        .find(|u| !used.contains(u) && !taken.contains(u))
+        .unwrap()
+}
+
+/// The socket of this process's viad (`VIA_INSTANCE`).
+pub fn viad_socket() -> std::path::PathBuf {
+    via::agent::place::user_socket().expect("viad socket path")
+}
+
+/// The pid of the process listening on the Unix socket at `path` (the
+/// viad of an instance: [`viad_socket`]), found through `/proc/net/unix`
+/// and the fd tables in `/proc`. (`SO_PEERCRED` on a connection names the
+/// process that called `listen`, which for a daemonized viad is its
+/// parent, gone since.)
+pub fn listener_pid(path: &std::path::Path) -> Option<i32> {
+    let want = path.to_string_lossy().into_owned();
     let table = std::fs::read_to_string("/proc/net/unix").ok()?;
     let inodes: Vec<String> = table
         .lines()
@@ -556,4 +604,143 @@ pub fn listener_pid(name: &[u8]) -> Option<i32> {
         }
     }
     None
+}
+
+/// A client of viad that speaks the protocol itself (no library session):
+/// for measuring the daemon's service and for abusing it.
+pub mod raw {
+    use std::io;
+    use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+    use std::time::{Duration, Instant};
+
+    use via::proto::{self, Reply, Request};
+
+    /// One connection to the daemon of `VIA_INSTANCE`.
+    pub struct Client {
+        pub fd: OwnedFd,
+        pub session: u64,
+        /// Events (id 0) skipped while waiting for replies.
+        pub events: usize,
+        next: u32,
+    }
+
+    /// Connects without saying Hello.
+    pub fn connect() -> io::Result<OwnedFd> {
+        let s = via::sys::seqpacket_connect_path(&super::viad_socket(), Duration::from_secs(10))?;
+        via::sys::set_recv_timeout(s.as_raw_fd(), Duration::from_secs(20))?;
+        Ok(s)
+    }
+
+    /// Receives one frame (at most the receive timeout of the socket).
+    pub fn recv(fd: RawFd) -> io::Result<(u32, Reply, Vec<OwnedFd>)> {
+        let mut buf = vec![0u8; proto::MAX_FRAME + 1];
+        let (n, fds) = via::sys::recv_with_fds(fd, &mut buf)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "viad closed"));
+        }
+        let (id, r) =
+            Reply::decode(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok((id, r, fds))
+    }
+
+    impl Client {
+        /// Connects and says Hello.
+        pub fn open() -> io::Result<Client> {
+            let fd = connect()?;
+            let hello = Request::Hello {
+                version: proto::VERSION,
+            };
+            via::sys::send_with_fds(fd.as_raw_fd(), &hello.encode(1), &[])?;
+            match recv(fd.as_raw_fd())? {
+                (1, Reply::Welcome { session, .. }, _) => Ok(Client {
+                    fd,
+                    session,
+                    events: 0,
+                    next: 2,
+                }),
+                (_, other, _) => Err(io::Error::other(format!("Hello answered {other:?}"))),
+            }
+        }
+
+        /// Sends `req` (with `fd`) and returns its id.
+        pub fn send(&mut self, req: &Request, fd: Option<RawFd>) -> io::Result<u32> {
+            let id = self.next;
+            self.next += 1;
+            let fds: Vec<RawFd> = fd.into_iter().collect();
+            via::sys::send_with_fds(self.fd.as_raw_fd(), &req.encode(id), &fds)?;
+            Ok(id)
+        }
+
+        /// Sends `req` and waits for its reply (skipping events).
+        pub fn call(
+            &mut self,
+            req: &Request,
+            fd: Option<RawFd>,
+        ) -> io::Result<(Reply, Vec<OwnedFd>)> {
+            let id = self.send(req, fd)?;
+            loop {
+                let (rid, r, fds) = recv(self.fd.as_raw_fd())?;
+                if rid == id {
+                    return Ok((r, fds));
+                }
+                if rid == 0 {
+                    self.events += 1;
+                }
+            }
+        }
+
+        /// One name-service round trip; its duration.
+        pub fn round_trip(&mut self) -> io::Result<Duration> {
+            let t = Instant::now();
+            match self.call(
+                &Request::ResolveName {
+                    name: "localhost".into(),
+                },
+                None,
+            )? {
+                (Reply::Address { .. }, _) => Ok(t.elapsed()),
+                (other, _) => Err(io::Error::other(format!("ResolveName: {other:?}"))),
+            }
+        }
+    }
+
+    /// Round trips measured by a thread until it is told to stop, one
+    /// about every millisecond.
+    pub struct Probe {
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        t: std::thread::JoinHandle<Result<Vec<Duration>, String>>,
+    }
+
+    impl Probe {
+        /// Starts measuring on a new session.
+        pub fn start() -> Probe {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s2 = stop.clone();
+            let mut c = Client::open().expect("probe session");
+            let t = std::thread::spawn(move || {
+                let mut v = Vec::new();
+                while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                    v.push(
+                        c.round_trip()
+                            .map_err(|e| format!("probe: {e} after {} round trips", v.len()))?,
+                    );
+                    // Paced (about 1000 a second), so that the probe itself
+                    // is not what keeps the daemon busy.
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                Ok(v)
+            });
+            Probe { stop, t }
+        }
+
+        /// Stops; returns (count, median, p99, max) of the round trips.
+        pub fn stop(self) -> (usize, Duration, Duration, Duration) {
+            self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let mut v = self.t.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+            assert!(!v.is_empty(), "no round trip completed");
+            v.sort();
+            let p = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+            (v.len(), p(0.5), p(0.99), *v.last().unwrap())
+        }
+    }
 }

@@ -460,6 +460,13 @@ fn accept_disconnect() {
     suite("accept_disconnect", false, &[]);
 }
 
+/// An orderly disconnect by the peer is not logged as an error in a program
+/// without an error callback; a killed peer still is.
+#[test]
+fn quiet_disconnect() {
+    suite("quiet_disconnect", false, &[]);
+}
+
 /// The viad that the library starts must not keep the application's
 /// descriptors open.
 #[test]
@@ -472,4 +479,104 @@ fn viad_inherits_fds() {
 #[test]
 fn scan_cq_cq() {
     suite("cq", false, &[("VIA_CQ", "scan")]);
+}
+
+/// A legacy client started before its server: one retries
+/// `VipConnectRequest` (500 ms timeout) on `VIP_NO_MATCH`, the other waits
+/// with `VIP_INFINITE`. The servers (`via-peer`, listen and accept) are
+/// started only once the retrying client has had 4 NO_MATCH answers, i.e.
+/// at least 2 s after the waiting client said it was waiting, and the
+/// waiting client is checked to be still waiting then. Both connect.
+#[test]
+fn late_server() {
+    let _g = serial();
+    let exe = build("tests/c/suite", "late_client", &[], "");
+    let pid = std::process::id();
+    let inst = format!("csuite-{pid}-late");
+    let (d_retry, d_wait) = (format!("late-r-{pid}"), format!("late-w-{pid}"));
+    let spawn = |args: &[&str]| {
+        let mut cmd = Command::new(&exe);
+        cmd.args(args)
+            .env("VIA_INSTANCE", &inst)
+            .env_remove("VIA_VIAD")
+            .env_remove("VIA_HOSTS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("run late_client");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let line = |rx: &std::sync::mpsc::Receiver<String>| {
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("late_client silent for 60 s")
+    };
+    let (mut waiter, wait_rx) = spawn(&["wait", &d_wait]);
+    assert_eq!(line(&wait_rx), "WAITING");
+    let t0 = Instant::now();
+    let (mut retrier, retry_rx) = spawn(&["retry", &d_retry, "500"]);
+    for n in 1..=4 {
+        assert_eq!(line(&retry_rx), format!("NOMATCH {n}"));
+    }
+    let late = t0.elapsed();
+    assert!(late >= Duration::from_millis(1900), "only {late:?} late");
+    // The waiting client is still waiting, having said nothing more.
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the waiting client exited"
+    );
+    assert!(
+        wait_rx.try_recv().is_err(),
+        "the waiting client stopped waiting"
+    );
+    let peer = Path::new(env!("CARGO_BIN_EXE_via-peer"));
+    let server = |d: &str| {
+        let mut s = Command::new(peer)
+            .arg("serve")
+            .env("VIA_INSTANCE", &inst)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("via-peer");
+        {
+            use std::io::Write;
+            let w = s.stdin.as_mut().unwrap();
+            writeln!(w, "open rd 65536 0 0").unwrap();
+            writeln!(w, "listen {d} accept").unwrap();
+            w.flush().unwrap();
+        }
+        s
+    };
+    let mut s1 = server(&d_wait);
+    let mut s2 = server(&d_retry);
+    assert_eq!(line(&wait_rx), "CONNECTED VIP_SUCCESS");
+    let got = line(&retry_rx);
+    assert!(
+        got == "CONNECTED VIP_SUCCESS" || got.starts_with("NOMATCH"),
+        "retrying client: {got}"
+    );
+    let mut got = got;
+    while got.starts_with("NOMATCH") {
+        got = line(&retry_rx);
+    }
+    assert_eq!(got, "CONNECTED VIP_SUCCESS");
+    eprintln!("servers started {late:?} after the clients began waiting; both connected");
+    for c in [&mut waiter, &mut retrier] {
+        let st = c.wait().unwrap();
+        assert!(st.success(), "late_client: {st}");
+    }
+    for s in [&mut s1, &mut s2] {
+        drop(s.stdin.take());
+        let _ = s.wait();
+    }
 }

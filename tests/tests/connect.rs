@@ -34,8 +34,11 @@ fn connect_rejected() {
     p.exit();
 }
 
+/// With nobody listening, a request with a timeout waits for a listener
+/// that long, then answers `NoMatch` (M-VIA's answer, on which legacy
+/// programs retry).
 #[test]
-fn connect_times_out_when_nobody_listens() {
+fn connect_without_listener_is_no_match_after_the_timeout() {
     let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
     let t = Duration::from_millis(400);
     let start = Instant::now();
@@ -45,12 +48,35 @@ fn connect_times_out_when_nobody_listens() {
         Some(t),
     );
     let el = start.elapsed();
-    assert_eq!(r.err(), Some(Error::Timeout));
+    assert_eq!(r.err(), Some(Error::NoMatch));
     assert!(
         el >= t - Duration::from_millis(5),
         "returned after {el:?}, before {t:?}"
     );
     assert!(el < t * 10, "returned after {el:?}");
+    assert_eq!(s.vi.state(), ViState::Idle);
+}
+
+/// A listener took the request but did not accept in time: `Timeout`.
+#[test]
+fn connect_taken_but_not_accepted_times_out() {
+    let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
+    let d = disc("slow-server");
+    // Long enough that the server's listen (started first, in a thread) is
+    // with viad well before the deadline.
+    let t = Duration::from_millis(1500);
+    std::thread::scope(|sc| {
+        let nic = &s.nic;
+        let d = &d;
+        let server = sc.spawn(move || {
+            // Takes the request, then never accepts it.
+            nic.connect_wait(&nic.address(d), WAIT).map(|_req| ())
+        });
+        let r =
+            s.vi.connect(&s.nic.address(b"c"), &s.nic.address(d), Some(t));
+        assert_eq!(r.err(), Some(Error::Timeout));
+        server.join().unwrap().expect("the server took the request");
+    });
     assert_eq!(s.vi.state(), ViState::Idle);
 }
 

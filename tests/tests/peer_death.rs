@@ -64,7 +64,7 @@ fn thread_state(tid: i32) -> Option<char> {
 
 /// The pid of the viad serving this process.
 fn viad_pid() -> i32 {
-    listener_pid(&via::agent::socket_name()).expect("viad's pid")
+    listener_pid(&viad_socket()).expect("viad's pid")
 }
 
 /// The `via-*` memory files viad holds open for `session`.

@@ -21,10 +21,20 @@ fn thread_ticks() -> u64 {
 /// Runs `f`, which must fail with Timeout after `t`: checks the elapsed
 /// time and that the thread slept (less than half the time on a CPU).
 fn timed<R: std::fmt::Debug>(what: &str, t: Duration, f: impl FnOnce() -> via::Result<R>) {
+    timed_err(what, t, Error::Timeout, f)
+}
+
+/// As [`timed`], failing with `want`.
+fn timed_err<R: std::fmt::Debug>(
+    what: &str,
+    t: Duration,
+    want: Error,
+    f: impl FnOnce() -> via::Result<R>,
+) {
     let (c0, start) = (thread_ticks(), Instant::now());
     let r = f();
     let (el, cpu) = (start.elapsed(), thread_ticks() - c0);
-    assert_eq!(r.err(), Some(Error::Timeout), "{what}");
+    assert_eq!(r.err(), Some(want), "{what}");
     assert!(
         el + Duration::from_millis(2) >= t,
         "{what}: returned after {el:?}, timeout {t:?}"
@@ -75,7 +85,8 @@ fn waits_time_out() {
         s.nic.connect_wait(&here, Some(t)).map(|_| ())
     });
     let v2 = s.nic.create_vi(&at, None, None).unwrap();
-    timed("connect", t, || {
+    // Nobody listens: NO_MATCH, after the timeout.
+    timed_err("connect", t, Error::NoMatch, || {
         v2.connect(&here, &s.nic.address(&disc("tmo-nobody")), Some(t))
     });
     timed("connect_peer_wait", t, || {

@@ -19,8 +19,8 @@ fn instance(tag: &str) -> String {
     format!("via-tests-{tag}-{}", std::process::id())
 }
 
-fn socket_of(inst: &str) -> Vec<u8> {
-    format!("via-rs/{}/{inst}", via::sys::getuid()).into_bytes()
+fn socket_of(inst: &str) -> std::path::PathBuf {
+    via::agent::place::user_socket_for(inst).unwrap()
 }
 
 /// Waits up to `t` for process `pid` to exit (pidfd readiness); returns
@@ -89,7 +89,7 @@ fn viad_started_on_demand_and_exits_when_idle() {
     assert!(idle < Duration::from_secs(30), "viad idled {idle:?}");
     assert!(listener_pid(&name).is_none());
     assert!(
-        via::sys::seqpacket_connect(&name).is_err(),
+        via::sys::seqpacket_connect_path(&name, Duration::from_secs(1)).is_err(),
         "the socket still accepts"
     );
 }
@@ -106,7 +106,8 @@ fn garbage_clients_do_not_hurt_viad() {
 
 /// Connects a raw client.
 fn raw() -> OwnedFd {
-    let s = via::sys::seqpacket_connect(&via::agent::socket_name()).expect("connect to viad");
+    let s = via::sys::seqpacket_connect_path(&viad_socket(), Duration::from_secs(10))
+        .expect("connect to viad");
     via::sys::set_recv_timeout(s.as_raw_fd(), Duration::from_secs(10)).unwrap();
     s
 }
@@ -159,14 +160,14 @@ fn garbage_child() {
     let Ok(inst) = std::env::var(CHILD) else {
         return;
     };
-    assert_eq!(via::agent::socket_name(), socket_of(&inst));
+    assert_eq!(viad_socket(), socket_of(&inst));
     // A working connection before the garbage.
     let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
     let errs = ErrorLog::install(&s.nic);
     let mut p = Peer::serve(PEER);
     p.cmd_expect("open rd 65536 0 0", "MEM");
     s.connect_to(&mut p, &disc_str("g1"));
-    let viad = listener_pid(&via::agent::socket_name()).expect("viad of the instance");
+    let viad = listener_pid(&viad_socket()).expect("viad of the instance");
     let fds_before = fd_count(viad);
 
     let addr = |d: &str| NetAddr {
@@ -334,7 +335,7 @@ fn garbage_child() {
     // viad is the same process, and still serves: the old connection moves
     // data, a new one can be made.
     assert_eq!(
-        listener_pid(&via::agent::socket_name()),
+        listener_pid(&viad_socket()),
         Some(viad),
         "viad restarted or died"
     );
@@ -369,5 +370,67 @@ fn garbage_child() {
         Some("0x10001")
     );
     p2.exit();
+    p.exit();
+}
+
+/// Set (to the instance) only in the child of `viad_loss_breaks_connections`.
+const LOSS_CHILD: &str = "VIA_TESTS_VIAD_LOSS_CHILD";
+
+#[test]
+fn viad_loss_breaks_connections() {
+    let inst = instance("loss");
+    run_child_test(
+        "viad_loss_child",
+        &[("VIA_INSTANCE", &inst), (LOSS_CHILD, &inst)],
+        Duration::from_secs(240),
+    );
+}
+
+/// viad is killed while two processes are connected: without it a peer's
+/// death would go unnoticed, so both sides break at once (CONN_LOST through
+/// the error callback, VI in ERROR, outstanding receives flushed); requests
+/// that need viad fail with `Resource`; once every NIC is closed, the next
+/// open gets a new daemon and works.
+#[test]
+fn viad_loss_child() {
+    if std::env::var(LOSS_CHILD).is_err() {
+        return;
+    }
+    let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
+    let errs = ErrorLog::install(&s.nic);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 65536 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str("loss"));
+    post_recv(&s, 0, 4096, 100);
+    let viad = listener_pid(&viad_socket()).expect("viad of the instance");
+    // SAFETY: plain signal to a process id we just looked up.
+    assert_eq!(unsafe { libc::kill(viad, libc::SIGKILL) }, 0);
+    let e = errs.expect(via::ErrorCode::ConnLost, Duration::from_secs(20));
+    assert_eq!(e.vi.map(|v| v.0), Some(s.vi.slot()));
+    assert_eq!(s.vi.state(), ViState::Error);
+    let c = s.vi.recv_wait(WAIT).expect("the receive completes");
+    assert_eq!(c.status & DESC_FLUSHED_ERROR, DESC_FLUSHED_ERROR);
+    assert!(p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    // Requests that need viad fail cleanly.
+    let at = via::ViAttributes::new(Reliability::ReliableDelivery, s.ptag);
+    let vi2 = s.nic.create_vi(&at, None, None).unwrap();
+    let r = vi2.connect(
+        &s.nic.address(b"c"),
+        &s.nic.address(&disc("nobody")),
+        Some(Duration::from_millis(100)),
+    );
+    assert_eq!(r.err(), Some(via::Error::Resource));
+    // A second NIC while the lost one is open: refused.
+    assert_eq!(via::Nic::open(None).err(), Some(via::Error::Resource));
+    drop(vi2);
+    drop(s);
+    p.exit();
+    // Everything closed: a fresh session with a new daemon.
+    let s = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 65536 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str("after-loss"));
+    let again = listener_pid(&viad_socket()).expect("a new viad");
+    assert_ne!(again, viad);
     p.exit();
 }

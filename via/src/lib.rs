@@ -27,7 +27,7 @@ pub mod handle;
 pub mod mem;
 mod nic;
 mod notify;
-mod ns;
+pub mod ns;
 mod process;
 pub mod proto;
 pub mod shm;

@@ -669,14 +669,28 @@ impl NicInner {
     /// Delivers an asynchronous error to the error callback (on the
     /// provider thread).
     pub fn report(&self, e: AsyncError) {
-        self.provider.post_error(self, e);
+        self.provider.post_error(self, e, false);
     }
 
-    /// Runs the error callback for `e` (provider thread only).
-    pub fn run_error_callback(&self, e: &AsyncError) {
+    /// [`NicInner::report`]; `orderly`: an expected event (the peer
+    /// disconnected), not an error to log when no callback is set.
+    pub fn report_as(&self, e: AsyncError, orderly: bool) {
+        self.provider.post_error(self, e, orderly);
+    }
+
+    /// Runs the error callback for `e` (provider thread only). Without a
+    /// callback the error is logged: at error level, except the
+    /// `CONN_LOST` of an orderly disconnect by the peer (info).
+    pub fn run_error_callback(&self, e: &AsyncError, orderly: bool) {
         let cb = self.error_cb.lock().unwrap().clone();
         match cb {
             Some(cb) => cb(e),
+            None if orderly => log::info!(
+                "{}: the peer disconnected ({:?} on {:?})",
+                self.name,
+                e.code,
+                e.resource
+            ),
             None => log::error!(
                 "{}: asynchronous error {:?} on {:?}",
                 self.name,
@@ -711,6 +725,16 @@ impl NicInner {
         self.dev.peer_gone(self, session);
     }
 
+    /// The viad session is gone: nothing reports a peer's death any more,
+    /// so every connected VI breaks (`CONN_LOST`) now.
+    pub fn daemon_lost(&self) {
+        for vi in self.all_vis() {
+            if vi.peer_session().is_some() {
+                vi.break_connection(self, ErrorCode::ConnLost, false, false);
+            }
+        }
+    }
+
     /// viad says the peer of our VI `me` disconnected.
     pub fn remote_disconnect(&self, me: &Endpoint) {
         if let Some(vi) = self.vi(me.vi, me.vi_gen as u16) {
@@ -734,7 +758,7 @@ impl NicInner {
                     }
                 }
             }
-            self.run_error_callback(&e);
+            self.run_error_callback(&e, false);
         }
     }
 

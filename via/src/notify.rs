@@ -21,7 +21,8 @@ enum Armed {
 
 /// The provider thread of one NIC.
 pub(crate) struct Provider {
-    errors: Mutex<VecDeque<AsyncError>>,
+    /// Errors for the callback, and whether each is an orderly event.
+    errors: Mutex<VecDeque<(AsyncError, bool)>>,
     armed: Mutex<Vec<Armed>>,
     stop: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -79,8 +80,8 @@ impl Provider {
     }
 
     /// Queues an error for the callback and wakes the thread.
-    pub fn post_error(&self, nic: &NicInner, e: AsyncError) {
-        self.errors.lock().unwrap().push_back(e);
+    pub fn post_error(&self, nic: &NicInner, e: AsyncError, orderly: bool) {
+        self.errors.lock().unwrap().push_back((e, orderly));
         nic.view().header().notify.notify_all();
     }
 
@@ -116,8 +117,8 @@ impl Provider {
         nic.drain_error_ring();
         loop {
             let e = self.errors.lock().unwrap().pop_front();
-            let Some(e) = e else { break };
-            nic.run_error_callback(&e);
+            let Some((e, orderly)) = e else { break };
+            nic.run_error_callback(&e, orderly);
             did = true;
         }
         let armed: Vec<(bool, u32, u16)> = self

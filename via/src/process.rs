@@ -8,7 +8,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use crate::agent::Agent;
+use crate::agent::{Agent, Event};
 use crate::backend::soft::remote::RemoteNic;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -74,8 +74,18 @@ impl Process {
     pub fn get() -> Result<Arc<Process>> {
         let mut g = PROCESS.lock().unwrap();
         if let Some(p) = g.as_ref() {
-            if p.pid == sys::getpid() && !p.agent.is_lost() {
-                return Ok(p.clone());
+            if p.pid == sys::getpid() {
+                if !p.agent.is_lost() {
+                    return Ok(p.clone());
+                }
+                // A new session only once nothing of the old one is left
+                // (registrations and mappings belong to it).
+                if !p.nics.read().unwrap().is_empty() {
+                    log::error!(
+                        "the viad session is lost and NICs of it are still open: close them all before opening a NIC"
+                    );
+                    return Err(Error::Resource);
+                }
             }
         }
         let config = Config::get();
@@ -185,17 +195,17 @@ fn on_memory_events(evs: &[MemEvent]) {
 }
 
 /// Runs on the agent's event thread for every daemon event.
-fn on_event(ev: Reply) {
+fn on_event(ev: Event) {
     let Some(p) = Process::current() else { return };
     match ev {
-        Reply::PeerDied { session } => {
+        Event::Daemon(Reply::PeerDied { session }) => {
             log::info!("viad: session {session} died");
             for nic in p.all_nics() {
                 nic.peer_died(session);
             }
             p.forget_session(session);
         }
-        Reply::RemoteDisconnect { me, token } => {
+        Event::Daemon(Reply::RemoteDisconnect { me, token }) => {
             if me.session == p.agent.session {
                 for nic in p.all_nics().into_iter().filter(|n| n.id == me.nic) {
                     nic.remote_disconnect(&me);
@@ -203,6 +213,14 @@ fn on_event(ev: Reply) {
             }
             let _ = p.agent.send(&Request::DisconnectAck { token });
         }
-        other => log::warn!("unexpected event from viad: {other:?}"),
+        // Without viad, a peer's death would go unnoticed: every connection
+        // breaks now, as for a peer that died.
+        Event::Lost if p.agent.is_lost() => {
+            for nic in p.all_nics() {
+                nic.daemon_lost();
+            }
+        }
+        Event::Lost => {}
+        Event::Daemon(other) => log::warn!("unexpected event from viad: {other:?}"),
     }
 }

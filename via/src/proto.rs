@@ -17,7 +17,7 @@ use std::fmt;
 /// Protocol magic: "VD".
 pub const MAGIC: u16 = 0x4456;
 /// Protocol version, sent in `Hello`.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Largest datagram either side accepts.
 pub const MAX_FRAME: usize = 4096;
 /// Largest host address in bytes.
@@ -28,6 +28,8 @@ pub const MAX_DISCRIMINATOR: usize = 64;
 pub const MAX_NAME: usize = 255;
 /// "Wait forever" in a timeout field.
 pub const INFINITE: u32 = u32::MAX;
+/// How long the daemon waits for a peer to acknowledge a disconnect.
+pub const DISCONNECT_ACK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Kinds of shared objects the daemon stores for peers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -112,8 +114,11 @@ pub enum Refusal {
     NoMatch = 5,
     /// A name or address could not be resolved.
     NameService = 6,
-    /// The daemon refused the request (bad argument, resource).
+    /// The daemon refused the request (bad argument).
     Invalid = 7,
+    /// The client is over one of the daemon's limits (descriptors held,
+    /// pending requests, connections): refused, the client keeps its session.
+    Limit = 8,
 }
 
 impl TryFrom<u8> for Refusal {
@@ -127,6 +132,7 @@ impl TryFrom<u8> for Refusal {
             5 => Refusal::NoMatch,
             6 => Refusal::NameService,
             7 => Refusal::Invalid,
+            8 => Refusal::Limit,
             _ => return Err(DecodeError("refusal")),
         })
     }
@@ -222,6 +228,27 @@ pub enum Request {
         /// Host address.
         host: Vec<u8>,
     },
+}
+
+impl Request {
+    /// The request's name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "Hello",
+            Request::Publish { .. } => "Publish",
+            Request::Retire { .. } => "Retire",
+            Request::Fetch { .. } => "Fetch",
+            Request::Listen { .. } => "Listen",
+            Request::Connect { .. } => "Connect",
+            Request::Accept { .. } => "Accept",
+            Request::Reject { .. } => "Reject",
+            Request::PeerConnect { .. } => "PeerConnect",
+            Request::Disconnect { .. } => "Disconnect",
+            Request::DisconnectAck { .. } => "DisconnectAck",
+            Request::ResolveName { .. } => "ResolveName",
+            Request::ResolveAddr { .. } => "ResolveAddr",
+        }
+    }
 }
 
 /// Messages from the daemon to a client.

@@ -210,9 +210,34 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usiz
     }
 }
 
+/// One received datagram.
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes received (0 = orderly shutdown).
+    pub len: usize,
+    /// The descriptors that came with it.
+    pub fds: Vec<OwnedFd>,
+    /// The sender attached descriptors that the kernel could not install
+    /// (this process is out of descriptors, `MSG_CTRUNC`): they are lost.
+    pub fds_lost: bool,
+}
+
 /// Receives one datagram into `buf` with up to [`MAX_FDS`] descriptors.
 /// Returns the byte count (0 = orderly shutdown) and the received fds.
 pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let r = recv_msg(sock, buf)?;
+    if r.fds_lost {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "descriptors lost (out of file descriptors)",
+        ));
+    }
+    Ok((r.len, r.fds))
+}
+
+/// Receives one datagram into `buf` with up to [`MAX_FDS`] descriptors,
+/// reporting descriptors the kernel dropped instead of failing.
+pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<Received> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -256,7 +281,11 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
             "message truncated",
         ));
     }
-    Ok((n, fds))
+    Ok(Received {
+        len: n,
+        fds,
+        fds_lost: msg.msg_flags & libc::MSG_CTRUNC != 0,
+    })
 }
 
 /// Current process id.
@@ -278,17 +307,41 @@ pub fn process_alive(pid: i32) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit (viad holds one fd per
-/// shared object of every client).
+/// Raises `RLIMIT_NOFILE` as far as this process may (viad holds one fd
+/// per shared object of every client): the hard limit up to
+/// `/proc/sys/fs/nr_open` where permitted (root), the soft limit to the
+/// hard one. Returns the soft limit in force.
 pub fn raise_nofile_limit() -> io::Result<u64> {
     // SAFETY: `lim` is a valid out-pointer.
     let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer to an rlimit.
     cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    let nr_open: Option<libc::rlim_t> = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    if let Some(max) = nr_open.filter(|&m| m > lim.rlim_max) {
+        let up = libc::rlimit {
+            rlim_cur: max,
+            rlim_max: max,
+        };
+        // SAFETY: valid pointer to an rlimit. Failing (no privilege) is fine.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &up) } == 0 {
+            return Ok(max);
+        }
+    }
     lim.rlim_cur = lim.rlim_max;
     // SAFETY: valid pointer to an rlimit.
     cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
     Ok(lim.rlim_cur)
+}
+
+/// The soft `RLIMIT_NOFILE`.
+pub fn nofile_limit() -> io::Result<u64> {
+    // SAFETY: `lim` is a valid out-pointer.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to an rlimit.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    Ok(lim.rlim_cur as u64)
 }
 
 /// Bounds of the calling thread's stack (`pthread_getattr_np`).
@@ -346,6 +399,29 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
     Ok((sa, len as libc::socklen_t))
 }
 
+fn path_addr(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = path.as_os_str().as_bytes();
+    // SAFETY: all-zero is a valid sockaddr_un.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if name.is_empty() || name.contains(&0) || name.len() + 1 > sa.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "socket path {} is empty, too long (at most {} bytes) or contains NUL",
+                path.display(),
+                sa.sun_path.len() - 1
+            ),
+        ));
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (i, b) in name.iter().enumerate() {
+        sa.sun_path[i] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + name.len() + 1;
+    Ok((sa, len as libc::socklen_t))
+}
+
 fn seqpacket_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain syscall.
     let fd =
@@ -354,27 +430,35 @@ fn seqpacket_socket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Binds and listens on an abstract `SOCK_SEQPACKET` socket. Fails with
-/// `AddrInUse` if another process already listens there: the bind is the
-/// daemon's single-instance lock.
-pub fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
-    let fd = seqpacket_socket()?;
-    let (sa, len) = abstract_addr(name)?;
+fn bind_listen(fd: &OwnedFd, sa: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<()> {
     // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
-    cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sa as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    })?;
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (sa as *const libc::sockaddr_un).cast(), len) })?;
     // SAFETY: plain syscall.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    Ok(())
+}
+
+/// Binds and listens on an abstract `SOCK_SEQPACKET` socket (any local user
+/// can take any abstract name: the library no longer uses them; tests bind
+/// the old name to show that nothing reaches it).
+pub fn seqpacket_listen_abstract(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket_socket()?;
+    let (sa, len) = abstract_addr(name)?;
+    bind_listen(&fd, &sa, len)?;
     Ok(fd)
 }
 
-/// Connects to an abstract `SOCK_SEQPACKET` socket.
-pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
+/// Binds and listens on a `SOCK_SEQPACKET` socket at `path` (which must not
+/// exist: `AddrInUse` otherwise).
+pub fn seqpacket_listen_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let fd = seqpacket_socket()?;
+    let (sa, len) = path_addr(path)?;
+    bind_listen(&fd, &sa, len)?;
+    Ok(fd)
+}
+
+/// Connects to an abstract `SOCK_SEQPACKET` socket (blocking).
+pub fn seqpacket_connect_abstract(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket_socket()?;
     let (sa, len) = abstract_addr(name)?;
     loop {
@@ -394,6 +478,114 @@ pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     }
 }
 
+/// Connects to the `SOCK_SEQPACKET` socket at `path` within `timeout`.
+///
+/// The connect is non-blocking: a listener whose backlog is full (one that
+/// never accepts) makes a blocking connect wait forever; here the attempt
+/// is retried until `timeout` and then fails with `TimedOut`. The returned
+/// socket is blocking again.
+pub fn seqpacket_connect_path(
+    path: &std::path::Path,
+    timeout: std::time::Duration,
+) -> io::Result<OwnedFd> {
+    let (sa, len) = path_addr(path)?;
+    let deadline = std::time::Instant::now() + timeout;
+    let mut backoff = std::time::Duration::from_millis(1);
+    loop {
+        let fd = seqpacket_socket()?;
+        set_nonblocking(fd.as_raw_fd(), true)?;
+        // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        let err = match cvt(r) {
+            Ok(_) => {
+                set_nonblocking(fd.as_raw_fd(), false)?;
+                return Ok(fd);
+            }
+            Err(e) => e,
+        };
+        match err.raw_os_error() {
+            Some(libc::EINPROGRESS) => {
+                // Not what AF_UNIX does today, but allowed: wait for
+                // writability, then read the outcome.
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let mut p = [libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                }];
+                if poll(&mut p, left.as_millis().min(i32::MAX as u128) as i32)? == 0 {
+                    return Err(timed_out(path, timeout));
+                }
+                let e = socket_error(fd.as_raw_fd())?;
+                if e != 0 {
+                    return Err(io::Error::from_raw_os_error(e));
+                }
+                set_nonblocking(fd.as_raw_fd(), false)?;
+                return Ok(fd);
+            }
+            // Backlog full (the listener does not accept), or interrupted:
+            // try again until the deadline.
+            Some(libc::EAGAIN) | Some(libc::EINTR) => {
+                let now = std::time::Instant::now();
+                if now >= deadline {
+                    return Err(timed_out(path, timeout));
+                }
+                std::thread::sleep(backoff.min(deadline - now));
+                backoff = (backoff * 2).min(std::time::Duration::from_millis(50));
+            }
+            _ => return Err(err),
+        }
+    }
+}
+
+fn timed_out(path: &std::path::Path, t: std::time::Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "{} did not take the connection within {t:?}",
+            path.display()
+        ),
+    )
+}
+
+/// `SO_ERROR` of a socket.
+fn socket_error(fd: RawFd) -> io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid out-pointers of the right size.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(v)
+}
+
+/// Takes an exclusive `flock` on `fd` without waiting: `Ok(false)` if
+/// another open file description holds it.
+pub fn try_lock_exclusive(fd: RawFd) -> io::Result<bool> {
+    loop {
+        // SAFETY: plain syscall on a descriptor the caller holds.
+        let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+        match cvt(r) {
+            Ok(_) => return Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Accepts a connection (non-blocking listener: `WouldBlock` when none).
 pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: null address pointers are allowed by accept4.
@@ -407,6 +599,14 @@ pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     })?;
     // SAFETY: fresh descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Duplicates a descriptor (close-on-exec).
+pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor the caller holds; the result is fresh.
+    let r = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
+    // SAFETY: fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
 
 /// Sets or clears `O_NONBLOCK`.
@@ -435,6 +635,26 @@ pub fn set_recv_timeout(fd: RawFd, t: std::time::Duration) -> io::Result<()> {
             fd,
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+/// Sets a send timeout on a socket (a blocking send then fails with
+/// `WouldBlock` after `t` instead of waiting for a reader that never reads).
+pub fn set_send_timeout(fd: RawFd, t: std::time::Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: `tv` is a valid timeval of the stated size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
             (&tv as *const libc::timeval).cast(),
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )

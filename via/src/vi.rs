@@ -588,7 +588,7 @@ impl ViCore {
             std::mem::take(&mut st.early_disconnect)
         };
         if early {
-            self.break_connection(nic, ErrorCode::ConnLost, false, false);
+            self.break_connection_as(nic, ErrorCode::ConnLost, false, false, true);
         }
     }
 
@@ -602,7 +602,7 @@ impl ViCore {
                 return;
             }
         }
-        self.break_connection(nic, ErrorCode::ConnLost, false, false);
+        self.break_connection_as(nic, ErrorCode::ConnLost, false, false, true);
     }
 
     /// Connects to `peer` (CONNECT_PENDING → CONNECTED).
@@ -623,6 +623,20 @@ impl ViCore {
         tell_peer: bool,
         peer_dead: bool,
     ) {
+        self.break_connection_as(nic, code, tell_peer, peer_dead, false);
+    }
+
+    /// [`ViCore::break_connection`]; `orderly`: the peer disconnected on
+    /// purpose (`VipDisconnect`), which is reported to the callback as
+    /// always but is not logged as an error when there is none.
+    pub fn break_connection_as(
+        &self,
+        nic: &NicInner,
+        code: ErrorCode,
+        tell_peer: bool,
+        peer_dead: bool,
+        orderly: bool,
+    ) {
         {
             let mut st = self.state.lock().unwrap();
             if st.state != ViState::Connected {
@@ -637,13 +651,16 @@ impl ViCore {
         }
         self.flush(nic, peer_dead);
         log::debug!("VI {} broke: {code:?}", self.slot);
-        nic.report(AsyncError {
-            resource: ResourceCode::Vi,
-            code,
-            vi: Some((self.slot, self.generation)),
-            cq: None,
-            descriptor: 0,
-        });
+        nic.report_as(
+            AsyncError {
+                resource: ResourceCode::Vi,
+                code,
+                vi: Some((self.slot, self.generation)),
+                cq: None,
+                descriptor: 0,
+            },
+            orderly,
+        );
     }
 
     /// Completes every outstanding descriptor with `DESC_FLUSHED_ERROR`.

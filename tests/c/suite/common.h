@@ -102,8 +102,8 @@ uint64_t hear_u64(void);
 void barrier(int id);
 
 /* Writes `contents` as the name-service hosts file and points VIA_HOSTS at
- * it, with a VIA_INSTANCE of this program's own, so that the viad this
- * program starts reads it. Call before run_pair's fork (before any Vip*
+ * it (the library reads it in this process), with a VIA_INSTANCE of this
+ * program's own. Call before run_pair's fork (before any Vip*
  * call); the file is removed at exit. */
 void use_hosts_file(const char *contents);
 

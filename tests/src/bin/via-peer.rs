@@ -12,6 +12,21 @@
 //!   every sending thread arrives exactly once and in order.
 //! * `autostart`: checks that no viad serves `VIA_INSTANCE`, opens a NIC
 //!   (which starts one) and prints its pid.
+//! * `abuse <fds|conns|sessions|listens|publishers> <n>`: a client of viad
+//!   that goes beyond its limits (raw protocol): `n` published fds, `n`
+//!   connections without Hello, `n` sessions, `n` listens on one session,
+//!   or `n` sessions that each publish an object. Prints `ABUSED <counts>`
+//!   (`publishers`: `SESSIONS <ids>`), then on any input line exits (every
+//!   session it holds dies at once).
+//! * `open_timed`: opens a NIC and prints `OPEN ok <ms>` or
+//!   `OPEN <error> <ms>`, then closes it.
+//! * `squat <dir|link|abstract> <victim uid> <instance>`: an impostor of
+//!   another user. Binds viad's old abstract name for the victim and, with
+//!   `dir`, creates the victim's `/tmp/via-rs-<uid>` as its own with a
+//!   listening socket in it, with `link`, makes that path a symlink to a
+//!   directory of its own with the socket. Prints `READY`, accepts and
+//!   reads everything, and on any input line prints
+//!   `GOT <connections> <bytes> <fds>` and exits.
 //!
 //! Interpreter commands (numbers in decimal or `0x` hex; `seg` is
 //! `off:len` in region 0 or `off:len@region`):
@@ -35,6 +50,7 @@
 //! | `errors` / `clear_errors` | `ERRORS <code>,...` or `ERRORS none` / `OK` |
 //! | `set_vi <w> <r>` | `OK` or `<error>` (RDMA enables of the idle VI) |
 //! | `state` / `slot` | `STATE <state>` / `SLOT <n>` |
+//! | `resolve <name>` | `ADDR <hex>` or `NSERR <error>` (name service) |
 //! | `region <bytes> <same\|new> <w> <r>` | `REGION <idx> <addr> <handle> <len>` |
 //! | `foreign <bytes>` | `REGION ...`: a region of a second NIC |
 //! | `set_mem <idx> <w> <r>` | `OK` |
@@ -87,6 +103,9 @@ fn main() {
             args[6].parse().unwrap(),
         ),
         "autostart" => autostart(),
+        "open_timed" => open_timed(),
+        "abuse" => abuse(&args[2], args[3].parse().unwrap()),
+        "squat" => squat(&args[2], args[3].parse().unwrap(), &args[4]),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -413,6 +432,10 @@ impl Interp {
                 "OK".into()
             }
             "state" => format!("STATE {:?}", self.vi().state()),
+            "resolve" => match self.nic().resolve(a[1]) {
+                Ok(h) => format!("ADDR {}", hex(&h)),
+                Err(e) => format!("NSERR {e:?}"),
+            },
             "slot" => format!("SLOT {}", self.vi().slot()),
             "region" => {
                 let ptag = if a[2] == "new" {
@@ -684,14 +707,15 @@ fn sink(disc: &str, r: Reliability, vis: usize, per_vi: usize, size: usize) {
 
 /// `autostart`: run with a fresh `VIA_INSTANCE`.
 fn autostart() {
-    let name = via::agent::socket_name();
-    let before = via::sys::seqpacket_connect(&name);
+    let path = via::agent::place::user_socket().expect("socket path");
+    let t = std::time::Duration::from_secs(5);
+    let before = via::sys::seqpacket_connect_path(&path, t);
     tell(&format!(
         "BEFORE {}",
         if before.is_ok() { "listening" } else { "none" }
     ));
     let nic = Nic::open(None).expect("open NIC (starts viad)");
-    let s = via::sys::seqpacket_connect(&name).expect("viad listens after open");
+    let s = via::sys::seqpacket_connect_path(&path, t).expect("viad listens after open");
     let cred = via::sys::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&s)).unwrap();
     drop(s);
     tell(&format!("VIAD {}", cred.pid));
@@ -718,4 +742,180 @@ fn autostart() {
     assert_eq!(a.state(), ViState::Connected);
     let _ = nic.close();
     tell("CLOSED");
+}
+
+/// `open_timed`: how `Nic::open` ends, and how long it took.
+fn open_timed() {
+    let t0 = Instant::now();
+    let r = Nic::open(None);
+    let ms = t0.elapsed().as_millis();
+    match r {
+        Ok(nic) => {
+            tell(&format!("OPEN ok {ms}"));
+            let _ = nic.close();
+        }
+        Err(e) => tell(&format!("OPEN {e:?} {ms}")),
+    }
+}
+
+/// `squat`: see the module documentation.
+fn squat(mode: &str, victim: u32, instance: &str) {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    static CONNS: AtomicUsize = AtomicUsize::new(0);
+    static BYTES: AtomicUsize = AtomicUsize::new(0);
+    static FDS: AtomicUsize = AtomicUsize::new(0);
+    let me = via::sys::getuid();
+    let mut listeners: Vec<OwnedFd> = Vec::new();
+    let old = format!("via-rs/{victim}/{instance}");
+    listeners.push(via::sys::seqpacket_listen_abstract(old.as_bytes()).expect("bind old name"));
+    let victim_dir = std::path::PathBuf::from(format!("/tmp/via-rs-{victim}"));
+    let sock_dir = match mode {
+        "dir" => Some(victim_dir.clone()),
+        "link" => Some(std::path::PathBuf::from(format!(
+            "/tmp/via-squat-{me}-{victim}"
+        ))),
+        "abstract" => None,
+        m => panic!("squat mode {m}"),
+    };
+    if let Some(d) = &sock_dir {
+        std::fs::create_dir(d).expect("squatter's directory");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if d == &victim_dir { 0o777 } else { 0o700 };
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+        let l = via::sys::seqpacket_listen_path(&d.join(format!("{instance}.sock")))
+            .expect("bind in the squatter's directory");
+        listeners.push(l);
+        if d != &victim_dir {
+            std::os::unix::fs::symlink(d, &victim_dir).expect("symlink");
+        }
+    }
+    for l in listeners {
+        std::thread::spawn(move || {
+            while let Ok(c) = via::sys::accept(l.as_raw_fd()) {
+                CONNS.fetch_add(1, Relaxed);
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok(r) = via::sys::recv_msg(c.as_raw_fd(), &mut buf) {
+                        if r.len == 0 && r.fds.is_empty() {
+                            break;
+                        }
+                        BYTES.fetch_add(r.len, Relaxed);
+                        FDS.fetch_add(r.fds.len() + r.fds_lost as usize, Relaxed);
+                    }
+                });
+            }
+        });
+    }
+    tell("READY");
+    let _ = read_cmd();
+    tell(&format!(
+        "GOT {} {} {}",
+        CONNS.load(Relaxed),
+        BYTES.load(Relaxed),
+        FDS.load(Relaxed)
+    ));
+    std::process::exit(0);
+}
+
+/// `abuse`: see the module documentation.
+fn abuse(kind: &str, n: usize) {
+    use std::os::fd::AsRawFd;
+    use via::proto::{NetAddr, ObjKey, ObjKind, Refusal, Reply, Request};
+    use via_tests::raw::{self, Client};
+    let key = |id: u32| ObjKey {
+        kind: ObjKind::Arena,
+        nic: 0,
+        id,
+        generation: 0,
+    };
+    let mut hold: Vec<Box<dyn std::any::Any>> = Vec::new();
+    match kind {
+        "fds" => {
+            let mut c = Client::open().expect("session");
+            let f = via::sys::memfd_create("via-abuse").unwrap();
+            let (mut ok, mut refused) = (0, 0);
+            for i in 0..n {
+                match c.call(
+                    &Request::Publish { key: key(i as u32) },
+                    Some(f.as_raw_fd()),
+                ) {
+                    Ok((Reply::Ok, _)) => ok += 1,
+                    Ok((Reply::Refused(Refusal::Limit), _)) => refused += 1,
+                    other => panic!("publish {i}: {other:?}"),
+                }
+            }
+            c.round_trip()
+                .expect("the abuser's own session still works");
+            tell(&format!("ABUSED {ok} {refused}"));
+            hold.push(Box::new(c));
+        }
+        "conns" => {
+            let mut failed = 0;
+            for _ in 0..n {
+                match raw::connect() {
+                    Ok(s) => hold.push(Box::new(s)),
+                    Err(_) => failed += 1,
+                }
+            }
+            tell(&format!("ABUSED {} {failed}", hold.len()));
+        }
+        "sessions" => {
+            let mut failed = 0;
+            for _ in 0..n {
+                match Client::open() {
+                    Ok(c) => hold.push(Box::new(c)),
+                    Err(_) => failed += 1,
+                }
+            }
+            tell(&format!("ABUSED {} {failed}", hold.len()));
+        }
+        "listens" => {
+            let mut c = Client::open().expect("session");
+            for i in 0..n {
+                let l = Request::Listen {
+                    local: NetAddr {
+                        host: vec![],
+                        discriminator: format!("abuse-{}-{i}", std::process::id()).into_bytes(),
+                    },
+                    timeout_ms: via::proto::INFINITE,
+                };
+                c.send(&l, None).expect("send listen");
+            }
+            // Refusals come at once; the accepted listens never answer.
+            let want: usize = std::env::var("ABUSE_EXPECT_REFUSED")
+                .map(|v| v.parse().unwrap())
+                .unwrap_or(0);
+            let mut refused = 0;
+            while refused < want {
+                match raw::recv(c.fd.as_raw_fd()) {
+                    Ok((_, Reply::Refused(Refusal::Limit), _)) => refused += 1,
+                    Ok(other) => panic!("listen answered {other:?}"),
+                    Err(e) => panic!("after {refused} refusals: {e}"),
+                }
+            }
+            c.round_trip()
+                .expect("the abuser's own session still works");
+            tell(&format!("ABUSED {refused}"));
+            hold.push(Box::new(c));
+        }
+        "publishers" => {
+            let f = via::sys::memfd_create("via-abuse").unwrap();
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                let mut c = Client::open().expect("session");
+                match c.call(&Request::Publish { key: key(1) }, Some(f.as_raw_fd())) {
+                    Ok((Reply::Ok, _)) => {}
+                    other => panic!("publish: {other:?}"),
+                }
+                ids.push(c.session.to_string());
+                hold.push(Box::new(c));
+            }
+            tell(&format!("SESSIONS {}", ids.join(" ")));
+        }
+        k => panic!("abuse {k}"),
+    }
+    let _ = read_cmd();
+    drop(hold);
+    std::process::exit(0);
 }

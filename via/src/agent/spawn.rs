@@ -2,10 +2,13 @@
 #![forbid(unsafe_code)]
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use super::place::{self, Target};
 use crate::sys;
 
 /// Where `viad` is: `$VIA_VIAD`; beside the running executable (or one
@@ -40,10 +43,11 @@ pub fn find_viad() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Connects to the daemon, starting it first if nobody listens.
-pub fn connect_or_start(attempt: u32) -> io::Result<OwnedFd> {
-    let name = super::socket_name();
-    match sys::seqpacket_connect(&name) {
+/// Connects to the per-user daemon at `t`, starting it first if nobody
+/// listens there. Each connect is bounded by `timeout`; the daemon's
+/// identity is checked before the socket is returned.
+pub fn connect_or_start(t: &Target, attempt: u32, timeout: Duration) -> io::Result<OwnedFd> {
+    match connect_checked(t, timeout) {
         Ok(s) => return Ok(s),
         Err(e)
             if matches!(
@@ -62,17 +66,41 @@ pub fn connect_or_start(attempt: u32) -> io::Result<OwnedFd> {
     // `viad --daemon` listens before its foreground process exits, so once
     // `status()` returns the socket accepts connections (or another daemon
     // that won the race does).
-    let st = Command::new(&viad)
+    let mut child = Command::new(&viad)
         .arg("--daemon")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .status()?;
+        .spawn()?;
+    // Bounded: a viad that neither listens nor exits is not waited for.
+    let pidfd = sys::pidfd_open(child.id() as i32)?;
+    let mut p = [libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    if sys::poll(&mut p, ms)? == 0 {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{} did not start within {timeout:?}", viad.display()),
+        ));
+    }
+    let st = child.wait()?;
     if !st.success() {
         return Err(io::Error::other(format!(
             "{} exited with {st}",
             viad.display()
         )));
     }
-    sys::seqpacket_connect(&name)
+    connect_checked(t, timeout)
+}
+
+/// Connects to `t` within `timeout` and checks who answers.
+pub fn connect_checked(t: &Target, timeout: Duration) -> io::Result<OwnedFd> {
+    let s = sys::seqpacket_connect_path(&t.path, timeout)?;
+    place::check_identity(&s, t)?;
+    Ok(s)
 }

@@ -121,10 +121,11 @@ pub unsafe extern "C" fn VipConnectReject(ConnHandle: VIP_CONN_HANDLE) -> VIP_RE
 /// requester's address. On success `*RemoteViAttribs` holds the server
 /// VI's attributes (`Ptag` NULL).
 ///
-/// Returns `VIP_SUCCESS`; `VIP_TIMEOUT` if no server accepted or rejected
-/// in time (including when nobody listens: requests wait for a listener
-/// until the timeout); `VIP_REJECT`; `VIP_NO_MATCH` if `RemoteAddr`'s
-/// host is not reachable; `VIP_INVALID_PARAMETER` for a bad handle, a NULL
+/// Returns `VIP_SUCCESS`; `VIP_NO_MATCH` if nobody listened on the
+/// discriminator until the timeout (the request waits for a listener that
+/// long; with `VIP_INFINITE` it waits for one forever) or if `RemoteAddr`'s
+/// host is not reachable; `VIP_TIMEOUT` if a server took the request but
+/// did not accept or reject it in time; `VIP_REJECT`; `VIP_INVALID_PARAMETER` for a bad handle, a NULL
 /// pointer, or an address longer than the NIC accepts;
 /// `VIP_INVALID_STATE` if the VI is not idle;
 /// `VIP_INVALID_RELIABILITY_LEVEL` if the levels differ;

@@ -4,8 +4,8 @@
 //! What "discovered" means here: the first address is always this NIC's
 //! own host address; with `NumberOfHops >= 1` the hosts the name service
 //! knows follow (the names of the hosts file, `$VIA_HOSTS` or
-//! `/etc/via_hosts`, each resolved through `viad` so that only names the
-//! daemon answers for are listed), without duplicates. Each address has
+//! `/etc/via_hosts`, each resolved by the name service), without
+//! duplicates. Each address has
 //! `DiscriminatorLen` 0.
 
 use std::collections::HashSet;
@@ -17,16 +17,9 @@ use crate::ffi::types::*;
 use crate::nic::NicInner;
 use crate::ns;
 
-/// Host names of the hosts file (the file `viad` reads too).
+/// Host names of this process's hosts file.
 fn host_file_names() -> Vec<String> {
-    let path = std::env::var("VIA_HOSTS").unwrap_or_else(|_| "/etc/via_hosts".into());
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect()
+    ns::host_table().into_iter().map(|(n, _)| n).collect()
 }
 
 /// The discovered host addresses, this NIC's first.

@@ -3,18 +3,47 @@
 //! It stores the shared-object fds of every session, matches connection
 //! requests with listeners (client/server) and with each other
 //! (peer-to-peer) by discriminator, relays disconnects, enforces deadlines,
-//! and turns the death of a session into `PeerDied` events.
+//! and turns the death of a session into `PeerDied` events for the sessions
+//! that depended on it.
+//!
+//! Costs: matching is a hash lookup by discriminator (FIFO queues per
+//! discriminator), deadlines sit in a heap, and everything a session holds
+//! is indexed from the session, so a death costs what that session held,
+//! not what every session holds. A death is told only to the sessions that
+//! were connected to the dead one, had a connection pending with it, or
+//! fetched one of its objects (they map its memory).
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use via::proto::{self, Endpoint, NetAddr, ObjKey, Refusal, Reply, Request};
 
-/// Objects one session may store (bounds a misbehaving client).
-pub const MAX_OBJECTS: usize = 1 << 20;
-/// How long a disconnect waits for the peer's acknowledgement.
-pub const DISCONNECT_ACK: Duration = Duration::from_secs(2);
+pub use via::proto::DISCONNECT_ACK;
+
+/// What one client may hold, so that one client cannot take the daemon's
+/// resources from the others.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Shared-object fds one session may store.
+    pub objects_per_session: usize,
+    /// Shared-object fds all sessions together may store (the daemon's fd
+    /// budget less what connections need).
+    pub objects_total: usize,
+    /// Listens, connects and peer requests one session may have waiting.
+    pub pending_per_session: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            objects_per_session: 1 << 17,
+            objects_total: 1 << 20,
+            pending_per_session: 4096,
+        }
+    }
+}
 
 /// What the I/O loop must do.
 #[derive(Debug)]
@@ -32,16 +61,35 @@ pub enum Out {
     Close { session: u64, why: &'static str },
 }
 
+#[derive(Default)]
 struct Session {
     hello: bool,
     objects: HashMap<ObjKey, OwnedFd>,
+    /// Its waiting listens, connects and peer requests.
+    listens: HashSet<u64>,
+    connects: HashSet<u64>,
+    peers: HashSet<u64>,
+    /// Connects offered to it (as the server), not yet settled.
+    offered: HashSet<u64>,
+    /// Disconnects it waits for or must acknowledge (tokens).
+    discs: HashSet<u64>,
+    /// Its VIs that have a connection in `links`.
+    vis: HashSet<ViKey>,
+    /// Sessions to tell when this one dies, and the converse.
+    watchers: HashSet<u64>,
+    watching: HashSet<u64>,
+}
+
+impl Session {
+    fn pending(&self) -> usize {
+        self.listens.len() + self.connects.len() + self.peers.len()
+    }
 }
 
 struct Listen {
     session: u64,
     id: u32,
     local: NetAddr,
-    deadline: Option<Instant>,
 }
 
 enum ConnState {
@@ -55,8 +103,11 @@ struct Connect {
     me: Endpoint,
     local: NetAddr,
     remote: NetAddr,
-    deadline: Option<Instant>,
     state: ConnState,
+    /// A listener took it at some point (at the deadline: `Timeout`, else
+    /// `NoMatch`).
+    offered_ever: bool,
+    deadline: Option<Instant>,
 }
 
 struct PeerReq {
@@ -65,14 +116,21 @@ struct PeerReq {
     me: Endpoint,
     local: NetAddr,
     remote: NetAddr,
-    deadline: Option<Instant>,
 }
 
 struct Disc {
     session: u64,
     id: u32,
     target: u64,
-    deadline: Instant,
+}
+
+/// What a deadline in the heap is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Listen(u64),
+    Connect(u64),
+    Peer(u64),
+    Disc(u64),
 }
 
 /// A VI as the broker names it: (session, NIC, slot, generation).
@@ -82,23 +140,41 @@ fn vi_key(e: &Endpoint) -> ViKey {
     (e.session, e.nic, e.vi, e.vi_gen)
 }
 
+/// Removes `id` from the FIFO of `key` (and the FIFO if it empties).
+fn unqueue<K: std::hash::Hash + Eq + Clone>(q: &mut HashMap<K, VecDeque<u64>>, key: &K, id: u64) {
+    if let Some(v) = q.get_mut(key) {
+        v.retain(|&x| x != id);
+        if v.is_empty() {
+            q.remove(key);
+        }
+    }
+}
+
 /// The broker.
 pub struct Broker {
     host: Vec<u8>,
     name: String,
     hosts: Vec<(String, Vec<u8>)>,
+    limits: Limits,
     sessions: HashMap<u64, Session>,
-    listens: Vec<Listen>,
+    objects_total: usize,
+    listens: HashMap<u64, Listen>,
+    /// Waiting listens by discriminator, oldest first.
+    listen_q: HashMap<Vec<u8>, VecDeque<u64>>,
     connects: HashMap<u64, Connect>,
-    peers: Vec<PeerReq>,
+    /// Waiting (not offered) connects by the discriminator they want.
+    connect_q: HashMap<Vec<u8>, VecDeque<u64>>,
+    peers: HashMap<u64, PeerReq>,
+    /// Waiting peer requests by (local, remote) discriminator.
+    peer_q: HashMap<(Vec<u8>, Vec<u8>), VecDeque<u64>>,
     discs: HashMap<u64, Disc>,
+    timers: BinaryHeap<Reverse<(Instant, Timer)>>,
     /// The connections this broker made, both ways: a `Disconnect` is
     /// relayed only along one of them (a client may not break a connection
     /// it is not part of). A VI has at most one connection.
     links: HashMap<ViKey, ViKey>,
     next_session: u64,
-    next_conn: u64,
-    next_token: u64,
+    next_id: u64,
 }
 
 fn deadline(now: Instant, ms: u32) -> Option<Instant> {
@@ -113,29 +189,33 @@ impl Broker {
             host,
             name,
             hosts,
+            limits: Limits::default(),
             sessions: HashMap::new(),
-            listens: Vec::new(),
+            objects_total: 0,
+            listens: HashMap::new(),
+            listen_q: HashMap::new(),
             connects: HashMap::new(),
-            peers: Vec::new(),
+            connect_q: HashMap::new(),
+            peers: HashMap::new(),
+            peer_q: HashMap::new(),
             discs: HashMap::new(),
+            timers: BinaryHeap::new(),
             links: HashMap::new(),
             next_session: 1,
-            next_conn: 1,
-            next_token: 1,
+            next_id: 1,
         }
+    }
+
+    /// Sets the per-client limits.
+    pub fn set_limits(&mut self, l: Limits) {
+        self.limits = l;
     }
 
     /// Registers a new client; returns its session id.
     pub fn open_session(&mut self) -> u64 {
         let s = self.next_session;
         self.next_session += 1;
-        self.sessions.insert(
-            s,
-            Session {
-                hello: false,
-                objects: HashMap::new(),
-            },
-        );
+        self.sessions.insert(s, Session::default());
         s
     }
 
@@ -145,25 +225,156 @@ impl Broker {
         self.sessions.len()
     }
 
+    /// Shared-object fds stored, all sessions together.
+    #[cfg(test)]
+    pub fn objects_total(&self) -> usize {
+        self.objects_total
+    }
+
+    /// Whether `s` has said Hello.
+    pub fn said_hello(&self, s: u64) -> bool {
+        self.sessions.get(&s).is_some_and(|x| x.hello)
+    }
+
     /// The fd of `key` of `owner`, if stored.
     pub fn object(&self, owner: u64, key: &ObjKey) -> Option<&OwnedFd> {
         self.sessions.get(&owner)?.objects.get(key)
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn timer(&mut self, at: Option<Instant>, t: Timer) {
+        if let Some(at) = at {
+            self.timers.push(Reverse((at, t)));
+        }
+        // Entries of requests settled early stay until their time: rebuild
+        // when they dominate.
+        let live = self.listens.len() + self.connects.len() + self.peers.len() + self.discs.len();
+        if self.timers.len() > 2 * live + 1024 {
+            let keep: Vec<_> = std::mem::take(&mut self.timers)
+                .into_iter()
+                .filter(|Reverse((_, t))| self.timer_live(*t))
+                .collect();
+            self.timers = keep.into();
+        }
+    }
+
+    fn timer_live(&self, t: Timer) -> bool {
+        match t {
+            Timer::Listen(id) => self.listens.contains_key(&id),
+            Timer::Connect(id) => self.connects.contains_key(&id),
+            Timer::Peer(id) => self.peers.contains_key(&id),
+            Timer::Disc(id) => self.discs.contains_key(&id),
+        }
+    }
+
+    /// `a` and `b` must hear of each other's death.
+    fn watch(&mut self, a: u64, b: u64) {
+        if a == b || !self.sessions.contains_key(&a) || !self.sessions.contains_key(&b) {
+            return;
+        }
+        for (x, y) in [(a, b), (b, a)] {
+            let sx = self.sessions.get_mut(&x).unwrap();
+            sx.watchers.insert(y);
+            sx.watching.insert(y);
+        }
+    }
+
+    /// `fetcher` maps memory of `owner`: it must hear of `owner`'s death.
+    fn watch_owner(&mut self, fetcher: u64, owner: u64) {
+        if fetcher == owner || !self.sessions.contains_key(&owner) {
+            return;
+        }
+        self.sessions
+            .get_mut(&owner)
+            .unwrap()
+            .watchers
+            .insert(fetcher);
+        if let Some(f) = self.sessions.get_mut(&fetcher) {
+            f.watching.insert(owner);
+        }
+    }
+
+    fn unlink_vi(&mut self, k: &ViKey) {
+        if let Some(other) = self.links.remove(k) {
+            self.links.remove(&other);
+            for v in [k, &other] {
+                if let Some(s) = self.sessions.get_mut(&v.0) {
+                    s.vis.remove(v);
+                }
+            }
+        }
     }
 
     /// Records a connection between `a` and `b`, replacing older ones of either.
     fn link(&mut self, a: &Endpoint, b: &Endpoint) {
         let (a, b) = (vi_key(a), vi_key(b));
         for k in [a, b] {
-            if let Some(old) = self.links.remove(&k) {
-                self.links.remove(&old);
-            }
+            self.unlink_vi(&k);
         }
         self.links.insert(a, b);
         self.links.insert(b, a);
+        for k in [a, b] {
+            if let Some(s) = self.sessions.get_mut(&k.0) {
+                s.vis.insert(k);
+            }
+        }
+        self.watch(a.0, b.0);
     }
 
     fn local_host(&self, h: &[u8]) -> bool {
         h.is_empty() || h == self.host.as_slice()
+    }
+
+    fn remove_listen(&mut self, lid: u64) -> Option<Listen> {
+        let l = self.listens.remove(&lid)?;
+        unqueue(&mut self.listen_q, &l.local.discriminator, lid);
+        if let Some(s) = self.sessions.get_mut(&l.session) {
+            s.listens.remove(&lid);
+        }
+        Some(l)
+    }
+
+    fn remove_connect(&mut self, conn: u64) -> Option<Connect> {
+        let c = self.connects.remove(&conn)?;
+        match c.state {
+            ConnState::Waiting => unqueue(&mut self.connect_q, &c.remote.discriminator, conn),
+            ConnState::Offered { server } => {
+                if let Some(s) = self.sessions.get_mut(&server) {
+                    s.offered.remove(&conn);
+                }
+            }
+        }
+        if let Some(s) = self.sessions.get_mut(&c.session) {
+            s.connects.remove(&conn);
+        }
+        Some(c)
+    }
+
+    fn remove_peer(&mut self, pid: u64) -> Option<PeerReq> {
+        let p = self.peers.remove(&pid)?;
+        let key = (
+            p.local.discriminator.clone(),
+            p.remote.discriminator.clone(),
+        );
+        unqueue(&mut self.peer_q, &key, pid);
+        if let Some(s) = self.sessions.get_mut(&p.session) {
+            s.peers.remove(&pid);
+        }
+        Some(p)
+    }
+
+    fn remove_disc(&mut self, token: u64) -> Option<Disc> {
+        let d = self.discs.remove(&token)?;
+        for x in [d.session, d.target] {
+            if let Some(s) = self.sessions.get_mut(&x) {
+                s.discs.remove(&token);
+            }
+        }
+        Some(d)
     }
 
     /// Handles one decoded request.
@@ -176,9 +387,11 @@ impl Broker {
         now: Instant,
     ) -> Vec<Out> {
         let mut out = Vec::new();
-        let Some(hello_done) = self.sessions.get(&s).map(|x| x.hello) else {
+        let Some(sess) = self.sessions.get(&s) else {
             return out;
         };
+        let hello_done = sess.hello;
+        let pending = sess.pending();
         if !hello_done && !matches!(req, Request::Hello { .. }) {
             out.push(Out::Close {
                 session: s,
@@ -200,6 +413,19 @@ impl Broker {
                 reply: Reply::Refused(r),
             })
         };
+        let waits = matches!(
+            req,
+            Request::Listen { .. } | Request::Connect { .. } | Request::PeerConnect { .. }
+        );
+        if waits && pending >= self.limits.pending_per_session {
+            log::warn!(
+                "session {s}: {} refused: {pending} requests already waiting (limit {})",
+                req.name(),
+                self.limits.pending_per_session
+            );
+            refuse(&mut out, Refusal::Limit);
+            return out;
+        }
         match req {
             Request::Hello { version } => {
                 let sess = self.sessions.get_mut(&s).unwrap();
@@ -222,16 +448,26 @@ impl Broker {
                 }
             }
             Request::Publish { key } => {
+                let (per, total) = (self.limits.objects_per_session, self.limits.objects_total);
+                let objects_total = self.objects_total;
                 let sess = self.sessions.get_mut(&s).unwrap();
+                let replaces = sess.objects.contains_key(&key);
                 if fds.len() != 1 {
                     out.push(Out::Close {
                         session: s,
                         why: "Publish without exactly one fd",
                     });
-                } else if sess.objects.len() >= MAX_OBJECTS && !sess.objects.contains_key(&key) {
-                    refuse(&mut out, Refusal::Invalid);
+                } else if !replaces && (sess.objects.len() >= per || objects_total >= total) {
+                    log::warn!(
+                        "session {s}: Publish refused: it holds {} fds (limit {per}), all sessions {objects_total} (limit {total})",
+                        sess.objects.len()
+                    );
+                    refuse(&mut out, Refusal::Limit);
                 } else {
                     sess.objects.insert(key, fds.pop().unwrap());
+                    if !replaces {
+                        self.objects_total += 1;
+                    }
                     out.push(Out::Send {
                         to: s,
                         id,
@@ -240,10 +476,20 @@ impl Broker {
                 }
             }
             Request::Retire { key } => {
-                self.sessions.get_mut(&s).unwrap().objects.remove(&key);
+                if self
+                    .sessions
+                    .get_mut(&s)
+                    .unwrap()
+                    .objects
+                    .remove(&key)
+                    .is_some()
+                {
+                    self.objects_total -= 1;
+                }
             }
             Request::Fetch { session, key } => {
                 if self.object(session, &key).is_some() {
+                    self.watch_owner(s, session);
                     out.push(Out::SendFd {
                         to: s,
                         id,
@@ -257,27 +503,41 @@ impl Broker {
             Request::Listen { local, timeout_ms } => {
                 if !self.local_host(&local.host) {
                     refuse(&mut out, Refusal::NoMatch);
-                } else if let Some((&conn, c)) = self.connects.iter_mut().find(|(_, c)| {
-                    matches!(c.state, ConnState::Waiting)
-                        && c.remote.discriminator == local.discriminator
-                }) {
+                    return out;
+                }
+                let waiting = self
+                    .connect_q
+                    .get(&local.discriminator)
+                    .and_then(|q| q.front().copied());
+                if let Some(conn) = waiting {
+                    unqueue(&mut self.connect_q, &local.discriminator, conn);
+                    let c = self.connects.get_mut(&conn).unwrap();
                     c.state = ConnState::Offered { server: s };
+                    c.offered_ever = true;
+                    let (client, peer, remote) = (c.session, c.me.clone(), c.local.clone());
+                    self.sessions.get_mut(&s).unwrap().offered.insert(conn);
+                    self.watch(s, client);
                     out.push(Out::Send {
                         to: s,
                         id,
-                        reply: Reply::Incoming {
-                            conn,
-                            peer: c.me.clone(),
-                            remote: c.local.clone(),
-                        },
+                        reply: Reply::Incoming { conn, peer, remote },
                     });
                 } else {
-                    self.listens.push(Listen {
-                        session: s,
-                        id,
-                        local,
-                        deadline: deadline(now, timeout_ms),
-                    });
+                    let lid = self.id();
+                    self.listen_q
+                        .entry(local.discriminator.clone())
+                        .or_default()
+                        .push_back(lid);
+                    self.listens.insert(
+                        lid,
+                        Listen {
+                            session: s,
+                            id,
+                            local,
+                        },
+                    );
+                    self.sessions.get_mut(&s).unwrap().listens.insert(lid);
+                    self.timer(deadline(now, timeout_ms), Timer::Listen(lid));
                 }
             }
             Request::Connect {
@@ -294,19 +554,24 @@ impl Broker {
                 } else if !self.local_host(&remote.host) {
                     refuse(&mut out, Refusal::NoMatch);
                 } else {
-                    let conn = self.next_conn;
-                    self.next_conn += 1;
-                    let mut c = Connect {
-                        session: s,
-                        id,
-                        me,
-                        local,
-                        remote,
-                        deadline: deadline(now, timeout_ms),
-                        state: ConnState::Waiting,
-                    };
-                    self.offer(conn, &mut c, &mut out);
-                    self.connects.insert(conn, c);
+                    let conn = self.id();
+                    let d = deadline(now, timeout_ms);
+                    self.connects.insert(
+                        conn,
+                        Connect {
+                            session: s,
+                            id,
+                            me,
+                            local,
+                            remote,
+                            state: ConnState::Waiting,
+                            offered_ever: false,
+                            deadline: d,
+                        },
+                    );
+                    self.sessions.get_mut(&s).unwrap().connects.insert(conn);
+                    self.timer(d, Timer::Connect(conn));
+                    self.offer(conn, &mut out);
                 }
             }
             Request::Accept { conn, me } => {
@@ -319,7 +584,7 @@ impl Broker {
                 }
                 match self.connects.get(&conn) {
                     Some(c) if matches!(c.state, ConnState::Offered { server } if server == s) => {
-                        let c = self.connects.remove(&conn).unwrap();
+                        let c = self.remove_connect(conn).unwrap();
                         self.link(&c.me, &me);
                         out.push(Out::Send {
                             to: c.session,
@@ -337,7 +602,7 @@ impl Broker {
             }
             Request::Reject { conn, reason } => match self.connects.get(&conn) {
                 Some(c) if matches!(c.state, ConnState::Offered { server } if server == s) => {
-                    let c = self.connects.remove(&conn).unwrap();
+                    let c = self.remove_connect(conn).unwrap();
                     let reason = match reason {
                         Refusal::Reliability => Refusal::Reliability,
                         _ => Refusal::Reject,
@@ -366,14 +631,23 @@ impl Broker {
                         session: s,
                         why: "endpoint of another session",
                     });
-                } else if !self.local_host(&remote.host) {
+                    return out;
+                }
+                if !self.local_host(&remote.host) {
                     refuse(&mut out, Refusal::NoMatch);
-                } else if let Some(i) = self.peers.iter().position(|p| {
-                    p.local.discriminator == remote.discriminator
-                        && p.remote.discriminator == local.discriminator
-                        && !(p.me.session == me.session && p.me.nic == me.nic && p.me.vi == me.vi)
-                }) {
-                    let p = self.peers.remove(i);
+                    return out;
+                }
+                // The other side waits under (its local, its remote) = (our
+                // remote, our local); not the same VI.
+                let key = (remote.discriminator.clone(), local.discriminator.clone());
+                let found = self.peer_q.get(&key).and_then(|q| {
+                    q.iter().copied().find(|pid| {
+                        let p = &self.peers[pid];
+                        !(p.me.session == me.session && p.me.nic == me.nic && p.me.vi == me.vi)
+                    })
+                });
+                if let Some(pid) = found {
+                    let p = self.remove_peer(pid).unwrap();
                     if p.me.reliability != me.reliability {
                         out.push(Out::Send {
                             to: p.session,
@@ -395,14 +669,21 @@ impl Broker {
                         });
                     }
                 } else {
-                    self.peers.push(PeerReq {
-                        session: s,
-                        id,
-                        me,
-                        local,
-                        remote,
-                        deadline: deadline(now, timeout_ms),
-                    });
+                    let pid = self.id();
+                    let key = (local.discriminator.clone(), remote.discriminator.clone());
+                    self.peer_q.entry(key).or_default().push_back(pid);
+                    self.peers.insert(
+                        pid,
+                        PeerReq {
+                            session: s,
+                            id,
+                            me,
+                            local,
+                            remote,
+                        },
+                    );
+                    self.sessions.get_mut(&s).unwrap().peers.insert(pid);
+                    self.timer(deadline(now, timeout_ms), Timer::Peer(pid));
                 }
             }
             Request::Disconnect { peer, me } => {
@@ -423,10 +704,8 @@ impl Broker {
                     log::warn!("session {s}: disconnect of a VI it is not connected to");
                     refuse(&mut out, Refusal::Invalid);
                 } else {
-                    self.links.remove(&vi_key(&me));
-                    self.links.remove(&vi_key(&peer));
-                    let token = self.next_token;
-                    self.next_token += 1;
+                    self.unlink_vi(&vi_key(&me));
+                    let token = self.id();
                     out.push(Out::Send {
                         to: peer.session,
                         id: 0,
@@ -441,14 +720,17 @@ impl Broker {
                             session: s,
                             id,
                             target: peer.session,
-                            deadline: now + DISCONNECT_ACK,
                         },
                     );
+                    for x in [s, peer.session] {
+                        self.sessions.get_mut(&x).unwrap().discs.insert(token);
+                    }
+                    self.timer(Some(now + DISCONNECT_ACK), Timer::Disc(token));
                 }
             }
             Request::DisconnectAck { token } => {
                 if self.discs.get(&token).is_some_and(|d| d.target == s) {
-                    let d = self.discs.remove(&token).unwrap();
+                    let d = self.remove_disc(token).unwrap();
                     out.push(Out::Send {
                         to: d.session,
                         id: d.id,
@@ -497,114 +779,149 @@ impl Broker {
         out
     }
 
-    /// Offers a waiting connect to a matching listener, if any.
-    fn offer(&mut self, conn: u64, c: &mut Connect, out: &mut Vec<Out>) {
-        if let Some(i) = self.listens.iter().position(|l| {
-            l.local.discriminator == c.remote.discriminator
-                && self.sessions.contains_key(&l.session)
-        }) {
-            let l = self.listens.remove(i);
-            c.state = ConnState::Offered { server: l.session };
-            out.push(Out::Send {
-                to: l.session,
-                id: l.id,
-                reply: Reply::Incoming {
-                    conn,
-                    peer: c.me.clone(),
-                    remote: c.local.clone(),
-                },
-            });
+    /// Offers waiting connect `conn` to the oldest listener of its
+    /// discriminator, if any; else queues it.
+    fn offer(&mut self, conn: u64, out: &mut Vec<Out>) {
+        let disc = self.connects[&conn].remote.discriminator.clone();
+        let lid = self.listen_q.get(&disc).and_then(|q| q.front().copied());
+        let Some(lid) = lid else {
+            self.connect_q.entry(disc).or_default().push_back(conn);
+            return;
+        };
+        let l = self.remove_listen(lid).unwrap();
+        let c = self.connects.get_mut(&conn).unwrap();
+        c.state = ConnState::Offered { server: l.session };
+        c.offered_ever = true;
+        let (client, peer, remote) = (c.session, c.me.clone(), c.local.clone());
+        if let Some(srv) = self.sessions.get_mut(&l.session) {
+            srv.offered.insert(conn);
         }
+        self.watch(l.session, client);
+        out.push(Out::Send {
+            to: l.session,
+            id: l.id,
+            reply: Reply::Incoming { conn, peer, remote },
+        });
     }
 
     /// Expires deadlines.
     pub fn on_tick(&mut self, now: Instant) -> Vec<Out> {
         let mut out = Vec::new();
-        // A waiter past its deadline is answered with Timeout and dropped.
-        let mut keep = |session: u64, id: u32, deadline: Option<Instant>| {
-            if deadline.is_some_and(|d| d <= now) {
+        while let Some(Reverse((at, t))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            // A waiter past its deadline is answered and dropped.
+            let answer = |out: &mut Vec<Out>, session: u64, id: u32, r: Refusal| {
                 out.push(Out::Send {
                     to: session,
                     id,
-                    reply: Reply::Refused(Refusal::Timeout),
-                });
-                false
-            } else {
-                true
+                    reply: Reply::Refused(r),
+                })
+            };
+            match t {
+                Timer::Listen(lid) => {
+                    if let Some(l) = self.remove_listen(lid) {
+                        answer(&mut out, l.session, l.id, Refusal::Timeout);
+                    }
+                }
+                Timer::Connect(conn) => {
+                    if self.connects.get(&conn).and_then(|c| c.deadline) != Some(at) {
+                        continue;
+                    }
+                    let c = self.remove_connect(conn).unwrap();
+                    // Nobody ever listened: the legacy answer, NO_MATCH (a
+                    // program retries on it). A listener took it but did not
+                    // accept in time: TIMEOUT.
+                    let r = if c.offered_ever {
+                        Refusal::Timeout
+                    } else {
+                        Refusal::NoMatch
+                    };
+                    answer(&mut out, c.session, c.id, r);
+                }
+                Timer::Peer(pid) => {
+                    if let Some(p) = self.remove_peer(pid) {
+                        answer(&mut out, p.session, p.id, Refusal::Timeout);
+                    }
+                }
+                Timer::Disc(token) => {
+                    if let Some(d) = self.remove_disc(token) {
+                        log::warn!(
+                            "session {} did not acknowledge a disconnect in time",
+                            d.target
+                        );
+                        out.push(Out::Send {
+                            to: d.session,
+                            id: d.id,
+                            reply: Reply::Ok,
+                        });
+                    }
+                }
             }
-        };
-        self.listens.retain(|l| keep(l.session, l.id, l.deadline));
-        self.connects
-            .retain(|_, c| keep(c.session, c.id, c.deadline));
-        self.peers.retain(|p| keep(p.session, p.id, p.deadline));
-        self.discs.retain(|_, d| {
-            if d.deadline <= now {
-                log::warn!(
-                    "session {} did not acknowledge a disconnect in time",
-                    d.target
-                );
-                out.push(Out::Send {
-                    to: d.session,
-                    id: d.id,
-                    reply: Reply::Ok,
-                });
-                false
-            } else {
-                true
-            }
-        });
+        }
         out
     }
 
-    /// The earliest pending deadline.
+    /// The earliest pending deadline (possibly of a request settled
+    /// since: the loop then wakes once for nothing).
     pub fn next_deadline(&self) -> Option<Instant> {
-        let a = self.listens.iter().filter_map(|l| l.deadline);
-        let b = self.connects.values().filter_map(|c| c.deadline);
-        let c = self.peers.iter().filter_map(|p| p.deadline);
-        let d = self.discs.values().map(|d| d.deadline);
-        a.chain(b).chain(c).chain(d).min()
+        self.timers.peek().map(|Reverse((at, _))| *at)
     }
 
     /// The process of session `s` is gone: release everything it held and
-    /// tell everyone else.
+    /// tell the sessions that depended on it.
     pub fn on_death(&mut self, s: u64) -> Vec<Out> {
         let mut out = Vec::new();
-        if self.sessions.remove(&s).is_none() {
+        let Some(sess) = self.sessions.remove(&s) else {
             return out;
+        };
+        self.objects_total -= sess.objects.len();
+        for lid in &sess.listens {
+            self.remove_listen(*lid);
         }
-        self.listens.retain(|l| l.session != s);
-        self.peers.retain(|p| p.session != s);
-        self.links.retain(|a, b| a.0 != s && b.0 != s);
-        self.connects.retain(|_, c| c.session != s);
+        for pid in &sess.peers {
+            self.remove_peer(*pid);
+        }
+        for conn in &sess.connects {
+            self.remove_connect(*conn);
+        }
+        for k in &sess.vis {
+            self.unlink_vi(k);
+        }
         // Requests offered to the dead server go back to waiting.
-        let mut requeue = Vec::new();
-        for (&conn, c) in self.connects.iter_mut() {
-            if matches!(c.state, ConnState::Offered { server } if server == s) {
+        for &conn in &sess.offered {
+            if let Some(c) = self.connects.get_mut(&conn) {
                 c.state = ConnState::Waiting;
-                requeue.push(conn);
+                self.offer(conn, &mut out);
             }
         }
-        for conn in requeue {
-            let mut c = self.connects.remove(&conn).unwrap();
-            self.offer(conn, &mut c, &mut out);
-            self.connects.insert(conn, c);
+        for &token in &sess.discs {
+            if let Some(d) = self.remove_disc(token) {
+                if d.target == s {
+                    out.push(Out::Send {
+                        to: d.session,
+                        id: d.id,
+                        reply: Reply::Ok,
+                    });
+                }
+            }
         }
-        self.discs.retain(|_, d| {
-            if d.target == s {
+        for &w in &sess.watching {
+            if let Some(x) = self.sessions.get_mut(&w) {
+                x.watchers.remove(&s);
+            }
+        }
+        for &w in &sess.watchers {
+            if let Some(x) = self.sessions.get_mut(&w) {
+                x.watching.remove(&s);
                 out.push(Out::Send {
-                    to: d.session,
-                    id: d.id,
-                    reply: Reply::Ok,
+                    to: w,
+                    id: 0,
+                    reply: Reply::PeerDied { session: s },
                 });
             }
-            d.session != s && d.target != s
-        });
-        for &other in self.sessions.keys() {
-            out.push(Out::Send {
-                to: other,
-                id: 0,
-                reply: Reply::PeerDied { session: s },
-            });
         }
         out
     }
@@ -745,10 +1062,35 @@ mod tests {
         assert!(b.on_request(cli, 2, c, vec![], now).is_empty());
         assert_eq!(b.next_deadline(), Some(now + Duration::from_millis(50)));
         assert!(b.on_tick(now + Duration::from_millis(49)).is_empty());
+        // Nobody ever listened: NO_MATCH (legacy programs retry on it).
         let out = b.on_tick(now + Duration::from_millis(50));
         assert_eq!(
             replies(&out),
-            vec![(cli, 2, Reply::Refused(Refusal::Timeout))]
+            vec![(cli, 2, Reply::Refused(Refusal::NoMatch))]
+        );
+        // A listener took it and did not answer in time: TIMEOUT.
+        let l = hello(&mut b);
+        b.on_request(
+            l,
+            9,
+            Request::Listen {
+                local: addr("slow"),
+                timeout_ms: proto::INFINITE,
+            },
+            vec![],
+            now,
+        );
+        let c = Request::Connect {
+            me: ep(cli, 3, 2),
+            local: addr("c"),
+            remote: addr("slow"),
+            timeout_ms: 50,
+        };
+        assert_eq!(replies(&b.on_request(cli, 10, c, vec![], now))[0].0, l);
+        let out = b.on_tick(now + Duration::from_millis(50));
+        assert_eq!(
+            replies(&out),
+            vec![(cli, 10, Reply::Refused(Refusal::Timeout))]
         );
 
         let srv = hello(&mut b);
@@ -893,9 +1235,191 @@ mod tests {
                 && *id == 4
                 && matches!(rep, Reply::Incoming { .. }))
         );
+        // The client had a connection pending with srv1: it hears of the
+        // death; srv2 never dealt with srv1: it does not.
         assert!(r.contains(&(cli, 0, Reply::PeerDied { session: srv1 })));
-        assert!(r.contains(&(srv2, 0, Reply::PeerDied { session: srv1 })));
+        assert!(!r.contains(&(srv2, 0, Reply::PeerDied { session: srv1 })));
         assert_eq!(b.sessions(), 2);
+    }
+
+    fn key(id: u32) -> ObjKey {
+        ObjKey {
+            kind: proto::ObjKind::Arena,
+            nic: 0,
+            id,
+            generation: 0,
+        }
+    }
+
+    fn memfd() -> OwnedFd {
+        via::sys::memfd_create("viad-test").unwrap()
+    }
+
+    /// A death goes to the sessions that fetched an object of the dead one
+    /// or were connected to it, and to nobody else.
+    #[test]
+    fn death_goes_to_dependents_only() {
+        let now = Instant::now();
+        let mut b = Broker::new(vec![1], "h".into(), vec![]);
+        let dead = hello(&mut b);
+        let fetcher = hello(&mut b);
+        let linked = hello(&mut b);
+        let bystanders: Vec<u64> = (0..50).map(|_| hello(&mut b)).collect();
+        b.on_request(
+            dead,
+            2,
+            Request::Publish { key: key(1) },
+            vec![memfd()],
+            now,
+        );
+        let out = b.on_request(
+            fetcher,
+            3,
+            Request::Fetch {
+                session: dead,
+                key: key(1),
+            },
+            vec![],
+            now,
+        );
+        assert!(matches!(out[0], Out::SendFd { .. }));
+        connect(&mut b, linked, dead, "x");
+        let out = b.on_death(dead);
+        let mut told: Vec<u64> = replies(&out)
+            .into_iter()
+            .filter(|(_, _, r)| *r == Reply::PeerDied { session: dead })
+            .map(|(to, _, _)| to)
+            .collect();
+        told.sort();
+        assert_eq!(told, vec![fetcher, linked]);
+        assert!(bystanders.iter().all(|s| !told.contains(s)));
+        assert_eq!(b.objects_total(), 0);
+        // A dead fetcher is forgotten by what it watched.
+        let owner = hello(&mut b);
+        b.on_request(
+            owner,
+            2,
+            Request::Publish { key: key(1) },
+            vec![memfd()],
+            now,
+        );
+        b.on_request(
+            fetcher,
+            4,
+            Request::Fetch {
+                session: owner,
+                key: key(1),
+            },
+            vec![],
+            now,
+        );
+        b.on_death(fetcher);
+        assert!(replies(&b.on_death(owner)).is_empty());
+    }
+
+    /// Beyond its limits a session is refused (`Limit`), and keeps working.
+    #[test]
+    fn limits_refuse_cleanly() {
+        let now = Instant::now();
+        let mut b = Broker::new(vec![1], "h".into(), vec![]);
+        b.set_limits(Limits {
+            objects_per_session: 3,
+            objects_total: 5,
+            pending_per_session: 2,
+        });
+        let a = hello(&mut b);
+        let c = hello(&mut b);
+        let publish = |b: &mut Broker, s, k| {
+            replies(&b.on_request(s, 7, Request::Publish { key: key(k) }, vec![memfd()], now))
+        };
+        for k in 0..3 {
+            assert_eq!(publish(&mut b, a, k), vec![(a, 7, Reply::Ok)]);
+        }
+        assert_eq!(
+            publish(&mut b, a, 3),
+            vec![(a, 7, Reply::Refused(Refusal::Limit))]
+        );
+        // Replacing an object is not a new one.
+        assert_eq!(publish(&mut b, a, 0), vec![(a, 7, Reply::Ok)]);
+        // The total bound.
+        assert_eq!(publish(&mut b, c, 0), vec![(c, 7, Reply::Ok)]);
+        assert_eq!(publish(&mut b, c, 1), vec![(c, 7, Reply::Ok)]);
+        assert_eq!(
+            publish(&mut b, c, 2),
+            vec![(c, 7, Reply::Refused(Refusal::Limit))]
+        );
+        b.on_request(a, 0, Request::Retire { key: key(1) }, vec![], now);
+        assert_eq!(publish(&mut b, c, 2), vec![(c, 7, Reply::Ok)]);
+        // Waiting requests.
+        let listen = |d: &str| Request::Listen {
+            local: addr(d),
+            timeout_ms: proto::INFINITE,
+        };
+        assert!(b.on_request(a, 8, listen("l1"), vec![], now).is_empty());
+        assert!(b.on_request(a, 9, listen("l2"), vec![], now).is_empty());
+        assert_eq!(
+            replies(&b.on_request(a, 10, listen("l3"), vec![], now)),
+            vec![(a, 10, Reply::Refused(Refusal::Limit))]
+        );
+        // Still served otherwise.
+        let r = replies(&b.on_request(
+            a,
+            11,
+            Request::ResolveName { name: "h".into() },
+            vec![],
+            now,
+        ));
+        assert_eq!(r, vec![(a, 11, Reply::Address { host: vec![1] })]);
+    }
+
+    /// Matching and expiry do not cost time in proportion to everything
+    /// waiting: 60,000 listens, each matched by a connect, then 60,000
+    /// expiring at once, well within a second each on a loaded machine
+    /// (the linear scans took 25 s).
+    #[test]
+    fn matching_scales() {
+        let now = Instant::now();
+        let mut b = Broker::new(vec![1], "h".into(), vec![]);
+        let n = 60_000;
+        let sessions: Vec<u64> = (0..64).map(|_| hello(&mut b)).collect();
+        let t0 = Instant::now();
+        for i in 0..n {
+            let s = sessions[i % 64];
+            let l = Request::Listen {
+                local: addr(&format!("d{i}")),
+                timeout_ms: 1000,
+            };
+            assert!(b.on_request(s, 1, l, vec![], now).is_empty());
+        }
+        for i in 0..n {
+            let s = sessions[(i + 1) % 64];
+            let c = Request::Connect {
+                me: ep(s, 1, 2),
+                local: addr("c"),
+                remote: addr(&format!("d{i}")),
+                timeout_ms: 1000,
+            };
+            assert_eq!(b.on_request(s, 2, c, vec![], now).len(), 1);
+        }
+        let matched = t0.elapsed();
+        for i in 0..n {
+            let s = sessions[i % 64];
+            let l = Request::Listen {
+                local: addr(&format!("e{i}")),
+                timeout_ms: 10,
+            };
+            b.on_request(s, 3, l, vec![], now);
+        }
+        let t1 = Instant::now();
+        let out = b.on_tick(now + Duration::from_millis(10));
+        let expired = t1.elapsed();
+        eprintln!(
+            "{n} listens matched in {matched:?}, {} expired in {expired:?}",
+            out.len()
+        );
+        assert_eq!(out.len(), n);
+        assert!(matched < Duration::from_secs(10), "{matched:?}");
+        assert!(expired < Duration::from_secs(5), "{expired:?}");
     }
 
     /// Connects VI 1 of `a` (client) and VI 1 of `c` (server) through `b`.
