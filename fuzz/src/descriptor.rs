@@ -713,10 +713,30 @@ pub fn descriptor(data: &[u8]) {
     let mut data_writes: Vec<(u64, u64)> = Vec::new();
     let mut posted: Vec<Posted> = Vec::new();
     let mut recvs: Vec<usize> = Vec::new();
+    let mut outstanding: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
     for &(send, va, handle) in &plan {
         let vi = if send { a } else { b };
         let (st, _, _) = state(vi);
         let m = model(w, va, handle, send, st, reliable);
+        // VIA's rule for the application (this harness): the memory of a
+        // posted descriptor is not touched until it is dequeued. A
+        // descriptor whose data would land on a posted receive's control
+        // segment, or whose own control segment a posted receive's data
+        // may land on, is not posted (receives stay posted to the end;
+        // sends are dequeued before the next post).
+        if m.ret == VIP_SUCCESS
+            && outstanding
+                .iter()
+                .any(|(ova, ow): &(u64, Vec<(u64, u64)>)| {
+                    m.writes[1..].iter().any(|&r| overlaps(r, (*ova, 32)))
+                        || ow.iter().any(|&r| overlaps(r, (va, 32)))
+                })
+        {
+            if trace() {
+                eprintln!("skip {va:#x}: would overwrite a posted descriptor");
+            }
+            continue;
+        }
         // SAFETY: the library reads the descriptor through its own mapping
         // of the region `handle` names (never through the pointer), and
         // checks that the region covers it.
@@ -734,6 +754,31 @@ pub fn descriptor(data: &[u8]) {
             if send { "send" } else { "receive" },
             m.ret
         );
+        if trace() && w.in_arena(va, 32) {
+            let mut cs = [0u8; 32];
+            w.read(va, &mut cs);
+            let n = (u16_at(&cs, 12) as usize).min(17);
+            let mut segs = vec![0u8; 16 * n];
+            if w.in_arena(va + 32, segs.len() as u64) {
+                w.read(va + 32, &mut segs);
+            }
+            eprintln!(
+                "  control {:#x} segs {} imm {:#x} length {}",
+                u16_at(&cs, 14),
+                u16_at(&cs, 12),
+                u32_at(&cs, 20),
+                u32_at(&cs, 24)
+            );
+            for j in 0..segs.len() / 16 {
+                let a = u64_at(&segs, 16 * j);
+                eprintln!(
+                    "  seg {j}: {a:#x} (arena {:+#x}) handle {:#x} len {}",
+                    a.wrapping_sub(w.base) as i64,
+                    u32_at(&segs, 16 * j + 8),
+                    u32_at(&segs, 16 * j + 12)
+                );
+            }
+        }
         if trace() {
             eprintln!(
                 "post {} {va:#x} handle {handle:#x} state {st}: {r} (op {}, fault {:#x})",
@@ -774,8 +819,15 @@ pub fn descriptor(data: &[u8]) {
                 panic!("send {va:#x}: no completion within {WAIT_MS} ms (returned {e})")
             });
             assert_eq!(got, va, "send completions out of order");
+            // Checked now: once dequeued, the descriptor may be reused.
+            let p = posted.last_mut().unwrap();
+            p.clobbered = data_writes.iter().any(|&r| overlaps(r, (va + 20, 12)));
+            if !p.clobbered {
+                check_status(p, status_of(w, va), level);
+            }
         } else {
             recvs.push(posted.len() - 1);
+            outstanding.push((va, m.writes[1..].to_vec()));
         }
     }
 
@@ -816,9 +868,18 @@ pub fn descriptor(data: &[u8]) {
     }
 
     // Statuses (unless data landed on the control segment).
-    for p in &mut posted {
-        p.clobbered = data_writes.iter().any(|&r| overlaps(r, (p.va + 20, 12)));
-        if p.clobbered {
+    for (k, p) in posted.iter().enumerate() {
+        // Receives only (sends were checked when dequeued); skip one whose
+        // status words data landed on, or whose memory another descriptor
+        // reused while it was posted.
+        let words = (p.va + 20, 12);
+        if p.send
+            || data_writes.iter().any(|&r| overlaps(r, words))
+            || posted
+                .iter()
+                .enumerate()
+                .any(|(j, q)| j != k && overlaps((q.va + 20, 12), words))
+        {
             continue;
         }
         if flushed && !p.send && p.exact.is_none() {
