@@ -300,8 +300,11 @@ pub fn descriptors() -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// Named inputs of one target.
+pub type Seeds = Vec<(String, Vec<u8>)>;
+
 /// Every seed, by target.
-pub fn all() -> Vec<(&'static str, Vec<(String, Vec<u8>)>)> {
+pub fn all() -> Vec<(&'static str, Seeds)> {
     vec![
         ("viad_request", frames()),
         ("viad_broker", scenarios()),
