@@ -374,6 +374,9 @@ impl Harness {
         }
         match Request::decode(bytes) {
             Ok((id, req)) => {
+                if trace() {
+                    eprintln!("session {s} -> {id}: {req:?}");
+                }
                 if let Some(inf) = owed(&req) {
                     let o = self.owed.entry((s, id)).or_default();
                     if inf { o.infinite += 1 } else { o.finite += 1 }
@@ -388,6 +391,9 @@ impl Harness {
     }
 
     fn reply(&mut self, to: u64, id: u32, reply: &Reply) {
+        if trace() {
+            eprintln!("session {to} <- {id}: {reply:?}");
+        }
         assert!(
             self.live.contains(&to),
             "{reply:?} (id {id}) to dead session {to}"
@@ -445,6 +451,13 @@ impl Harness {
         let outs = self.b.on_tick(self.now);
         self.deliver(outs);
     }
+}
+
+/// `VIA_FUZZ_TRACE=1`: print every request and reply (for reading a crash
+/// input).
+fn trace() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("VIA_FUZZ_TRACE").is_some())
 }
 
 pub fn viad_broker(data: &[u8]) {

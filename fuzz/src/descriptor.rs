@@ -720,7 +720,8 @@ pub fn descriptor(data: &[u8]) {
         let m = model(w, va, handle, send, st, reliable);
         // VIA's rule for the application (this harness): the memory of a
         // posted descriptor is not touched until it is dequeued. A
-        // descriptor whose data would land on a posted receive's control
+        // descriptor that shares its control segment with a posted
+        // receive, whose data would land on a posted receive's control
         // segment, or whose own control segment a posted receive's data
         // may land on, is not posted (receives stay posted to the end;
         // sends are dequeued before the next post).
@@ -728,7 +729,8 @@ pub fn descriptor(data: &[u8]) {
             && outstanding
                 .iter()
                 .any(|(ova, ow): &(u64, Vec<(u64, u64)>)| {
-                    m.writes[1..].iter().any(|&r| overlaps(r, (*ova, 32)))
+                    overlaps((va, 32), (*ova, 32))
+                        || m.writes[1..].iter().any(|&r| overlaps(r, (*ova, 32)))
                         || ow.iter().any(|&r| overlaps(r, (va, 32)))
                 })
         {
