@@ -19,6 +19,9 @@ step "loom models of the doorbell and CQ rings"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p doorbell -p cq --release --test loom
 
+step "fuzz targets: seeds and regressions replayed, then a bounded run of each (tools/fuzz.sh)"
+tools/fuzz.sh smoke
+
 step "lints"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo fmt --all -- --check
