@@ -395,7 +395,7 @@ fn gen_desc(i: &mut Input, w: &World, k: usize) -> (Desc, u32) {
     let post_handle = gen_handle(i, w, natural(w, va));
     let csel = i.u8();
     let raw_control = i.u16();
-    let control = if csel.is_multiple_of(4) {
+    let control = if csel % 4 == 0 {
         raw_control
     } else {
         ((csel >> 2) & 3) as u16
@@ -479,7 +479,7 @@ fn model(w: &World, va: u64, handle: u32, send: bool, st: VIP_VI_STATE, reliable
     if va == 0 {
         return refuse(VIP_INVALID_PARAMETER);
     }
-    if !va.is_multiple_of(64) {
+    if va % 64 != 0 {
         return refuse(VIP_DESCRIPTOR_ERROR);
     }
     if send && (st == VIP_STATE_IDLE || st == VIP_STATE_CONNECT_PENDING) {

@@ -24,7 +24,7 @@ pub const ANSWER: Duration = Duration::from_secs(5);
 
 struct Daemon {
     child: Child,
-    name: Vec<u8>,
+    path: std::path::PathBuf,
 }
 
 static DAEMON: Mutex<Option<Daemon>> = Mutex::new(None);
@@ -33,10 +33,13 @@ fn start() -> Daemon {
     // The instance goes to viad's environment only: this process's own
     // environment is left alone (the descriptor target sets its own).
     let inst = format!("fuzz-sock-{}", std::process::id());
-    let name = format!("via-rs/{}/{inst}", sys::getuid()).into_bytes();
+    let path = via::agent::place::user_socket_for(&inst).expect("viad's socket path");
     let child = Command::new(crate::env::viad_path())
         .args(["--idle-ms", "10000"])
         .env("VIA_INSTANCE", &inst)
+        // The probe shares the fuzzing process's pid: the per-pid connection
+        // limit (tested in tests/tests/viad_pressure.rs) is not the subject.
+        .env("VIA_VIAD_MAX_CONNECTIONS", "1000000")
         .env("RUST_LOG", "off")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -44,11 +47,11 @@ fn start() -> Daemon {
         .spawn()
         .expect("spawn viad");
     let t = Instant::now();
-    while sys::seqpacket_connect(&name).is_err() {
+    while sys::seqpacket_connect_path(&path, Duration::from_millis(50)).is_err() {
         assert!(t.elapsed() < ANSWER, "viad does not listen");
         std::thread::sleep(Duration::from_millis(5));
     }
-    Daemon { child, name }
+    Daemon { child, path }
 }
 
 /// Sends `req` and waits (at most [`ANSWER`]) for the reply with its id.
@@ -95,8 +98,12 @@ struct Client {
     session: u64,
 }
 
-fn open(name: &[u8], bare: bool) -> Option<Client> {
-    let fd = sys::seqpacket_connect(name).expect("viad stopped listening");
+fn connect(path: &std::path::Path) -> OwnedFd {
+    sys::seqpacket_connect_path(path, ANSWER).expect("viad stopped listening")
+}
+
+fn open(path: &std::path::Path, bare: bool) -> Option<Client> {
+    let fd = connect(path);
     let mut session = 0;
     if !bare {
         match call(&fd, 1, &Request::Hello { version: VERSION }) {
@@ -108,8 +115,8 @@ fn open(name: &[u8], bare: bool) -> Option<Client> {
     Some(Client { fd, session })
 }
 
-fn probe(name: &[u8]) {
-    let fd = sys::seqpacket_connect(name).expect("viad stopped listening");
+fn probe(path: &std::path::Path) {
+    let fd = connect(path);
     let host = match call(&fd, 7, &Request::Hello { version: VERSION }) {
         Some(Reply::Welcome { host, .. }) => host,
         other => panic!("viad answered Hello of a well-behaved client with {other:?}"),
@@ -134,7 +141,7 @@ pub fn viad_socket(data: &[u8]) {
                 if gone[who] {
                     continue;
                 }
-                clients[who] = open(&d.name, false);
+                clients[who] = open(&d.path, false);
             }
             _ => {}
         }
@@ -155,7 +162,7 @@ pub fn viad_socket(data: &[u8]) {
             Op::Reopen { who, bare } => {
                 clients[who] = None;
                 gone[who] = false;
-                clients[who] = open(&d.name, bare);
+                clients[who] = open(&d.path, bare);
             }
             Op::Tick { .. } => {}
         }
@@ -163,7 +170,7 @@ pub fn viad_socket(data: &[u8]) {
     for c in clients.iter().flatten() {
         drain(&c.fd);
     }
-    probe(&d.name);
+    probe(&d.path);
     if let Ok(Some(st)) = d.child.try_wait() {
         panic!("viad died: {st}");
     }

@@ -235,11 +235,7 @@ fn serve(args: &[String]) {
             args[2].parse().unwrap(),
             args[3].parse().unwrap(),
         ),
-        Some("regpp") => reg::serve_regpp(
-            &args[1],
-            args[2].parse().unwrap(),
-            args[3] == "each",
-        ),
+        Some("regpp") => reg::serve_regpp(&args[1], args[2].parse().unwrap(), args[3] == "each"),
         Some("stream") => serve_stream(
             &args[1],
             args[2].parse().unwrap(),

@@ -133,12 +133,17 @@ fn regcost(o: &RegOpts) -> Value {
     let q: &[&str] = if o.quick { &["--quick"] } else { &[] };
     let on = variant("regcost", q, &[("VIA_REGCACHE", "on")]);
     let off = variant("regcost", q, &[("VIA_REGCACHE", "off")]);
-    println!("\nregister + deregister, microseconds (first: the pages move; again: the mean of repeats)");
+    println!(
+        "\nregister + deregister, microseconds (first: the pages move; again: the mean of repeats)"
+    );
     println!(
         "{:>8} {:>14} {:>14} {:>14} {:>14}",
         "size", "first (on)", "again (on)", "first (off)", "again (off)"
     );
-    let (a, b) = (on["rows"].as_array().unwrap(), off["rows"].as_array().unwrap());
+    let (a, b) = (
+        on["rows"].as_array().unwrap(),
+        off["rows"].as_array().unwrap(),
+    );
     for (x, y) in a.iter().zip(b) {
         println!(
             "{:>8} {:>14.1} {:>14.2} {:>14.1} {:>14.1}",
@@ -182,7 +187,9 @@ fn regscale_inner(o: &RegOpts) {
             let len = if kind == "small" { 128 } else { 4096 };
             let live_mem = Memory::new(n * stride).unwrap();
             let live: Vec<Region> = (0..n)
-                .map(|i| Region::within(&nic, &live_mem, i * stride, len, ptag, false, false).unwrap())
+                .map(|i| {
+                    Region::within(&nic, &live_mem, i * stride, len, ptag, false, false).unwrap()
+                })
                 .collect();
             // Misses: fresh 64 KiB buffers, each registered for the first time.
             let fresh = Memory::new(m * 64 * KIB).unwrap();
@@ -246,7 +253,9 @@ fn resident() -> u64 {
 }
 
 fn regbig(o: &RegOpts) -> Value {
-    let size = o.size.unwrap_or(if o.quick { 256 * MIB } else { 4096 * MIB });
+    let size = o
+        .size
+        .unwrap_or(if o.quick { 256 * MIB } else { 4096 * MIB });
     let (nic, ptag) = setup();
     eprintln!("regbig: touching {} MiB", size / MIB);
     let mem = Memory::new(size).unwrap();
@@ -330,10 +339,15 @@ pub fn serve_regpp(disc: &str, max: usize, each: bool) {
         recv_reg = post_recv(&vi);
         let send_reg = match &fixed {
             Some(_) => None,
-            None => Some(Region::within(&nic, &mem, soff, len.max(1) as usize, ptag, false, false).unwrap()),
+            None => Some(
+                Region::within(&nic, &mem, soff, len.max(1) as usize, ptag, false, false).unwrap(),
+            ),
         };
         let sreg = send_reg.as_ref().or(fixed.as_ref().map(|f| &f.1)).unwrap();
-        let d = DescBuilder::send().segment(sreg, 0, len).write(&ctl, 128).unwrap();
+        let d = DescBuilder::send()
+            .segment(sreg, 0, len)
+            .write(&ctl, 128)
+            .unwrap();
         vi.post_send(&ctl, d).unwrap();
         done_or_wait(&vi, false, false);
         drop(send_reg);
@@ -412,7 +426,9 @@ fn regpp_inner(o: &RegOpts) {
         let iters = if size <= 64 * KIB { 3000 } else { 500 } / if o.quick { 10 } else { 1 };
         let fixed = regpp_one(size, iters, false);
         let each = regpp_one(size, iters, true);
-        rows.push(json!({"bytes": size, "fixed_us": fixed, "each_us": each, "ratio": each / fixed}));
+        rows.push(
+            json!({"bytes": size, "fixed_us": fixed, "each_us": each, "ratio": each / fixed}),
+        );
     }
     println!("{}", json!({ "rows": rows }));
 }
@@ -421,7 +437,9 @@ fn regpp(o: &RegOpts) -> Value {
     let q: &[&str] = if o.quick { &["--quick"] } else { &[] };
     let on = variant("regpp", q, &[("VIA_REGCACHE", "on")]);
     let off = variant("regpp", q, &[("VIA_REGCACHE", "off")]);
-    println!("\nping-pong registering around every message vs buffers registered once, half round trip, us");
+    println!(
+        "\nping-pong registering around every message vs buffers registered once, half round trip, us"
+    );
     println!(
         "{:>8} {:>10} {:>12} {:>12} {:>10}   (goal: ratio <= 1.25 with the cache)",
         "size", "cache", "fixed", "each msg", "ratio"
@@ -454,7 +472,12 @@ fn reuse_inner(o: &RegOpts) {
     for reuse in [0u64, 25, 50, 75, 100] {
         pin(0);
         let disc = unique("reuse");
-        let child = Child::start(&["regpp".into(), disc.clone(), size.to_string(), "fixed".into()]);
+        let child = Child::start(&[
+            "regpp".into(),
+            disc.clone(),
+            size.to_string(),
+            "fixed".into(),
+        ]);
         let (nic, ptag) = setup();
         let ctl = Region::new(&nic, 8192, ptag, false, false).unwrap();
         let rbuf = Region::new(&nic, size, ptag, false, false).unwrap();
