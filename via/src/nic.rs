@@ -195,6 +195,14 @@ pub(crate) struct NicInner {
     pub ns_open: AtomicBool,
 }
 
+impl crate::mem::fork::HoldsPages for NicInner {
+    fn held_pages(&self, out: &mut Vec<std::ops::Range<usize>>) {
+        for r in self.regions.lock().unwrap().values() {
+            out.extend(r.held.iter().cloned());
+        }
+    }
+}
+
 /// Longest wait of [`NicInner::quiesce_accessors`] for one peer.
 pub const QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -319,6 +327,9 @@ impl NicInner {
             })
             .cloned()
             .ok_or(Error::Resource)?;
+        crate::mem::fork::add_holder(
+            Arc::downgrade(&nic) as std::sync::Weak<dyn crate::mem::fork::HoldsPages>
+        );
         nic.dev.start(&nic);
         nic.provider.start(&nic);
         log::debug!(
@@ -430,18 +441,24 @@ impl NicInner {
         if !self.ptag_valid(attrs.ptag) {
             return Err(Error::InvalidPtag);
         }
-        let pinned = self.dev.pin(self, &range).map_err(|e| {
-            log::debug!(
-                "registration of {:#x}+{} refused: {e}",
-                range.addr(),
-                range.len()
-            );
-            if e.kind() == std::io::ErrorKind::InvalidInput {
-                Error::InvalidParameter
-            } else {
-                Error::Resource
+        // The table entry first: its lines come in while the pages are pinned.
+        let slot = self.tpt.reserve()?;
+        let pinned = match self.dev.pin(self, &range) {
+            Ok(p) => p,
+            Err(e) => {
+                self.tpt.unreserve(slot);
+                log::debug!(
+                    "registration of {:#x}+{} refused: {e}",
+                    range.addr(),
+                    range.len()
+                );
+                return Err(if e.kind() == std::io::ErrorKind::InvalidInput {
+                    Error::InvalidParameter
+                } else {
+                    Error::Resource
+                });
             }
-        })?;
+        };
         // Too many pieces for one table entry: peers reach the region by CMA
         // instead (the pin stays, for its reference counts).
         let extents = if pinned.extents.len() > layout::MAX_EXTENTS {
@@ -480,24 +497,27 @@ impl NicInner {
             .collect();
         // The arena pages of this registration stay out of a child after fork.
         let held = held_ranges(&pinned.extents, range.addr(), range.len());
-        self.process.arenas.hold(&held, true);
-        let handle = match self.tpt.insert(crate::tpt::NewRegion {
-            va: range.addr() as u64,
-            len: range.len() as u64,
-            ptag: attrs.ptag.0,
-            flags: Self::mem_flags(attrs),
-            extents: &extents,
-            local,
-            pid: self.process.pid,
-        }) {
+        let handle = match self.tpt.fill(
+            slot,
+            crate::tpt::NewRegion {
+                va: range.addr() as u64,
+                len: range.len() as u64,
+                ptag: attrs.ptag.0,
+                flags: Self::mem_flags(attrs),
+                extents: &extents,
+                local,
+                pid: self.process.pid,
+            },
+        ) {
             Ok(h) => h,
             Err(e) => {
-                self.process.arenas.hold(&held, false);
                 self.dev.unpin(self, pinned);
                 return Err(e);
             }
         };
         self.ptag_ref(attrs.ptag, 1)?;
+        // Under the fork lock: a fork sees the registration and its pages whole.
+        let _fork = crate::mem::fork::enter();
         self.regions.lock().unwrap().insert(
             handle,
             RegionRec {
@@ -518,6 +538,7 @@ impl NicInner {
     /// [`NicInner::quiesce_accessors`]).
     pub fn deregister(&self, addr: u64, handle: u32) -> Result<()> {
         let rec = {
+            let _fork = crate::mem::fork::enter();
             let mut g = self.regions.lock().unwrap();
             match g.get(&handle) {
                 Some(r) if r.va == addr => g.remove(&handle).expect("present"),
@@ -533,7 +554,6 @@ impl NicInner {
     }
 
     fn release(&self, rec: RegionRec) {
-        self.process.arenas.hold(&rec.held, false);
         let _ = self.ptag_ref(Ptag(rec.ptag), -1);
         self.dev.unpin(self, rec.pinned);
     }
@@ -579,20 +599,28 @@ impl NicInner {
         // see its odd epoch).
         std::sync::atomic::fence(Ordering::SeqCst);
         let view = self.view();
-        let deadline = std::time::Instant::now() + QUIESCE_TIMEOUT;
-        for vi in self.all_vis() {
-            let Some(sh) = view.vi(vi.slot) else { continue };
-            let e = sh.access.load(Ordering::SeqCst);
-            if e & 1 == 0 {
-                continue;
+        // The VIs inside an operation now (usually none: no allocation).
+        let mut inside = Vec::new();
+        for (slot, _, _) in self.vis.read().unwrap().iter() {
+            if let Some(sh) = view.vi(slot) {
+                let e = sh.access.load(Ordering::SeqCst);
+                if e & 1 == 1 {
+                    inside.push((slot, e));
+                }
             }
+        }
+        if inside.is_empty() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + QUIESCE_TIMEOUT;
+        for (slot, e) in inside {
+            let Some(sh) = view.vi(slot) else { continue };
             let mut spins = 0u32;
             while sh.access.load(Ordering::Acquire) == e {
                 if std::time::Instant::now() >= deadline {
                     log::warn!(
-                        "{}: the peer of VI {} stayed inside an operation for {:?}; not waiting",
+                        "{}: the peer of VI {slot} stayed inside an operation for {:?}; not waiting",
                         self.name,
-                        vi.slot,
                         QUIESCE_TIMEOUT
                     );
                     break;

@@ -288,10 +288,27 @@ pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<Received> {
     })
 }
 
-/// Current process id.
+/// This process's id, cached: every `Vip*` call asks (handles belong to
+/// the process that made them). A child of `fork` forgets the cached value
+/// in a fork handler and asks the kernel again.
 pub fn getpid() -> i32 {
+    static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget() {
+        PID.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+    let p = PID.load(std::sync::atomic::Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    HANDLER.call_once(|| {
+        // SAFETY: a plain function valid for the whole process.
+        unsafe { libc::pthread_atfork(None, None, Some(forget)) };
+    });
     // SAFETY: getpid cannot fail.
-    unsafe { libc::getpid() }
+    let p = unsafe { libc::getpid() };
+    PID.store(p, std::sync::atomic::Ordering::Relaxed);
+    p
 }
 
 /// Real user id.

@@ -183,6 +183,14 @@ impl Alloc {
     }
 }
 
+/// A table entry and handle taken for a registration (see
+/// [`TranslationTable::reserve`]).
+#[derive(Debug)]
+pub struct Reserved {
+    handle: u32,
+    index: u32,
+}
+
 /// A region to add to the table.
 pub struct NewRegion<'a> {
     /// First byte.
@@ -313,7 +321,39 @@ impl TranslationTable {
     /// # Errors
     /// `Resource` when the table is full or the region needs more than
     /// [`MAX_EXTENTS`] extents.
+    #[cfg(test)]
     pub fn insert(&self, r: NewRegion<'_>) -> Result<u32> {
+        let slot = self.reserve()?;
+        self.fill(slot, r)
+    }
+
+    /// Takes the handle and table entry of the next registration, and starts
+    /// fetching the entry's cache lines: entries are spread over the whole
+    /// table (handles are random), so the first write to one misses; the
+    /// registration path reserves first and pins meanwhile. Give it back
+    /// with [`TranslationTable::unreserve`] if the registration fails.
+    ///
+    /// # Errors
+    /// `Resource` when the table is full.
+    pub fn reserve(&self) -> Result<Reserved> {
+        let (handle, index) = self.alloc.lock().unwrap().next().ok_or(Error::Resource)?;
+        if let Some(e) = self.view().tpt(index) {
+            crate::shm::mapping::prefetch_lines(e);
+        }
+        Ok(Reserved { handle, index })
+    }
+
+    /// Gives back a reservation that was not filled.
+    pub fn unreserve(&self, r: Reserved) {
+        self.alloc.lock().unwrap().free(r.index);
+    }
+
+    /// Fills a reserved entry with the region `r`; returns its memory handle.
+    ///
+    /// # Errors
+    /// `Resource` if the region needs more than [`MAX_EXTENTS`] extents (the
+    /// reservation is given back).
+    pub fn fill(&self, slot: Reserved, r: NewRegion<'_>) -> Result<u32> {
         let NewRegion {
             va,
             len,
@@ -324,9 +364,10 @@ impl TranslationTable {
             pid,
         } = r;
         if extents.len() > MAX_EXTENTS {
+            self.unreserve(slot);
             return Err(Error::Resource);
         }
-        let (handle, index) = self.alloc.lock().unwrap().next().ok_or(Error::Resource)?;
+        let Reserved { handle, index } = slot;
         let view = self.view();
         let e = view.tpt(index).expect("index in range");
         Self::write(e, |e| {

@@ -23,11 +23,12 @@
 //!    mapped shared or private, the current thread's stack, special
 //!    mappings.
 //!
-//! Fork: while a live registration holds arena pages they are
-//! `MADV_DONTFORK` (a child has no mapping there, as after verbs'
-//! `ibv_fork_init`). Arena pages that no registration holds are copied into
-//! private memory in the child by [`child_after_fork`], so parent and child
-//! never share memory the application owns.
+//! Fork: the arena pages a live registration holds are left out of a child
+//! (a child has no mapping there, as after verbs' `ibv_fork_init`: they
+//! are `MADV_DONTFORK` for the time of the `fork`). Arena pages that no
+//! registration holds are copied into private memory in the child by
+//! [`child_after_fork`], so parent and child never share memory the
+//! application owns.
 //!
 //! Each live arena also has a library-owned *shadow* mapping: the engine
 //! reads and writes local registered memory only through shadows
@@ -40,7 +41,6 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::counter::RangeCounter;
 use super::monitor::Monitor;
 use super::uffd::{self, Uffd};
 use super::vma::{self, Vma};
@@ -204,8 +204,6 @@ struct Arena {
 #[derive(Default)]
 struct Table {
     live: HashMap<u32, Arena>,
-    /// Page ranges held by live registrations: `MADV_DONTFORK` exactly there.
-    held: RangeCounter,
 }
 
 /// The arenas of this process.
@@ -532,26 +530,6 @@ impl Arenas {
             .iter()
             .filter(|e| e.arena != CMA)
             .all(|e| self.lock().live.contains_key(&e.arena))
-    }
-
-    /// Marks the arena pages of `ranges` as held by a live registration
-    /// (`hold`) or no longer (`!hold`): `MADV_DONTFORK` exactly where some
-    /// live registration holds pages.
-    pub fn hold(&self, ranges: &[Range<usize>], hold: bool) {
-        let _fork = super::fork::enter();
-        let mut t = self.lock();
-        for r in ranges {
-            for c in t.held.add(r.clone(), if hold { 1 } else { -1 }) {
-                let advice = if hold {
-                    libc::MADV_DONTFORK
-                } else {
-                    libc::MADV_DOFORK
-                };
-                if let Err(e) = crate::sys::madvise(&c, advice) {
-                    log::debug!("madvise {advice} on {c:#x?}: {e}");
-                }
-            }
-        }
     }
 
     /// Moves `run` (adjacent whole pages with their protections) into a new

@@ -7,14 +7,12 @@
 //! | [`monitor`] | memory events (userfaultfd): invalidates the registration cache before memory is reused |
 //! | [`fork`] | what a child gets of registered memory |
 //! | [`vma`] | what maps an address range, which pages were touched |
-//! | [`counter`] | reference counts over ranges (`MADV_DONTFORK` bookkeeping) |
 //! | [`uffd`] | the userfaultfd system calls |
 //!
 //! The design and its comparison with UCX's rcache and libfabric's MR cache
 //! are in `docs/registration.md`.
 
 pub mod arena;
-pub mod counter;
 pub mod fork;
 pub mod monitor;
 pub mod uffd;

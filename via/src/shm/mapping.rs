@@ -43,6 +43,25 @@ pub fn prefetch<T>(r: &T) {
     let _ = r;
 }
 
+/// [`prefetch`] for every cache line of `r` (for a `T` larger than one line).
+#[inline]
+pub fn prefetch_lines<T>(r: &T) {
+    let base = r as *const T as usize;
+    let mut off = 0;
+    while off < size_of::<T>() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `prefetch`: a hint on an address inside a valid
+        // reference, with no side effect besides the cache.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                (base + off) as *const i8,
+            )
+        };
+        off += 64;
+    }
+    let _ = base;
+}
+
 /// An owned `mmap` of (part of) a memory file, unmapped on drop; or a
 /// borrowed window on registered memory of this process (see
 /// [`UserRange::borrow`](crate::mem::arena::UserRange::borrow)), never unmapped.

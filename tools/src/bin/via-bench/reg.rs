@@ -384,7 +384,10 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
             Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
         )
     });
+    let prof = std::env::var_os("VIA_BENCH_PROFILE").is_some();
+    let acc = std::cell::Cell::new([0u128; 4]);
     let round = || {
+        let t0 = Instant::now();
         let (rr, sr);
         let (rreg, sreg) = match &fixed {
             Some((r, s)) => (r, s),
@@ -394,6 +397,7 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
                 (&rr, &sr)
             }
         };
+        let t1 = Instant::now();
         let rd = DescBuilder::recv()
             .segment(rreg, 0, size as u32)
             .write(&ctl, 0)
@@ -404,8 +408,18 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
             .write(&ctl, 128)
             .unwrap();
         vi.post_send(&ctl, sd).unwrap();
+        let t2 = Instant::now();
         done_or_wait(&vi, true, false);
         done_or_wait(&vi, false, false);
+        let t3 = Instant::now();
+        if prof {
+            let mut a = acc.get();
+            a[0] += (t1 - t0).as_nanos();
+            a[1] += (t2 - t1).as_nanos();
+            a[2] += (t3 - t2).as_nanos();
+            a[3] += 1;
+            acc.set(a);
+        }
     };
     for _ in 0..(iters / 10).max(5) {
         round();
@@ -415,6 +429,17 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
         round();
     }
     let half = t.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0;
+    if prof {
+        let a = acc.get();
+        let n = a[3].max(1);
+        eprintln!(
+            "regpp {size} {}: register {} ns, post {} ns, wait {} ns per round (deregistration in the next)",
+            if each { "each" } else { "fixed" },
+            a[0] / n,
+            a[1] / n,
+            a[2] / n
+        );
+    }
     vi.disconnect().expect("disconnect");
     child.finish();
     half
