@@ -361,8 +361,18 @@ pub fn nofile_limit() -> io::Result<u64> {
     Ok(lim.rlim_cur as u64)
 }
 
-/// Bounds of the calling thread's stack (`pthread_getattr_np`).
+/// Bounds of the calling thread's stack (`pthread_getattr_np`), asked once
+/// per thread: for the main thread glibc reads `/proc/self/maps` to answer,
+/// a cost that grows with the number of mappings.
 pub fn current_thread_stack() -> Option<std::ops::Range<usize>> {
+    thread_local! {
+        static STACK: std::cell::OnceCell<Option<std::ops::Range<usize>>> =
+            const { std::cell::OnceCell::new() };
+    }
+    STACK.with(|s| s.get_or_init(thread_stack_now).clone())
+}
+
+fn thread_stack_now() -> Option<std::ops::Range<usize>> {
     // SAFETY: `attr` is initialised by pthread_getattr_np before use and
     // destroyed afterwards; the out-pointers are valid.
     unsafe {
