@@ -387,15 +387,29 @@ VIP_RETURN VipQueryNic(VIP_NIC_HANDLE NicHandle, VIP_NIC_ATTRIBUTES *Attrs);
 /* ------------------------------------------------------------------ */
 
 /* Register (and pin) Length bytes at VirtualAddress; *MemHandle names it.
+ * The contents are kept; other threads may go on writing the memory while
+ * it registers (no write is lost). Registrations may overlap. A handle
+ * value does not come back within 2^32 registrations of the NIC.
+ * Memory that the program unmaps, trims, discards (madvise) or moves
+ * (mremap) while registered loses its translation: peers get
+ * VIP_STATUS_RDMA_PROT_ERROR, and VipDeregisterMem still succeeds on it.
+ * fork: the pages of live registrations are not in the child (as after
+ * verbs' ibv_fork_init; a child that touches them faults); all other
+ * memory, deregistered regions included, is the child's private copy.
+ * Deregistered regions stay in a cache (VIA_REGCACHE, see the README).
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle, NULL pointer or zero
- * Length; VIP_INVALID_PTAG: Attrs->Ptag is not a ptag of this NIC;
- * VIP_INVALID_RDMAREAD: EnableRdmaRead but the NIC has no RDMA read;
- * VIP_ERROR_RESOURCE: a registration limit or the pin limit is reached. */
+ * Length, or memory that is not mapped readable; VIP_INVALID_PTAG:
+ * Attrs->Ptag is not a ptag of this NIC; VIP_INVALID_RDMAREAD:
+ * EnableRdmaRead but the NIC has no RDMA read; VIP_ERROR_RESOURCE: a
+ * registration limit or the pin limit is reached. */
 VIP_RETURN VipRegisterMem(VIP_NIC_HANDLE NicHandle, VIP_PVOID VirtualAddress,
                           VIP_ULONG Length, VIP_MEM_ATTRIBUTES *Attrs,
                           VIP_MEM_HANDLE *MemHandle);
 
-/* Deregister the region MemHandle, which starts at VirtualAddress.
+/* Deregister the region MemHandle, which starts at VirtualAddress. When it
+ * returns, no byte of the region is read or written by this process's NIC
+ * or a peer's; a transfer it cut short completes at its initiator with an
+ * error status (never VIP_STATUS_DONE).
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle or MemHandle, or
  * VirtualAddress is not the start of the region; VIP_ERROR_RESOURCE. */
 VIP_RETURN VipDeregisterMem(VIP_NIC_HANDLE NicHandle, VIP_PVOID VirtualAddress,

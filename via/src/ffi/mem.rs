@@ -35,10 +35,11 @@ fn region_start(nic: &NicInner, addr: u64, handle: VIP_MEM_HANDLE) -> Result<u64
 /// Registers `Length` bytes at `VirtualAddress` with the attributes
 /// `*MemAttrs` and returns the region's handle in `*MemHandle`.
 ///
-/// The pages are moved into shared memory at the same address (their
-/// contents are kept); see the README for the caveats (another thread must
-/// not write the pages during the call; they stay shared after
-/// deregistration and with a child after `fork`). Regions may overlap.
+/// The whole pages are moved into shared memory at the same address, their
+/// contents kept, in write-protected steps (another thread may write the
+/// memory meanwhile: no write is lost). Regions may overlap. After `fork`
+/// the pages of live registrations are absent in the child, the rest is
+/// its private copy (`docs/registration.md`).
 ///
 /// Returns `VIP_SUCCESS`; `VIP_INVALID_PARAMETER` for a bad handle, a NULL
 /// pointer, zero `Length`, or a range that is not mapped;
@@ -48,8 +49,8 @@ fn region_start(nic: &NicInner, addr: u64, handle: VIP_MEM_HANDLE) -> Result<u64
 ///
 /// # Safety
 /// `MemAttrs` and `MemHandle` are NULL or valid for reading/writing one
-/// value. The range stays mapped while it is registered, and no other
-/// thread writes to its pages while this call runs.
+/// value. The range stays mapped while it is registered (if the program
+/// unmaps it anyway, the registration loses its translation).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn VipRegisterMem(
     NicHandle: VIP_NIC_HANDLE,
