@@ -18,9 +18,34 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
 use crate::Pinner;
 use crate::interval::IntervalTree;
 use crate::range::{self, RangeError};
+
+/// Hashes page extents (two page-aligned addresses) with a multiply: keys are not chosen by an
+/// adversary who could benefit from collisions, and SipHash would cost as much as the tree walk
+/// it saves.
+#[derive(Default)]
+struct ExtentHasher(u64);
+
+impl Hasher for ExtentHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ *b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type BuildExtentHasher = BuildHasherDefault<ExtentHasher>;
 
 /// A merged entry is at most this many times the request (see `Inner::merged`).
 pub const MERGE_LIMIT: usize = 4;
@@ -203,6 +228,9 @@ struct Inner<T> {
     /// Extents of the entries a lookup may return ([`State::Leased`] and [`State::Idle`]), by
     /// slot.
     tree: IntervalTree,
+    /// The same entries by exact extent: most requests repeat one exactly, and a hash probe
+    /// costs less than a walk down the tree.
+    exact: HashMap<(usize, usize), usize, BuildExtentHasher>,
     /// Every entry not yet unpinned, by slot: an entry's slot is its id while it lives.
     slots: Vec<Option<Entry<T>>>,
     /// Empty slots, reused first.
@@ -275,6 +303,7 @@ impl<P: Pinner> RegCache<P> {
             config,
             inner: Mutex::new(Inner {
                 tree: IntervalTree::new(),
+                exact: HashMap::default(),
                 slots: Vec::new(),
                 free: Vec::new(),
                 lru: Lru::default(),
@@ -498,13 +527,31 @@ impl<P: Pinner> RegCache<P> {
 }
 
 impl<T> Inner<T> {
+    /// Adds entry `id` with `extent` to the lookup structures.
+    fn index_insert(&mut self, extent: Range<usize>, id: usize) {
+        self.exact.insert((extent.start, extent.end), id);
+        self.tree.insert(extent, id);
+    }
+
+    /// Takes entry `id`, of page range `pages`, out of the lookup structures.
+    fn index_remove(&mut self, pages: &Range<usize>, id: usize) -> bool {
+        let extent = range::extent(pages);
+        if self.exact.get(&(extent.start, extent.end)) == Some(&id) {
+            self.exact.remove(&(extent.start, extent.end));
+        }
+        self.tree.remove(pages.start, id)
+    }
+
     fn entry(&mut self, id: usize) -> &mut Entry<T> {
         self.slots[id].as_mut().expect("id of a live entry")
     }
 
     /// Leases the cached entry that covers `want`, if there is one.
     fn hit(&mut self, want: &Range<usize>) -> Option<Lease<T>> {
-        let id = self.tree.find_covering(want)?;
+        let id = match self.exact.get(&(want.start, want.end)) {
+            Some(&id) => id,
+            None => self.tree.find_covering(want)?,
+        };
         if self.entry(id).state == State::Idle {
             self.lru_remove(id);
             let entry = self.entry(id);
@@ -599,8 +646,8 @@ impl<T> Inner<T> {
                         unpins.extend(self.unlink(id));
                     } else {
                         e.state = State::Invalidated;
-                        let start = e.pages.start;
-                        let removed = self.tree.remove(start, id);
+                        let pages = e.pages.clone();
+                        let removed = self.index_remove(&pages, id);
                         debug_assert!(removed);
                     }
                 }
@@ -634,7 +681,7 @@ impl<T> Inner<T> {
             }
         };
         if cached {
-            self.tree.insert(range::extent(&pages), id);
+            self.index_insert(range::extent(&pages), id);
         }
         self.misses += 1;
         self.pinned_bytes += pages.len();
@@ -690,8 +737,8 @@ impl<T> Inner<T> {
                 unpins.extend(self.unlink(id));
             } else {
                 entry.state = State::Invalidated;
-                let start = entry.pages.start;
-                let removed = self.tree.remove(start, id);
+                let pages = entry.pages.clone();
+                let removed = self.index_remove(&pages, id);
                 debug_assert!(removed);
             }
         }
@@ -708,7 +755,7 @@ impl<T> Inner<T> {
         let entry = self.slots[id].take().expect("id of a live entry");
         self.free.push(id);
         if entry.state != State::Invalidated {
-            let removed = self.tree.remove(entry.pages.start, id);
+            let removed = self.index_remove(&entry.pages, id);
             debug_assert!(removed);
         }
         if entry.state == State::Idle {
