@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use via::descriptor::status::*;
-use via::{Error, ErrorCode, Reliability, ViState};
+use via::{DescBuilder, Error, ErrorCode, Reliability, ViState};
 use via_tests::*;
 
 const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
@@ -257,16 +257,40 @@ fn disconnect_flushes_both_sides_and_allows_reconnect() {
 
 #[test]
 fn disconnect_while_the_peer_streams() {
-    // The peer sends 64 KiB messages without pause (Unreliable: those
-    // that find no receive are dropped). Disconnecting mid-stream leaves
-    // every receive either whole and correct or flushed, in that order.
+    // The peer sends 64 KiB messages as fast as credits allow: message r
+    // waits until the receiver has RDMA-written a credit of at least r
+    // into the peer's memory, one credit per posted receive, so every
+    // message finds a receive. The last four receives get no credit: the
+    // disconnect races with the four messages still allowed, and the
+    // other four receives are flushed whatever the timing. Every receive
+    // is either whole and correct or flushed, in that order.
     const N: usize = 65536;
     const RECVS: usize = 8;
+    const CREDIT_AT: usize = 64; // in the peer's region
+    const CREDIT_SRC: usize = 1024; // in ours
+    const ROUNDS: usize = 24;
+    const WITHHELD: usize = 4;
     let buf = |i: usize| 65536 + i * N;
     let s = Setup::new(Reliability::Unreliable, buf(RECVS), false, false);
     let mut p = Peer::serve(PEER);
-    p.cmd_expect(&format!("open u {} 0 0 1048576", N + 8192), "MEM");
+    let peer_mem = p.cmd_expect(&format!("open u {} 1 0 1048576", N + 8192), "MEM");
+    let peer_mem: Vec<&str> = peer_mem.split_whitespace().collect();
+    let (peer_addr, peer_handle) = (
+        u64::from_str_radix(peer_mem[0].trim_start_matches("0x"), 16).unwrap(),
+        peer_mem[1].parse::<u32>().unwrap(),
+    );
     s.connect_to(&mut p, &disc_str("discstream"));
+    // Writes the credit into the peer's memory; the write's completion is
+    // reaped before the next one (the send queue holds only these).
+    let grant = |credit: u64| {
+        s.mem.write(CREDIT_SRC, &credit.to_ne_bytes()).unwrap();
+        let d = DescBuilder::rdma_write(peer_addr + CREDIT_AT as u64, peer_handle)
+            .segment(&s.mem, CREDIT_SRC, 8)
+            .write(&s.mem, 512)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_RDMA_WRITE);
+    };
     for i in 0..RECVS {
         post_recv(&s, i * 64, buf(i), N as u32);
     }
@@ -280,22 +304,26 @@ fn disconnect_while_the_peer_streams() {
         );
         r
     };
-    p.say(&format!("stream_send {N}"));
+    p.say(&format!("stream_send {N} {CREDIT_AT}"));
     p.expect("STREAMING");
-    let mut last = 0;
-    for k in 0..24 {
+    let mut credit = RECVS as u64;
+    grant(credit);
+    for k in 0..ROUNDS {
         let i = k % RECVS;
         let c = s.vi.recv_wait(WAIT).unwrap();
         assert_eq!((c.desc, c.status), (s.addr(i * 64), DONE | OP_RECEIVE));
-        let r = check(i);
-        assert!(r > last);
-        last = r;
+        // Credits match receives: nothing is dropped, nothing skipped.
+        assert_eq!(check(i), k as u64 + 1);
         post_recv(&s, i * 64, buf(i), N as u32);
+        if k < ROUNDS - WITHHELD {
+            credit += 1;
+            grant(credit);
+        }
     }
     s.vi.disconnect().unwrap();
     assert_eq!(s.vi.state(), ViState::Idle);
-    let mut flushed = 0;
-    for k in 24..24 + RECVS {
+    let (mut flushed, mut last) = (0, ROUNDS as u64);
+    for k in ROUNDS..ROUNDS + RECVS {
         let i = k % RECVS;
         let c = s.vi.recv_wait(WAIT).unwrap();
         assert_eq!(c.desc, s.addr(i * 64));
@@ -304,14 +332,15 @@ fn disconnect_while_the_peer_streams() {
         } else {
             assert_eq!(c.status, DONE | OP_RECEIVE);
             assert_eq!(flushed, 0, "a delivered message after a flushed one");
-            let r = check(i);
-            assert!(r > last);
-            last = r;
+            assert_eq!(check(i), last + 1);
+            last += 1;
         }
     }
-    assert!(flushed > 0);
+    assert!(last <= credit, "message {last} sent beyond credit {credit}");
+    assert!(flushed >= WITHHELD, "only {flushed} receives flushed");
     assert_eq!(s.vi.queues_empty(), (true, true));
-    // The peer's stream ends with a flushed send; its VI is in Error.
+    // The peer's stream ends (waiting for credit, or on a flushed send);
+    // its VI is in Error.
     assert_eq!(p.line(), "STREAMEND");
     assert_eq!(p.cmd_expect("state", "STATE"), "Error");
     p.exit();

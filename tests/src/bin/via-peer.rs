@@ -57,7 +57,7 @@
 //! | `dereg <idx>` | `OK` |
 //! | `disconnect` | `OK` or `<error>` |
 //! | `stream <raddr> <rhandle> <bytes>` | `STREAMING`, then RDMA writes forever |
-//! | `stream_send <bytes>` | `STREAMING`, then sends forever (`[round: u64]` + pattern) |
+//! | `stream_send <bytes> [<credit off>]` | `STREAMING`, then sends forever (`[round: u64]` + pattern), message r once the u64 at `<credit off>` reaches r |
 //! | `exit` | (exits 0) |
 
 use std::collections::HashMap;
@@ -502,10 +502,26 @@ impl Interp {
             }
             "stream_send" => {
                 // Sends forever: message r is [r: u64] then pattern(n - 8, r).
+                // With a credit offset, message r waits until the u64 there
+                // (RDMA-written by the receiver) is at least r, and the
+                // stream ends when the VI leaves Connected.
                 let n = num(a[1]) as usize;
+                let credit_at = a.get(2).map(|c| num(c) as usize);
                 let m = self.region(0);
                 tell("STREAMING");
                 for round in 1u64.. {
+                    if let Some(at) = credit_at {
+                        let mut c = [0u8; 8];
+                        while {
+                            m.read(at, &mut c).unwrap();
+                            u64::from_ne_bytes(c) < round
+                        } {
+                            if self.vi().state() != ViState::Connected {
+                                return "STREAMEND".into();
+                            }
+                            std::thread::yield_now();
+                        }
+                    }
                     m.write(8192, &round.to_ne_bytes()).unwrap();
                     m.write(8200, &pattern(n - 8, round as u32)).unwrap();
                     let d = DescBuilder::send()

@@ -446,6 +446,8 @@ pub(crate) struct Engine {
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     name: String,
+    /// A direct execution (in `post_send`) left connection breaks to settle.
+    breaks_waiting: AtomicBool,
 }
 
 impl Engine {
@@ -475,6 +477,7 @@ impl Engine {
             stop: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(None),
             name,
+            breaks_waiting: AtomicBool::new(false),
         })
     }
 
@@ -531,6 +534,7 @@ impl Engine {
             };
             self.drain(nic, &mut g, hint);
             let breaks = std::mem::take(&mut g.breaks);
+            self.breaks_waiting.store(false, Ordering::Relaxed);
             drop(g);
             // SeqCst fence: the release above is ordered before the re-check
             // below; pairs with the poster's fence.
@@ -556,6 +560,7 @@ impl Engine {
     /// poster saw the lock taken and left the descriptor to us).
     fn release(&self, nic: &NicInner, mut g: MutexGuard<'_, EngineState>) {
         let breaks = std::mem::take(&mut g.breaks);
+        self.breaks_waiting.store(false, Ordering::Relaxed);
         drop(g);
         // SeqCst fence: the release above is ordered before the re-check
         // below; pairs with the poster's fence (module doc).
@@ -893,6 +898,21 @@ impl Device for Engine {
     }
 
     fn post_send(&self, nic: &NicInner, vi: &ViCore, pd: SendPd) -> Result<()> {
+        // Inline progress with nothing queued: run the descriptor here, no
+        // round trip through the doorbell ring (ordering holds: the VI's
+        // send lock is held and nothing of it waits in a doorbell). The
+        // breaks it finds are settled by the `kick` that follows the post.
+        if !self.threaded() && !self.pending() {
+            if let Some(mut g) = self.try_lock() {
+                if !self.pending() {
+                    execute(nic, &mut g, &pd, Some(vi));
+                    if !g.breaks.is_empty() {
+                        self.breaks_waiting.store(true, Ordering::Release);
+                    }
+                    return Ok(());
+                }
+            }
+        }
         match self.central() {
             Some(db) => self.post(nic, db, pd),
             None => {
@@ -909,7 +929,14 @@ impl Device for Engine {
     }
 
     fn kick(&self, nic: &NicInner, vi: Option<&ViCore>) {
-        if !self.threaded() {
+        if self.threaded() {
+            return;
+        }
+        // SeqCst fence: whatever was posted before this point (by us, or a
+        // poster that found the engine lock taken by our direct execution)
+        // is seen below; pairs with the poster's fence in `kick_inline`.
+        fence(Ordering::SeqCst);
+        if self.pending() || self.breaks_waiting.load(Ordering::Acquire) {
             self.kick_inline(nic, vi);
         }
     }
