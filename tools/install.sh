@@ -14,6 +14,10 @@
 #   PREFIX/lib/libvipl.a
 #   PREFIX/lib/pkgconfig/vipl.pc
 #   PREFIX/libexec/via-rs/viad   (the library finds it relative to itself)
+#   PREFIX/lib/systemd/system/via-rs-viad.service   (the system daemon's unit,
+#       with PREFIX's paths; not enabled: `systemctl enable --now via-rs-viad`)
+#   PREFIX/share/via-rs/viad.toml   (its configuration, commented; copy it to
+#       /etc/via-rs/viad.toml to change the defaults)
 #
 # Afterwards a legacy VIA program builds with
 #   cc app.c -I$PREFIX/include -L$PREFIX/lib -lvipl [-Wl,-rpath,$PREFIX/lib]
@@ -79,7 +83,8 @@ for f in libvipl.so libvipl.a viad; do
 done
 
 dest=${DESTDIR:-}$prefix
-install -d "$dest/include" "$dest/lib/pkgconfig" "$dest/libexec/via-rs"
+install -d "$dest/include" "$dest/lib/pkgconfig" "$dest/libexec/via-rs" \
+    "$dest/lib/systemd/system" "$dest/share/via-rs"
 install -m 0644 "$root/include/vipl.h" "$dest/include/vipl.h"
 install -m 0755 "$out/libvipl.so" "$dest/lib/libvipl.so.$abi"
 ln -sfn "libvipl.so.$abi" "$dest/lib/libvipl.so.$major"
@@ -89,5 +94,9 @@ install -m 0755 "$out/viad" "$dest/libexec/via-rs/viad"
 sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$abi|g" -e "s|@PRIVATE_LIBS@|$private_libs|g" \
     "$root/pkg/vipl.pc.in" >"$dest/lib/pkgconfig/vipl.pc"
 chmod 0644 "$dest/lib/pkgconfig/vipl.pc"
+sed -e "s|/usr/local/|$prefix/|g" "$root/pkg/systemd/via-rs-viad.service" \
+    >"$dest/lib/systemd/system/via-rs-viad.service"
+chmod 0644 "$dest/lib/systemd/system/via-rs-viad.service"
+install -m 0644 "$root/pkg/viad.toml" "$dest/share/via-rs/viad.toml"
 
 echo "installed libvipl $abi ($profile) under ${DESTDIR:+$DESTDIR}$prefix"

@@ -9,6 +9,13 @@
 //! (`SendFd` of a missing object becomes `Refused(Gone)`, `Close` ends the
 //! session) and reports deaths. Time is virtual.
 //!
+//! A scenario whose first byte has bit 0x40 set runs the broker in system
+//! mode: slots 0 and 1 are processes of one user, slot 2 of another;
+//! pinning quotas of a few pages (each fd the harness attaches is a
+//! one-page memfd, which the broker really locks), and a grant from slot
+//! 2's user to slot 0's for discriminators starting with "a" (refused
+//! for now).
+//!
 //! Checked, besides "no panic":
 //! * every reply or event goes to a live session and survives
 //!   `Reply::decode(encode(..))` within `MAX_FRAME`;
@@ -18,7 +25,10 @@
 //!   the clock is moved past every deadline, every request with a finite
 //!   deadline has been answered (a well-behaved client never waits forever
 //!   unless it asked to);
-//! * after that tick no deadline is left in the past.
+//! * after that tick no deadline is left in the past;
+//! * system mode: no session gets an fd of, or an `Incoming`/`Connected`
+//!   naming, a session of another user; once every session is gone,
+//!   nothing is locked.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -34,7 +44,7 @@ use crate::input::Input;
 #[allow(dead_code)]
 mod viad;
 
-use viad::{Broker, Out};
+use viad::{Broker, Cred, Grant, Out, Quota, SystemPolicy};
 
 /// Client sessions a scenario plays.
 pub const SLOTS: usize = 3;
@@ -313,8 +323,14 @@ struct Owed {
     answered: u32,
 }
 
+/// The users of system mode: slots 0 and 1, and slot 2.
+const UID_A: u32 = 1000;
+const UID_B: u32 = 1001;
+
 struct Harness {
     b: Broker,
+    /// System mode: the uid of each live session.
+    uids: Option<HashMap<u64, u32>>,
     host: Vec<u8>,
     name: String,
     now: Instant,
@@ -324,15 +340,33 @@ struct Harness {
 }
 
 impl Harness {
-    fn new() -> Harness {
+    fn new(system: bool) -> Harness {
         let host = vec![2, 0, 0, 0, 0, 1];
         let name = "fuzzhost".to_string();
+        let mut b = Broker::new(
+            host.clone(),
+            name.clone(),
+            vec![("other".into(), vec![2, 0, 0, 0, 0, 2])],
+        );
+        if system {
+            let page = via::sys::page_size() as u64;
+            b.set_system(SystemPolicy {
+                quota: Quota {
+                    per_process: 2 * page,
+                    per_user: 3 * page,
+                },
+                users: HashMap::new(),
+                total: 4 * page,
+                grants: vec![Grant {
+                    client_uid: UID_B,
+                    server_uid: UID_A,
+                    prefix: b"a".to_vec(),
+                }],
+            });
+        }
         Harness {
-            b: Broker::new(
-                host.clone(),
-                name.clone(),
-                vec![("other".into(), vec![2, 0, 0, 0, 0, 2])],
-            ),
+            b,
+            uids: system.then(HashMap::new),
             host,
             name,
             now: Instant::now(),
@@ -350,7 +384,14 @@ impl Harness {
     }
 
     fn open(&mut self, who: usize, bare: bool) {
-        let s = self.b.open_session();
+        let uid = if who == 2 { UID_B } else { UID_A };
+        let s = self.b.open_session(Cred {
+            uid,
+            pid: 100 + who as i32,
+        });
+        if let Some(u) = &mut self.uids {
+            u.insert(s, uid);
+        }
         self.slots[who] = s;
         self.live.insert(s);
         if !bare {
@@ -390,9 +431,23 @@ impl Harness {
         self.deliver(outs);
     }
 
+    /// System mode: whether `a` and `b` are sessions of different users
+    /// (a session that is gone counts as nobody's).
+    fn apart(&self, a: u64, b: u64) -> bool {
+        self.uids
+            .as_ref()
+            .is_some_and(|u| matches!((u.get(&a), u.get(&b)), (Some(x), Some(y)) if x != y))
+    }
+
     fn reply(&mut self, to: u64, id: u32, reply: &Reply) {
         if trace() {
             eprintln!("session {to} <- {id}: {reply:?}");
+        }
+        if let Reply::Incoming { peer, .. } | Reply::Connected { peer } = reply {
+            assert!(
+                !self.apart(to, peer.session),
+                "{reply:?} to session {to}: a session of another user"
+            );
         }
         assert!(
             self.live.contains(&to),
@@ -428,6 +483,10 @@ impl Harness {
                 match o {
                     Out::Send { to, id, reply } => self.reply(to, id, &reply),
                     Out::SendFd { to, id, owner, key } => {
+                        assert!(
+                            !self.apart(to, owner),
+                            "session {to} gets {key:?} of session {owner}, of another user"
+                        );
                         let reply = match self.b.object(owner, &key) {
                             Some(_) => Reply::Fd,
                             None => Reply::Refused(Refusal::Gone),
@@ -461,7 +520,7 @@ fn trace() -> bool {
 }
 
 pub fn viad_broker(data: &[u8]) {
-    let mut h = Harness::new();
+    let mut h = Harness::new(data.first().is_some_and(|b| b & 0x40 != 0));
     for op in parse(data) {
         match op {
             Op::Frame { who, bytes, fd } => {
@@ -504,4 +563,9 @@ pub fn viad_broker(data: &[u8]) {
             "session {s}: request {id} with a finite deadline never answered ({o:?})"
         );
     }
+    let live: Vec<u64> = h.live.iter().copied().collect();
+    for s in live {
+        h.die(s);
+    }
+    assert_eq!(h.b.pinned_total(), 0, "locked bytes left after every death");
 }

@@ -83,10 +83,17 @@ pub fn replies() -> Vec<Reply> {
             session: 1,
             host: vec![2, 0, 0, 0, 0, 1],
             name: "host".into(),
+            mode: via::proto::DaemonMode::System,
+            limits: via::proto::SessionLimits {
+                pin_process: 1 << 20,
+                pin_user: 4 << 20,
+                max_objects: 4096,
+            },
         },
         Reply::Ok,
         Reply::Fd,
         Reply::Refused(Refusal::Timeout),
+        Reply::Refused(Refusal::Quota),
         Reply::Incoming {
             conn: 1,
             peer: ep(1),
@@ -125,12 +132,27 @@ impl Scenario {
         self.0.u8(who << 3).u8(bytes.len() as u8).bytes(bytes);
         self
     }
+    /// As [`Scenario::request`], with an fd attached.
+    fn request_fd(mut self, who: u8, bytes: &[u8]) -> Self {
+        self.0
+            .u8(0x80 | (who << 3))
+            .u8(bytes.len() as u8)
+            .bytes(bytes);
+        self
+    }
     fn reopen(mut self, who: u8, bare: bool) -> Self {
         self.0.u8(4 | (who << 3) | if bare { 0x80 } else { 0 });
         self
     }
     fn tick(mut self, ms: u16) -> Self {
         self.0.u8(6).u16(ms).u8(0);
+        self
+    }
+    /// Runs the scenario in system mode (bit 0x40 of its first byte).
+    fn system(mut self) -> Self {
+        if let Some(b) = self.0.0.first_mut() {
+            *b |= 0x40;
+        }
         self
     }
 }
@@ -232,6 +254,51 @@ pub fn scenarios() -> Vec<(String, Vec<u8>)> {
         )
         .tick(2000);
     out.push(("deaths".into(), s.0.0));
+    // System mode: slot 0 (user A) publishes arenas up to and beyond its
+    // quota, slot 2 (user B) asks for them; slot 2 connects to slot 1's
+    // listener on "a" (granted: refused) and on "b" (nobody of its user).
+    let mut publish = Output::default();
+    publish.u8(1).u8(2).u8(1).u8(0).u8(1).u8(0);
+    let mut publish2 = Output::default();
+    publish2.u8(1).u8(3).u8(1).u8(0).u8(2).u8(0);
+    let mut publish3 = Output::default();
+    publish3.u8(1).u8(4).u8(1).u8(0).u8(3).u8(0);
+    let mut fetch = Output::default();
+    // Fetch: session of slot 0 (selector 1: slot (1 >> 3) % 3 = 0), arena 1.
+    fetch.u8(3).u8(5).u8(1).u64(0).u8(1).u8(0).u8(1).u8(0);
+    let mut listen_b = Output::default();
+    listen_b.u8(4).u8(6);
+    gen_addr(&mut listen_b, 1);
+    listen_b.u8(3).u32(0);
+    let mut connect_b = Output::default();
+    connect_b.u8(5).u8(7);
+    gen_ep(&mut connect_b, 1, 1);
+    gen_addr(&mut connect_b, 2);
+    gen_addr(&mut connect_b, 1);
+    connect_b.u8(2).u32(0);
+    let s = Scenario::new()
+        .request(1, &listen.0)
+        .request(1, &listen_b.0)
+        .request(2, &connect.0)
+        .request(2, &connect_b.0)
+        .tick(10);
+    let s = Scenario(Output(
+        [
+            s.0.0,
+            Scenario::new()
+                .request_fd(0, &publish.0)
+                .request_fd(0, &publish2.0)
+                .request_fd(0, &publish3.0)
+                .request(2, &fetch.0)
+                .request(1, &fetch.0)
+                .tick(3000)
+                .0
+                .0,
+        ]
+        .concat(),
+    ))
+    .system();
+    out.push(("system-two-users".into(), s.0.0));
     out
 }
 

@@ -565,6 +565,51 @@ pub fn unused_uid(from: u32, taken: &[u32]) -> u32 {
         .unwrap()
 }
 
+/// Copies of `via-peer` (at `peer`) and `viad` that any user can run (the
+/// build directory may be private to its owner, as a CI checkout in a 0700
+/// temporary directory is), made once per test process in
+/// `/tmp/via-id-bin-<pid>` (earlier runs' copies are removed):
+/// `(via-peer, viad)`.
+pub fn runnable_by_all(peer: &str) -> &'static (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::{Path, PathBuf};
+    static BINS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    BINS.get_or_init(|| {
+        ensure_viad();
+        for e in std::fs::read_dir("/tmp").into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("via-id-bin-") {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = PathBuf::from(format!("/tmp/via-id-bin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = |from: &Path, name: &str| {
+            let to = dir.join(name);
+            std::fs::copy(from, &to).unwrap();
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            to
+        };
+        (
+            copy(Path::new(peer), "via-peer"),
+            copy(&via::agent::find_viad().expect("viad"), "viad"),
+        )
+    })
+}
+
+/// `VmLck` of process `pid` in KiB (memory it holds locked), if it lives.
+pub fn locked_kib(pid: i32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// The socket of this process's viad (`VIA_INSTANCE`).
 pub fn viad_socket() -> std::path::PathBuf {
     via::agent::place::user_socket().expect("viad socket path")
@@ -626,7 +671,12 @@ pub mod raw {
 
     /// Connects without saying Hello.
     pub fn connect() -> io::Result<OwnedFd> {
-        let s = via::sys::seqpacket_connect_path(&super::viad_socket(), Duration::from_secs(10))?;
+        connect_at(&super::viad_socket())
+    }
+
+    /// Connects to the daemon at `path` without saying Hello.
+    pub fn connect_at(path: &std::path::Path) -> io::Result<OwnedFd> {
+        let s = via::sys::seqpacket_connect_path(path, Duration::from_secs(10))?;
         via::sys::set_recv_timeout(s.as_raw_fd(), Duration::from_secs(20))?;
         Ok(s)
     }
@@ -646,7 +696,15 @@ pub mod raw {
     impl Client {
         /// Connects and says Hello.
         pub fn open() -> io::Result<Client> {
-            let fd = connect()?;
+            Self::hello(connect()?)
+        }
+
+        /// Connects to the daemon at `path` and says Hello.
+        pub fn open_at(path: &std::path::Path) -> io::Result<Client> {
+            Self::hello(connect_at(path)?)
+        }
+
+        fn hello(fd: OwnedFd) -> io::Result<Client> {
             let hello = Request::Hello {
                 version: proto::VERSION,
             };

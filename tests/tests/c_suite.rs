@@ -382,6 +382,16 @@ fn install_layout() {
         pc.contains("prefix=/opt/vipl-test\n"),
         "staged vipl.pc:\n{pc}"
     );
+    // The system daemon's unit names the prefix's viad, and the example
+    // configuration comes along.
+    let unit =
+        std::fs::read_to_string(staged.join("lib/systemd/system/via-rs-viad.service")).unwrap();
+    assert!(
+        unit.contains("ExecStart=/opt/vipl-test/libexec/via-rs/viad --system\n")
+            && !unit.contains("/usr/local/"),
+        "staged unit:\n{unit}"
+    );
+    assert!(staged.join("share/via-rs/viad.toml").is_file());
     let _ = std::fs::remove_dir_all(&dest);
 }
 

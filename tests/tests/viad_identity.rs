@@ -25,38 +25,9 @@ fn instance(tag: &str) -> String {
     format!("via-id-{tag}-{}", std::process::id())
 }
 
-/// Copies of `via-peer` and `viad` that any user can run (the build
-/// directory may be private to its owner, as a CI checkout in a 0700
-/// temporary directory is): `(via-peer, viad)`.
+/// `(via-peer, viad)` runnable by every user.
 fn runnable_by_all() -> &'static (PathBuf, PathBuf) {
-    static BINS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
-    BINS.get_or_init(|| {
-        use std::os::unix::fs::PermissionsExt;
-        ensure_viad();
-        // Earlier runs' copies, of processes that are gone.
-        for e in std::fs::read_dir("/tmp").into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix("via-id-bin-") {
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let dir = PathBuf::from(format!("/tmp/via-id-bin-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let copy = |from: &Path, name: &str| {
-            let to = dir.join(name);
-            std::fs::copy(from, &to).unwrap();
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-            to
-        };
-        (
-            copy(Path::new(PEER), "via-peer"),
-            copy(&via::agent::find_viad().expect("viad"), "viad"),
-        )
-    })
+    via_tests::runnable_by_all(PEER)
 }
 
 /// `via-peer args` as `uid` (and gid), with a private instance and a short

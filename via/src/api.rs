@@ -106,6 +106,18 @@ impl Nic {
         self.inner.dev.translation_stats()
     }
 
+    /// Which daemon serves this process (the system daemon or the
+    /// per-user one) and the limits it announced (pinning quota, objects).
+    pub fn daemon(&self) -> crate::agent::DaemonInfo {
+        self.inner.process.agent.daemon
+    }
+
+    /// This process's session id with its daemon (how peers and the
+    /// daemon name it).
+    pub fn session_id(&self) -> u64 {
+        self.inner.process.agent.session
+    }
+
     /// This host's VIA address.
     pub fn host_address(&self) -> Vec<u8> {
         self.inner.process.agent.host.clone()

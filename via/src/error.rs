@@ -116,7 +116,7 @@ impl From<crate::proto::Refusal> for Error {
             Refusal::Reliability => Error::InvalidReliabilityLevel,
             Refusal::NoMatch => Error::NoMatch,
             Refusal::NameService => Error::NameService,
-            Refusal::Invalid | Refusal::Limit => Error::Resource,
+            Refusal::Invalid | Refusal::Limit | Refusal::Quota => Error::Resource,
         }
     }
 }

@@ -347,7 +347,12 @@ impl NicInner {
 
     /// `VipQueryNic`.
     pub fn attributes(&self) -> NicAttributes {
-        let mem = total_memory();
+        // The real limits: memory, the daemon's pinning quota (system
+        // mode: per process and per user), and the objects it stores for
+        // the session (one per arena, besides NIC segments and CQ rings).
+        let lim = self.process.agent.daemon.limits;
+        let mem = total_memory().min(lim.pin_process).min(lim.pin_user);
+        let regions = ((MAX_REGIONS - 1) as u64).min(lim.max_objects.saturating_sub(1));
         NicAttributes {
             name: self.name.clone(),
             hardware_version: 1,
@@ -356,7 +361,7 @@ impl NicInner {
             thread_safe: true,
             max_discriminator_len: MAX_DISCRIMINATOR,
             max_register_bytes: mem,
-            max_register_regions: (MAX_REGIONS - 1) as u64,
+            max_register_regions: regions,
             max_register_block_bytes: mem,
             max_vi: MAX_VI as u64,
             max_descriptors_per_queue: RQ_SLOTS as u64,
@@ -444,9 +449,26 @@ impl NicInner {
         // The table entry first: its lines come in while the pages are pinned.
         let slot = self.tpt.reserve()?;
         let pinned = match self.dev.pin(self, &range) {
+            // Beyond the system daemon's pinning quota: cached registrations
+            // that nothing uses hold quota too; drop them and try once more.
+            Err(e) if crate::agent::is_quota(&e) && self.process.registrations.flush() > 0 => {
+                log::debug!("{e}: registration cache flushed, trying again");
+                self.dev.pin(self, &range)
+            }
+            r => r,
+        };
+        let pinned = match pinned {
             Ok(p) => p,
             Err(e) => {
                 self.tpt.unreserve(slot);
+                if crate::agent::is_quota(&e) {
+                    log::error!(
+                        "registration of {} bytes at {:#x} refused: {e}",
+                        range.len(),
+                        range.addr()
+                    );
+                    return Err(Error::Resource);
+                }
                 log::debug!(
                     "registration of {:#x}+{} refused: {e}",
                     range.addr(),

@@ -16,8 +16,9 @@ use std::fmt;
 
 /// Protocol magic: "VD".
 pub const MAGIC: u16 = 0x4456;
-/// Protocol version, sent in `Hello`.
-pub const VERSION: u32 = 2;
+/// Protocol version, sent in `Hello` (3: the `Welcome` tells the mode and
+/// the session's limits; `Refused(Quota)`).
+pub const VERSION: u32 = 3;
 /// Largest datagram either side accepts.
 pub const MAX_FRAME: usize = 4096;
 /// Largest host address in bytes.
@@ -26,6 +27,8 @@ pub const MAX_HOST: usize = 16;
 pub const MAX_DISCRIMINATOR: usize = 64;
 /// Largest host name in bytes.
 pub const MAX_NAME: usize = 255;
+/// "No limit" in a [`SessionLimits`] field.
+pub const UNLIMITED: u64 = u64::MAX;
 /// "Wait forever" in a timeout field.
 pub const INFINITE: u32 = u32::MAX;
 /// How long the daemon waits for a peer to acknowledge a disconnect.
@@ -119,6 +122,57 @@ pub enum Refusal {
     /// The client is over one of the daemon's limits (descriptors held,
     /// pending requests, connections): refused, the client keeps its session.
     Limit = 8,
+    /// A `Publish` of an arena would take the process or its user beyond
+    /// the pinning quota of the system daemon (or the daemon could not lock
+    /// the memory): refused, the client keeps its session.
+    Quota = 9,
+}
+
+/// Which kind of daemon serves a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DaemonMode {
+    /// The per-user daemon the library starts on demand: serves one uid,
+    /// locks nothing.
+    User = 1,
+    /// The privileged system daemon (`viad --system`): serves every uid,
+    /// locks published arenas against a quota, keeps users apart.
+    System = 2,
+}
+
+impl TryFrom<u8> for DaemonMode {
+    type Error = DecodeError;
+    fn try_from(v: u8) -> Result<Self, DecodeError> {
+        match v {
+            1 => Ok(DaemonMode::User),
+            2 => Ok(DaemonMode::System),
+            _ => Err(DecodeError("daemon mode")),
+        }
+    }
+}
+
+/// What the daemon lets one session hold, as the `Welcome` tells it
+/// ([`UNLIMITED`]: no limit of that kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionLimits {
+    /// Bytes of arenas the process may have locked (per-process pinning
+    /// quota).
+    pub pin_process: u64,
+    /// Bytes of arenas all processes of the user may have locked together
+    /// (per-user pinning quota).
+    pub pin_user: u64,
+    /// Shared objects (fds) the session may store.
+    pub max_objects: u64,
+}
+
+impl SessionLimits {
+    /// No pinning quota, at most `max_objects` objects.
+    pub const fn unpinned(max_objects: u64) -> SessionLimits {
+        SessionLimits {
+            pin_process: UNLIMITED,
+            pin_user: UNLIMITED,
+            max_objects,
+        }
+    }
 }
 
 impl TryFrom<u8> for Refusal {
@@ -133,6 +187,7 @@ impl TryFrom<u8> for Refusal {
             6 => Refusal::NameService,
             7 => Refusal::Invalid,
             8 => Refusal::Limit,
+            9 => Refusal::Quota,
             _ => return Err(DecodeError("refusal")),
         })
     }
@@ -262,6 +317,10 @@ pub enum Reply {
         host: Vec<u8>,
         /// This host's name.
         name: String,
+        /// Which daemon this is.
+        mode: DaemonMode,
+        /// What the session may hold.
+        limits: SessionLimits,
     },
     /// Success without data.
     Ok,
@@ -606,10 +665,16 @@ impl Reply {
                 session,
                 host,
                 name,
+                mode,
+                limits,
             } => {
                 w.u64(*session);
                 w.bytes(host);
                 w.bytes(name.as_bytes());
+                w.u8(*mode as u8);
+                w.u64(limits.pin_process);
+                w.u64(limits.pin_user);
+                w.u64(limits.max_objects);
                 1
             }
             Reply::Ok => 2,
@@ -657,6 +722,12 @@ impl Reply {
                 session: r.u64()?,
                 host: r.bytes(MAX_HOST)?,
                 name: r.string(MAX_NAME)?,
+                mode: DaemonMode::try_from(r.u8()?)?,
+                limits: SessionLimits {
+                    pin_process: r.u64()?,
+                    pin_user: r.u64()?,
+                    max_objects: r.u64()?,
+                },
             },
             2 => Reply::Ok,
             3 => Reply::Fd,
@@ -765,7 +836,21 @@ mod tests {
                 session: 1,
                 host: vec![1, 2],
                 name: "n".into(),
+                mode: DaemonMode::System,
+                limits: SessionLimits {
+                    pin_process: 1 << 20,
+                    pin_user: UNLIMITED,
+                    max_objects: 7,
+                },
             },
+            Reply::Welcome {
+                session: 2,
+                host: vec![],
+                name: String::new(),
+                mode: DaemonMode::User,
+                limits: SessionLimits::unpinned(1),
+            },
+            Reply::Refused(Refusal::Quota),
             Reply::Ok,
             Reply::Fd,
             Reply::Refused(Refusal::Timeout),

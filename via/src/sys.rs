@@ -54,6 +54,104 @@ pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
     Ok(st.st_size as u64)
 }
 
+/// The size of a page.
+pub fn page_size() -> usize {
+    static P: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if p > 0 { p as usize } else { 4096 }
+    })
+}
+
+/// The size of the memory file behind `fd`: a regular file that lives in
+/// memory (a memfd, or a tmpfs or hugetlbfs file: `F_GET_SEALS` works on
+/// those and fails on every other kind of file). `InvalidInput` for
+/// anything else.
+pub fn memory_file_size(fd: &OwnedFd) -> io::Result<u64> {
+    // SAFETY: `st` is written by fstat before it is read.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    // SAFETY: F_GET_SEALS takes no argument and changes nothing.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) } == -1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a memory file (no seals)",
+        ));
+    }
+    u64::try_from(st.st_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// A read-only shared mapping of the first `len` bytes of a file, locked
+/// in memory (`mlock`) until it is dropped: its pages stay resident
+/// whatever the other processes mapping the file do. Nothing reads through
+/// it; it exists to hold the lock (counted in `VmLck` of this process).
+#[derive(Debug)]
+pub struct LockedMapping {
+    addr: usize,
+    len: usize,
+}
+
+impl LockedMapping {
+    /// Maps and locks `len` (> 0) bytes of `fd`. The pages are faulted in
+    /// (allocated where the file has holes) before it returns.
+    pub fn lock(fd: &OwnedFd, len: usize) -> io::Result<LockedMapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        // SAFETY: a new read-only mapping at an address the kernel chooses
+        // aliases no Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let m = LockedMapping {
+            addr: p as usize,
+            len,
+        };
+        // SAFETY: the range is the mapping made above; locking reads
+        // nothing through Rust references (a failure leaves it unlocked,
+        // and `m` unmaps it).
+        cvt(unsafe { libc::mlock(p, len) })?;
+        Ok(m)
+    }
+
+    /// Bytes mapped and locked.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is mapped (never: [`LockedMapping::lock`] refuses
+    /// an empty range).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for LockedMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours alone and nothing refers to it;
+        // unmapping also unlocks it.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
 /// Direction of a cross-memory-attach transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CmaDir {
@@ -475,6 +573,31 @@ pub fn seqpacket_listen_abstract(name: &[u8]) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Binds a `SOCK_SEQPACKET` socket at `path` (which must not exist), gives
+/// the socket file `mode` (so that, say, every user may connect: 0666),
+/// then listens. Nobody can connect before the mode is set: until `listen`
+/// a connection is refused whatever the mode.
+pub fn seqpacket_listen_path_mode(path: &std::path::Path, mode: u32) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::PermissionsExt;
+    let fd = seqpacket_socket()?;
+    let (sa, len) = path_addr(path)?;
+    // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    })?;
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    // SAFETY: plain syscall.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    Ok(fd)
+}
+
 /// Binds and listens on a `SOCK_SEQPACKET` socket at `path` (which must not
 /// exist: `AddrInUse` otherwise).
 pub fn seqpacket_listen_path(path: &std::path::Path) -> io::Result<OwnedFd> {
@@ -687,6 +810,48 @@ pub fn set_send_timeout(fd: RawFd, t: std::time::Duration) -> io::Result<()> {
         )
     })?;
     Ok(())
+}
+
+/// Blocks `SIGTERM`, `SIGINT` and `SIGHUP` in the calling thread (call it
+/// while the process has one thread, so that every later thread inherits
+/// the mask) and returns a non-blocking `signalfd` that becomes readable
+/// when one arrives: a daemon polls it to exit cleanly.
+pub fn termination_signals() -> io::Result<OwnedFd> {
+    // SAFETY: `set` is written by sigemptyset before it is read.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset; the calls only write it.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+    }
+    // SAFETY: `set` is initialised; the old mask is not asked for.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    // SAFETY: `set` is initialised; -1 asks for a new descriptor.
+    let fd = cvt(unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) })?;
+    // SAFETY: signalfd returned a fresh descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reads one pending signal from a [`termination_signals`] descriptor:
+/// its number, or `None` if none is pending.
+pub fn read_signal(fd: &OwnedFd) -> Option<i32> {
+    // SAFETY: an all-zero signalfd_siginfo is a valid value.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    let len = std::mem::size_of::<libc::signalfd_siginfo>();
+    // SAFETY: `info` is a writable buffer of `len` bytes.
+    let n = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            (&mut info as *mut libc::signalfd_siginfo).cast(),
+            len,
+        )
+    };
+    (n == len as isize).then_some(info.ssi_signo as i32)
 }
 
 /// Detaches the calling process from its session and terminal (`setsid`).

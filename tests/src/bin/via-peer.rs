@@ -20,6 +20,13 @@
 //!   session it holds dies at once).
 //! * `open_timed`: opens a NIC and prints `OPEN ok <ms>` or
 //!   `OPEN <error> <ms>`, then closes it.
+//! * `rawfetch <socket> <session> <kind>:<nic>:<id>...`: a raw client of the
+//!   daemon at `<socket>` that says Hello and asks for each object
+//!   (`kind` 1 NIC segment, 2 arena, 3 CQ ring) of `<session>`; prints
+//!   `FETCH <key> FD` or `FETCH <key> <refusal>` for each, then `DONE`.
+//! * `impostor <socket>`: listens on `<socket>` (as whoever runs it),
+//!   prints `READY`, accepts and reads everything, and on any input line
+//!   prints `GOT <connections> <bytes> <fds>` and exits.
 //! * `squat <dir|link|abstract> <victim uid> <instance>`: an impostor of
 //!   another user. Binds viad's old abstract name for the victim and, with
 //!   `dir`, creates the victim's `/tmp/via-rs-<uid>` as its own with a
@@ -34,9 +41,15 @@
 //! | command | answer |
 //! |---|---|
 //! | `open <rel> <bytes> <w> <r> [mtu]` | `MEM <addr> <handle> <len>` (NIC, tag, region 0, VI) |
-//! | `listen <disc> accept\|reject` | `LISTENING`, then `ACCEPT ok\|<error>` or `REJECT ok\|<error>` |
-//! | `connect <disc>` | `CONNECT ok\|<error>` (to the test's address `<disc>`) |
-//! | `peer <local> <remote>` | `PEER ok\|<error>` (peer-to-peer, waits) |
+//! | `listen <disc> accept\|reject [ms]` | `LISTENING`, then `ACCEPT ok\|<error>` or `REJECT ok\|<error>` |
+//! | `connect <disc> [ms]` | `CONNECT ok\|<error>` (to the test's address `<disc>`) |
+//! | `peer <local> <remote> [ms]` | `PEER ok\|<error>` (peer-to-peer, waits) |
+//! | `daemon` | `DAEMON <user\|system> <pin per process> <pin per user> <max objects> <session>` |
+//! | `attrs` | `ATTRS <max register bytes> <max block bytes> <max regions>` (`VipQueryNic`) |
+//! | `try_region <bytes>` | `REGION ...` (as `region <bytes> same 0 0`) or `REGERR <error>` |
+//! | `memory <bytes>` | `MEMORY <idx>` (library-owned memory the peer keeps mapped) |
+//! | `try_region_in <idx>` | `REGION ...` (all of memory `idx`, tag of region 0) or `REGERR <error>` |
+//! | `close` | `OK` (the NIC closed, its objects dropped; `open` may follow) |
 //! | `recv <desc> <seg>...` | `OK` or `POSTERR <error>` |
 //! | `send <desc> [imm=<v>] <seg>...` | `OK` or `POSTERR <error>` |
 //! | `write <desc> <raddr> <rhandle> [imm=<v>] <seg>...` | RDMA write: `OK` or `POSTERR <error>` |
@@ -106,6 +119,8 @@ fn main() {
         "open_timed" => open_timed(),
         "abuse" => abuse(&args[2], args[3].parse().unwrap()),
         "squat" => squat(&args[2], args[3].parse().unwrap(), &args[4]),
+        "rawfetch" => rawfetch(&args[2], args[3].parse().unwrap(), &args[4..]),
+        "impostor" => impostor(&args[2]),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -147,6 +162,7 @@ struct Interp {
     regions: Vec<Option<Region>>,
     vi: Option<Vi>,
     errors: Option<Arc<ErrorLog>>,
+    memories: Vec<via::Memory>,
 }
 
 fn flag(s: &str) -> bool {
@@ -263,7 +279,7 @@ impl Interp {
             "listen" => {
                 let local = self.nic().address(a[1].as_bytes());
                 tell("LISTENING");
-                let req = match self.nic().connect_wait(&local, WAIT) {
+                let req = match self.nic().connect_wait(&local, ms(a.get(3), WAIT)) {
                     Ok(r) => r,
                     Err(e) => return format!("ACCEPT {e:?}"),
                 };
@@ -282,7 +298,7 @@ impl Interp {
             "connect" => {
                 let local = self.nic().address(b"peer");
                 let remote = self.nic().address(a[1].as_bytes());
-                match self.vi().connect(&local, &remote, WAIT) {
+                match self.vi().connect(&local, &remote, ms(a.get(2), WAIT)) {
                     Ok(_) => "CONNECT ok".into(),
                     Err(e) => format!("CONNECT {e:?}"),
                 }
@@ -292,7 +308,7 @@ impl Interp {
                 let remote = self.nic().address(a[2].as_bytes());
                 let r = self
                     .vi()
-                    .connect_peer(&local, &remote, WAIT)
+                    .connect_peer(&local, &remote, ms(a.get(3), WAIT))
                     .and_then(|()| self.vi().connect_peer_wait());
                 match r {
                     Ok(_) => "PEER ok".into(),
@@ -437,6 +453,64 @@ impl Interp {
                 Err(e) => format!("NSERR {e:?}"),
             },
             "slot" => format!("SLOT {}", self.vi().slot()),
+            "daemon" => {
+                let d = self.nic().daemon();
+                format!(
+                    "DAEMON {} {} {} {} {}",
+                    match d.mode {
+                        via::proto::DaemonMode::User => "user",
+                        via::proto::DaemonMode::System => "system",
+                    },
+                    d.limits.pin_process,
+                    d.limits.pin_user,
+                    d.limits.max_objects,
+                    self.nic().session_id()
+                )
+            }
+            "attrs" => {
+                let at = self.nic().attributes();
+                format!(
+                    "ATTRS {} {} {}",
+                    at.max_register_bytes, at.max_register_block_bytes, at.max_register_regions
+                )
+            }
+            "try_region" => {
+                match Region::new(
+                    self.nic(),
+                    num(a[1]) as usize,
+                    self.ptag.unwrap(),
+                    false,
+                    false,
+                ) {
+                    Ok(m) => self.add_region(m),
+                    Err(e) => format!("REGERR {e:?}"),
+                }
+            }
+            "memory" => {
+                self.memories
+                    .push(via::Memory::new(num(a[1]) as usize).expect("memory"));
+                format!("MEMORY {}", self.memories.len() - 1)
+            }
+            "try_region_in" => {
+                let m = &self.memories[num(a[1]) as usize];
+                match Region::within(self.nic(), m, 0, m.len(), self.ptag.unwrap(), false, false) {
+                    Ok(r) => self.add_region(r),
+                    Err(e) => format!("REGERR {e:?}"),
+                }
+            }
+            "close" => {
+                self.vi = None;
+                self.regions.clear();
+                self.ptag = None;
+                self.errors = None;
+                if let Some(n) = self.nic2.take() {
+                    let _ = n.close();
+                }
+                if let Some(n) = self.nic.take() {
+                    let _ = n.close();
+                }
+                "OK".into()
+            }
             "region" => {
                 let ptag = if a[2] == "new" {
                     self.nic().create_ptag().unwrap()
@@ -553,6 +627,15 @@ impl Interp {
         );
         self.regions.push(Some(m));
         out
+    }
+}
+
+/// An optional timeout argument in milliseconds (`inf`: none), else `default`.
+fn ms(a: Option<&&str>, default: Option<std::time::Duration>) -> Option<std::time::Duration> {
+    match a {
+        None => default,
+        Some(&"inf") => None,
+        Some(v) => Some(std::time::Duration::from_millis(num(v))),
     }
 }
 
@@ -772,6 +855,79 @@ fn open_timed() {
         }
         Err(e) => tell(&format!("OPEN {e:?} {ms}")),
     }
+}
+
+/// `rawfetch`: see the module documentation.
+fn rawfetch(socket: &str, session: u64, keys: &[String]) {
+    use via::proto::{ObjKey, ObjKind, Reply, Request};
+    use via_tests::raw::Client;
+    let mut c = Client::open_at(std::path::Path::new(socket)).expect("session with the daemon");
+    for k in keys {
+        let f: Vec<u32> = k.split(':').map(|x| num(x) as u32).collect();
+        let key = ObjKey {
+            kind: match f[0] {
+                1 => ObjKind::Nic,
+                2 => ObjKind::Arena,
+                _ => ObjKind::CqRing,
+            },
+            nic: f[1],
+            id: f[2],
+            generation: 0,
+        };
+        let r = match c.call(&Request::Fetch { session, key }, None) {
+            Ok((Reply::Fd, fds)) if fds.len() == 1 => "FD".to_string(),
+            Ok((Reply::Refused(r), fds)) if fds.is_empty() => format!("{r:?}"),
+            other => panic!("fetch {k}: {other:?}"),
+        };
+        tell(&format!("FETCH {k} {r}"));
+    }
+    tell("DONE");
+}
+
+/// `impostor`: see the module documentation.
+fn impostor(socket: &str) {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    static CONNS: AtomicUsize = AtomicUsize::new(0);
+    static BYTES: AtomicUsize = AtomicUsize::new(0);
+    static FDS: AtomicUsize = AtomicUsize::new(0);
+    // Counts what arrives on `c` until its peer closes it.
+    fn drain(c: OwnedFd) {
+        CONNS.fetch_add(1, Relaxed);
+        let mut buf = vec![0u8; 65536];
+        while let Ok(r) = via::sys::recv_msg(c.as_raw_fd(), &mut buf) {
+            if r.len == 0 && r.fds.is_empty() {
+                break;
+            }
+            BYTES.fetch_add(r.len, Relaxed);
+            FDS.fetch_add(r.fds.len() + r.fds_lost as usize, Relaxed);
+        }
+    }
+    let l = std::sync::Arc::new(
+        via::sys::seqpacket_listen_path(std::path::Path::new(socket)).expect("listen"),
+    );
+    let l2 = l.clone();
+    std::thread::spawn(move || {
+        while let Ok(c) = via::sys::accept(l2.as_raw_fd()) {
+            std::thread::spawn(move || drain(c));
+        }
+    });
+    tell("READY");
+    let _ = read_cmd();
+    // Connections still in the backlog count too (their clients are done
+    // with them: the test asks once its clients have finished).
+    via::sys::set_nonblocking(l.as_raw_fd(), true).unwrap();
+    while let Ok(c) = via::sys::accept(l.as_raw_fd()) {
+        via::sys::set_nonblocking(c.as_raw_fd(), true).unwrap();
+        drain(c);
+    }
+    tell(&format!(
+        "GOT {} {} {}",
+        CONNS.load(Relaxed),
+        BYTES.load(Relaxed),
+        FDS.load(Relaxed)
+    ));
+    std::process::exit(0);
 }
 
 /// `squat`: see the module documentation.

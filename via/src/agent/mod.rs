@@ -8,9 +8,13 @@
 //! may itself be waiting for a reply.
 //!
 //! The daemon is found at a path in a private directory ([`place`]); before
-//! anything is sent, `SO_PEERCRED` must show the expected uid. When no
-//! daemon listens, [`Agent::connect`] starts one (`viad --daemon`) and
-//! connects to it: nobody starts a daemon by hand.
+//! anything is sent, `SO_PEERCRED` must show the expected uid. The system
+//! daemon (`viad --system`, root) is used when it runs and checks out;
+//! otherwise the per-user one: when none listens, [`Agent::connect`] starts
+//! one (`viad --daemon`) and connects to it. The `Welcome` tells which
+//! daemon it is and the session's limits ([`DaemonInfo`]); a `Publish` of
+//! an arena beyond the system daemon's pinning quota fails with
+//! [`QuotaExceeded`].
 //!
 //! Nothing waits on the daemon without a deadline: connecting and the Hello
 //! are bounded by [`timeout`] (`VIA_VIAD_TIMEOUT_MS`), and so is every
@@ -30,7 +34,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::proto::{self, Refusal, Reply, Request};
+use crate::proto::{self, DaemonMode, Refusal, Reply, Request, SessionLimits};
 use crate::sys;
 
 pub use spawn::find_viad;
@@ -183,6 +187,57 @@ fn over_limit(what: &str) -> io::Error {
     e
 }
 
+/// The daemon refused to lock more memory for this process (its pinning
+/// quota, or its user's, is used up): the payload of the `io::Error` that
+/// [`Agent::publish`] returns then (see [`is_quota`]).
+#[derive(Debug)]
+pub struct QuotaExceeded {
+    /// The session's limits as the daemon announced them.
+    pub limits: SessionLimits,
+}
+
+impl std::fmt::Display for QuotaExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let q = |b: u64| {
+            if b == proto::UNLIMITED {
+                "unlimited".to_string()
+            } else {
+                format!("{b} bytes")
+            }
+        };
+        write!(
+            f,
+            "the system viad refused to lock more memory: pinning quota used up (per process {}, per user {})",
+            q(self.limits.pin_process),
+            q(self.limits.pin_user)
+        )
+    }
+}
+
+impl std::error::Error for QuotaExceeded {}
+
+/// Whether `e` is a refusal for pinning quota ([`QuotaExceeded`]).
+pub fn is_quota(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|x| x.is::<QuotaExceeded>())
+}
+
+/// Which daemon a session has, and what it may hold (from the `Welcome`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DaemonInfo {
+    /// Per-user or system daemon.
+    pub mode: DaemonMode,
+    /// The session's limits.
+    pub limits: SessionLimits,
+}
+
+/// What the daemon's `Welcome` says.
+struct Welcome {
+    session: u64,
+    host: Vec<u8>,
+    name: String,
+    info: DaemonInfo,
+}
+
 /// The session with the daemon.
 pub struct Agent {
     sock: OwnedFd,
@@ -196,6 +251,8 @@ pub struct Agent {
     pub host: Vec<u8>,
     /// This host's name.
     pub host_name: String,
+    /// Which daemon serves the session, and its limits.
+    pub daemon: DaemonInfo,
 }
 
 /// Whether a failed attempt to open a session may succeed if tried again
@@ -208,7 +265,7 @@ fn retryable(e: &io::Error) -> bool {
 }
 
 /// Sends the Hello on `sock` and waits, until `deadline`, for the Welcome.
-fn hello(sock: &OwnedFd, deadline: Instant) -> io::Result<(u64, Vec<u8>, String)> {
+fn hello(sock: &OwnedFd, deadline: Instant) -> io::Result<Welcome> {
     let fd = sock.as_raw_fd();
     sys::set_send_timeout(fd, timeout())?;
     let frame = Request::Hello {
@@ -244,8 +301,15 @@ fn hello(sock: &OwnedFd, deadline: Instant) -> io::Result<(u64, Vec<u8>, String)
                 session,
                 host,
                 name,
+                mode,
+                limits,
             },
-        )) => Ok((session, host, name)),
+        )) => Ok(Welcome {
+            session,
+            host,
+            name,
+            info: DaemonInfo { mode, limits },
+        }),
         Ok((1, Reply::Refused(Refusal::Limit))) => Err(over_limit("a new session")),
         other => Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -264,8 +328,14 @@ impl Agent {
         for target in targets.iter().filter(|x| x.kind == place::Kind::System) {
             let deadline = Instant::now() + t;
             match spawn::connect_checked(target, t).and_then(|s| Ok((hello(&s, deadline)?, s))) {
-                Ok(((session, host, name), sock)) => {
-                    return Ok(Agent::start(sock, session, host, name, on_event));
+                Ok((w, sock)) => {
+                    if w.info.mode != DaemonMode::System {
+                        log::warn!(
+                            "the daemon at {} is not in system mode; using it all the same",
+                            target.path.display()
+                        );
+                    }
+                    return Ok(Agent::start(sock, w, on_event));
                 }
                 Err(e) => log::warn!(
                     "system daemon at {}: {e}; using the per-user daemon",
@@ -283,8 +353,8 @@ impl Agent {
                 Ok((w, s))
             });
             match r {
-                Ok(((session, host, name), sock)) => {
-                    return Ok(Agent::start(sock, session, host, name, on_event));
+                Ok((w, sock)) => {
+                    return Ok(Agent::start(sock, w, on_event));
                 }
                 Err(e) if retryable(&e) => last = Some(e),
                 Err(e) => return Err(e),
@@ -293,13 +363,13 @@ impl Agent {
         Err(last.unwrap_or_else(gone))
     }
 
-    fn start(
-        sock: OwnedFd,
-        session: u64,
-        host: Vec<u8>,
-        host_name: String,
-        on_event: Box<dyn Fn(Event) + Send + Sync>,
-    ) -> Agent {
+    fn start(sock: OwnedFd, w: Welcome, on_event: Box<dyn Fn(Event) + Send + Sync>) -> Agent {
+        let Welcome {
+            session,
+            host,
+            name: host_name,
+            info,
+        } = w;
         let pending: Waiters = Arc::default();
         let lost = Arc::new(AtomicBool::new(false));
         let (ev_tx, ev_rx) = mpsc::channel::<Event>();
@@ -320,7 +390,7 @@ impl Agent {
                 }
             })
             .expect("spawn via-events thread");
-        log::debug!("viad session {session}");
+        log::debug!("viad session {session} ({info:?})");
         Agent {
             sock,
             send_lock: Mutex::new(()),
@@ -330,6 +400,7 @@ impl Agent {
             session,
             host,
             host_name,
+            daemon: info,
         }
     }
 
@@ -389,10 +460,17 @@ impl Agent {
             .map_err(send_failed)
     }
 
-    /// Publishes a shared object for peers.
+    /// Publishes a shared object for peers. A refusal for pinning quota
+    /// is an error for which [`is_quota`] holds.
     pub fn publish(&self, key: proto::ObjKey, fd: &OwnedFd) -> io::Result<()> {
         match self.call(&Request::Publish { key }, Some(fd.as_fd()))?.0 {
             Reply::Ok => Ok(()),
+            Reply::Refused(Refusal::Quota) => Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                QuotaExceeded {
+                    limits: self.daemon.limits,
+                },
+            )),
             other => Err(io::Error::other(format!("publish refused: {other:?}"))),
         }
     }

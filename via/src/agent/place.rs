@@ -11,9 +11,11 @@
 //!   0700; one that exists must be a real directory (not a symlink: checked
 //!   with `lstat`) owned by the caller with mode 0700, or it is refused.
 //!   The daemon of that directory must run as the caller (`SO_PEERCRED`).
-//! * System daemon (reserved, not built yet): `/run/via-rs/system.sock`,
-//!   used only when the directory is a root-owned directory that nobody
-//!   else can write and the daemon answers as uid 0.
+//! * System daemon (`viad --system`): `/run/via-rs/system.sock` (the
+//!   directory can be moved with `VIA_SYSTEM_DIR`, a knob for tests and
+//!   unusual deployments), used only when the directory is a root-owned
+//!   directory that nobody else can write, the socket in it is root's, and
+//!   the daemon answers as uid 0.
 //!
 //! [`targets`] lists the places to try, in order.
 #![forbid(unsafe_code)]
@@ -24,10 +26,60 @@ use std::path::{Path, PathBuf};
 
 use crate::sys;
 
-/// Directory of the system-wide daemon.
+/// Directory of the system-wide daemon (unless `VIA_SYSTEM_DIR` names
+/// another).
 pub const SYSTEM_DIR: &str = "/run/via-rs";
-/// Socket of the system-wide daemon.
+/// Socket of the system-wide daemon in its directory.
+pub const SYSTEM_SOCKET_NAME: &str = "system.sock";
+/// Lock file of the system-wide daemon in its directory.
+pub const SYSTEM_LOCK_NAME: &str = "system.lock";
+/// Socket of the system-wide daemon (unless `VIA_SYSTEM_DIR` names
+/// another directory).
 pub const SYSTEM_SOCKET: &str = "/run/via-rs/system.sock";
+
+/// The system daemon's directory: `$VIA_SYSTEM_DIR` if it is an absolute
+/// path (for tests, and deployments that keep it elsewhere), else
+/// [`SYSTEM_DIR`]. Whatever it names is trusted only if it passes the
+/// checks of [`system_target`], and the daemon must answer as root.
+pub fn system_dir() -> PathBuf {
+    match std::env::var_os("VIA_SYSTEM_DIR").map(PathBuf::from) {
+        Some(d) if d.is_absolute() => d,
+        Some(d) => {
+            log::warn!(
+                "ignoring VIA_SYSTEM_DIR={}: not an absolute path",
+                d.display()
+            );
+            SYSTEM_DIR.into()
+        }
+        None => SYSTEM_DIR.into(),
+    }
+}
+
+/// Checks that `dir` is a real directory (not a symlink) owned by root that
+/// neither its group nor others can write: where the system daemon's
+/// socket may live.
+pub fn check_system_dir(dir: &Path) -> io::Result<()> {
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.file_type().is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a root-owned directory closed to others (owner {}, mode {:04o}, {})",
+                dir.display(),
+                m.uid(),
+                m.mode() & 0o7777,
+                if m.file_type().is_symlink() {
+                    "a symbolic link"
+                } else if m.file_type().is_dir() {
+                    "a directory"
+                } else {
+                    "not a directory"
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// Longest `VIA_INSTANCE`.
 pub const MAX_INSTANCE: usize = 64;
@@ -158,22 +210,28 @@ pub fn user_lock_for(instance: &str) -> io::Result<PathBuf> {
     Ok(user_dir()?.join(format!("{instance}.lock")))
 }
 
-/// The system daemon's place, if it is there and trustworthy: `/run/via-rs`
-/// a real directory owned by root that nobody else can write, and the
-/// socket in it owned by root.
+/// The system daemon's place, if it is there and trustworthy: its
+/// directory ([`system_dir`]) a real directory owned by root that nobody
+/// else can write, and the socket in it owned by root. (Who answers on it
+/// is checked when connecting: uid 0.)
 pub fn system_target() -> Option<Target> {
-    let dir = std::fs::symlink_metadata(SYSTEM_DIR).ok()?;
-    if !dir.file_type().is_dir() || dir.uid() != 0 || dir.mode() & 0o022 != 0 {
-        log::warn!("{SYSTEM_DIR} is not a root-owned directory closed to others: ignored");
+    let dir = system_dir();
+    match std::fs::symlink_metadata(&dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        _ => {}
+    }
+    if let Err(e) = check_system_dir(&dir) {
+        log::warn!("{e}: no system daemon there");
         return None;
     }
-    let sock = std::fs::symlink_metadata(SYSTEM_SOCKET).ok()?;
+    let path = dir.join(SYSTEM_SOCKET_NAME);
+    let sock = std::fs::symlink_metadata(&path).ok()?;
     if !sock.file_type().is_socket() || sock.uid() != 0 {
-        log::warn!("{SYSTEM_SOCKET} is not a socket owned by root: ignored");
+        log::warn!("{} is not a socket owned by root: ignored", path.display());
         return None;
     }
     Some(Target {
-        path: SYSTEM_SOCKET.into(),
+        path,
         kind: Kind::System,
         uid: 0,
     })

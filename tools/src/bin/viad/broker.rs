@@ -12,13 +12,29 @@
 //! not what every session holds. A death is told only to the sessions that
 //! were connected to the dead one, had a connection pending with it, or
 //! fetched one of its objects (they map its memory).
+//!
+//! Two modes. Per-user (the default): every session is of the daemon's own
+//! user. System ([`Broker::set_system`], `viad --system`): sessions of
+//! every uid, kept apart: a session fetches objects of sessions of its own
+//! uid only (so it can map memory of its own user's processes only);
+//! listens, connects and peer requests match within one uid (each uid has
+//! its own discriminator namespace, so a request for another user's
+//! discriminator finds nobody and ends as `NoMatch` at its deadline; a
+//! cross-user grant of the configuration is refused at once with `Reject`
+//! until the mediated data path exists); and each published arena is
+//! mapped and locked in memory by the daemon, within a per-process, a
+//! per-user and a total pinning quota (`Refused(Quota)` beyond), released
+//! on `Retire` and on the session's death.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use via::proto::{self, Endpoint, NetAddr, ObjKey, Refusal, Reply, Request};
+use via::proto::{
+    self, DaemonMode, Endpoint, NetAddr, ObjKey, ObjKind, Refusal, Reply, Request, SessionLimits,
+};
+use via::sys::LockedMapping;
 
 pub use via::proto::DISCONNECT_ACK;
 
@@ -33,6 +49,9 @@ pub struct Limits {
     pub objects_total: usize,
     /// Listens, connects and peer requests one session may have waiting.
     pub pending_per_session: usize,
+    /// Shared-object fds the sessions of one uid may store together (in
+    /// per-user mode, all sessions are of one uid).
+    pub objects_per_user: usize,
 }
 
 impl Default for Limits {
@@ -41,8 +60,80 @@ impl Default for Limits {
             objects_per_session: 1 << 17,
             objects_total: 1 << 20,
             pending_per_session: 4096,
+            objects_per_user: 1 << 20,
         }
     }
+}
+
+/// Who a session is: the credentials of its connection (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cred {
+    /// User.
+    pub uid: u32,
+    /// Process.
+    pub pid: i32,
+}
+
+/// Bytes of arenas the daemon locks for one process and for all processes
+/// of one user ([`proto::UNLIMITED`]: no bound).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// For one process (all its sessions).
+    pub per_process: u64,
+    /// For all processes of the user.
+    pub per_user: u64,
+}
+
+/// A cross-user connection the configuration allows: a client of
+/// `client_uid` may connect to discriminators starting with `prefix` that
+/// a server of `server_uid` listens on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The requesting user.
+    pub client_uid: u32,
+    /// The listening user.
+    pub server_uid: u32,
+    /// Discriminators it covers (all if empty).
+    pub prefix: Vec<u8>,
+}
+
+/// What the system mode enforces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemPolicy {
+    /// Quota of every user without an entry in `users`.
+    pub quota: Quota,
+    /// Quota of particular users.
+    pub users: HashMap<u32, Quota>,
+    /// Bytes locked for all users together.
+    pub total: u64,
+    /// Cross-user connections allowed (refused for now: the mediated data
+    /// path does not exist yet).
+    pub grants: Vec<Grant>,
+}
+
+impl SystemPolicy {
+    /// The quota of `uid`.
+    pub fn quota(&self, uid: u32) -> Quota {
+        self.users.get(&uid).copied().unwrap_or(self.quota)
+    }
+
+    /// The grant that lets `uid` connect to discriminator `d` of another
+    /// user, if any.
+    fn grant(&self, uid: u32, d: &[u8]) -> Option<&Grant> {
+        self.grants
+            .iter()
+            .find(|g| g.client_uid == uid && d.starts_with(&g.prefix))
+    }
+}
+
+/// A stored object: its fd and, for an arena in system mode, the lock the
+/// daemon holds on its pages and the bytes counted for it.
+struct Obj {
+    fd: OwnedFd,
+    /// Held for its effect (the pages stay resident); dropped with the
+    /// object, which unlocks them.
+    _lock: Option<LockedMapping>,
+    pinned: u64,
 }
 
 /// What the I/O loop must do.
@@ -61,10 +152,10 @@ pub enum Out {
     Close { session: u64, why: &'static str },
 }
 
-#[derive(Default)]
 struct Session {
+    cred: Cred,
     hello: bool,
-    objects: HashMap<ObjKey, OwnedFd>,
+    objects: HashMap<ObjKey, Obj>,
     /// Its waiting listens, connects and peer requests.
     listens: HashSet<u64>,
     connects: HashSet<u64>,
@@ -81,6 +172,22 @@ struct Session {
 }
 
 impl Session {
+    fn new(cred: Cred) -> Session {
+        Session {
+            cred,
+            hello: false,
+            objects: HashMap::new(),
+            listens: HashSet::new(),
+            connects: HashSet::new(),
+            peers: HashSet::new(),
+            offered: HashSet::new(),
+            discs: HashSet::new(),
+            vis: HashSet::new(),
+            watchers: HashSet::new(),
+            watching: HashSet::new(),
+        }
+    }
+
     fn pending(&self) -> usize {
         self.listens.len() + self.connects.len() + self.peers.len()
     }
@@ -88,6 +195,7 @@ impl Session {
 
 struct Listen {
     session: u64,
+    uid: u32,
     id: u32,
     local: NetAddr,
 }
@@ -99,6 +207,7 @@ enum ConnState {
 
 struct Connect {
     session: u64,
+    uid: u32,
     id: u32,
     me: Endpoint,
     local: NetAddr,
@@ -112,6 +221,7 @@ struct Connect {
 
 struct PeerReq {
     session: u64,
+    uid: u32,
     id: u32,
     me: Endpoint,
     local: NetAddr,
@@ -140,6 +250,10 @@ fn vi_key(e: &Endpoint) -> ViKey {
     (e.session, e.nic, e.vi, e.vi_gen)
 }
 
+/// A discriminator in the namespace of a uid: requests match only within
+/// one.
+type NsDisc = (u32, Vec<u8>);
+
 /// Removes `id` from the FIFO of `key` (and the FIFO if it empties).
 fn unqueue<K: std::hash::Hash + Eq + Clone>(q: &mut HashMap<K, VecDeque<u64>>, key: &K, id: u64) {
     if let Some(v) = q.get_mut(key) {
@@ -156,17 +270,25 @@ pub struct Broker {
     name: String,
     hosts: Vec<(String, Vec<u8>)>,
     limits: Limits,
+    /// System mode's policy (`None`: per-user mode).
+    system: Option<SystemPolicy>,
     sessions: HashMap<u64, Session>,
     objects_total: usize,
+    /// Objects stored by the sessions of each uid.
+    objects_by_uid: HashMap<u32, usize>,
+    /// Bytes locked for each process, each uid, and in all.
+    pinned_by_pid: HashMap<i32, u64>,
+    pinned_by_uid: HashMap<u32, u64>,
+    pinned_total: u64,
     listens: HashMap<u64, Listen>,
     /// Waiting listens by discriminator, oldest first.
-    listen_q: HashMap<Vec<u8>, VecDeque<u64>>,
+    listen_q: HashMap<NsDisc, VecDeque<u64>>,
     connects: HashMap<u64, Connect>,
     /// Waiting (not offered) connects by the discriminator they want.
-    connect_q: HashMap<Vec<u8>, VecDeque<u64>>,
+    connect_q: HashMap<NsDisc, VecDeque<u64>>,
     peers: HashMap<u64, PeerReq>,
-    /// Waiting peer requests by (local, remote) discriminator.
-    peer_q: HashMap<(Vec<u8>, Vec<u8>), VecDeque<u64>>,
+    /// Waiting peer requests by uid and (local, remote) discriminator.
+    peer_q: HashMap<(u32, Vec<u8>, Vec<u8>), VecDeque<u64>>,
     discs: HashMap<u64, Disc>,
     timers: BinaryHeap<Reverse<(Instant, Timer)>>,
     /// The connections this broker made, both ways: a `Disconnect` is
@@ -190,8 +312,13 @@ impl Broker {
             name,
             hosts,
             limits: Limits::default(),
+            system: None,
             sessions: HashMap::new(),
             objects_total: 0,
+            objects_by_uid: HashMap::new(),
+            pinned_by_pid: HashMap::new(),
+            pinned_by_uid: HashMap::new(),
+            pinned_total: 0,
             listens: HashMap::new(),
             listen_q: HashMap::new(),
             connects: HashMap::new(),
@@ -211,12 +338,174 @@ impl Broker {
         self.limits = l;
     }
 
-    /// Registers a new client; returns its session id.
-    pub fn open_session(&mut self) -> u64 {
+    /// Switches to system mode with `policy` (before any session opens).
+    pub fn set_system(&mut self, policy: SystemPolicy) {
+        self.system = Some(policy);
+    }
+
+    /// Registers a new client of credentials `cred`; returns its session id.
+    pub fn open_session(&mut self, cred: Cred) -> u64 {
         let s = self.next_session;
         self.next_session += 1;
-        self.sessions.insert(s, Session::default());
+        self.sessions.insert(s, Session::new(cred));
         s
+    }
+
+    /// Bytes locked for all sessions (system mode).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn pinned_total(&self) -> u64 {
+        self.pinned_total
+    }
+
+    /// What a session of `cred` is told in its `Welcome`.
+    fn welcome_limits(&self, cred: Cred) -> (DaemonMode, SessionLimits) {
+        let max_objects = self
+            .limits
+            .objects_per_session
+            .min(self.limits.objects_per_user) as u64;
+        match &self.system {
+            None => (DaemonMode::User, SessionLimits::unpinned(max_objects)),
+            Some(p) => {
+                let q = p.quota(cred.uid);
+                (
+                    DaemonMode::System,
+                    SessionLimits {
+                        pin_process: q.per_process.min(q.per_user).min(p.total),
+                        pin_user: q.per_user.min(p.total),
+                        max_objects,
+                    },
+                )
+            }
+        }
+    }
+
+    /// In system mode, the grant that would let session `s` connect to
+    /// discriminator `d` of another user, if the configuration has one and
+    /// no listener of its own user waits on `d`.
+    fn cross_user_grant(&self, s: u64, d: &[u8]) -> Option<Grant> {
+        let policy = self.system.as_ref()?;
+        let uid = self.sessions.get(&s)?.cred.uid;
+        if self
+            .listen_q
+            .get(&(uid, d.to_vec()))
+            .is_some_and(|q| !q.is_empty())
+        {
+            return None;
+        }
+        policy.grant(uid, d).cloned()
+    }
+
+    /// Counts `bytes` out of the pinning totals of `cred`.
+    fn unpin(&mut self, cred: Cred, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.pinned_total -= bytes;
+        if let Some(n) = self.pinned_by_uid.get_mut(&cred.uid) {
+            *n -= bytes;
+            if *n == 0 {
+                self.pinned_by_uid.remove(&cred.uid);
+            }
+        }
+        if let Some(n) = self.pinned_by_pid.get_mut(&cred.pid) {
+            *n -= bytes;
+            if *n == 0 {
+                self.pinned_by_pid.remove(&cred.pid);
+            }
+        }
+    }
+
+    /// Forgets object `key` of session `s` (its lock goes with it).
+    fn drop_object(&mut self, s: u64, key: &ObjKey) {
+        let Some(sess) = self.sessions.get_mut(&s) else {
+            return;
+        };
+        let cred = sess.cred;
+        if let Some(o) = sess.objects.remove(key) {
+            self.objects_total -= 1;
+            if let Some(n) = self.objects_by_uid.get_mut(&cred.uid) {
+                *n -= 1;
+                if *n == 0 {
+                    self.objects_by_uid.remove(&cred.uid);
+                }
+            }
+            self.unpin(cred, o.pinned);
+        }
+    }
+
+    /// In system mode, maps and locks arena `fd` of session `s` (`cred`)
+    /// if its quota allows, replacing `replaced` bytes it held under the
+    /// same key. `Ok(None)`: nothing to lock (per-user mode, or not an
+    /// arena); `Err`: the refusal to send.
+    fn pin_arena(
+        &mut self,
+        s: u64,
+        cred: Cred,
+        key: &ObjKey,
+        fd: &OwnedFd,
+        replaced: u64,
+    ) -> Result<Option<(LockedMapping, u64)>, Refusal> {
+        let Some(policy) = &self.system else {
+            return Ok(None);
+        };
+        if key.kind != ObjKind::Arena {
+            return Ok(None);
+        }
+        // The file's own size is what gets locked: what the client says
+        // does not matter.
+        let size = match via::sys::memory_file_size(fd) {
+            Ok(n) => n,
+            Err(e) => {
+                log::warn!(
+                    "session {s} (uid {}, pid {}): arena {} is not a memory file ({e}): refused",
+                    cred.uid,
+                    cred.pid,
+                    key.id
+                );
+                return Err(Refusal::Invalid);
+            }
+        };
+        if size == 0 {
+            return Ok(None);
+        }
+        let page = via::sys::page_size() as u64;
+        let bytes = size.div_ceil(page).saturating_mul(page);
+        let q = policy.quota(cred.uid);
+        let proc_used = self.pinned_by_pid.get(&cred.pid).copied().unwrap_or(0) - replaced;
+        let user_used = self.pinned_by_uid.get(&cred.uid).copied().unwrap_or(0) - replaced;
+        let total_used = self.pinned_total - replaced;
+        let over = |used: u64, limit: u64| used.saturating_add(bytes) > limit;
+        if over(proc_used, q.per_process)
+            || over(user_used, q.per_user)
+            || over(total_used, policy.total)
+        {
+            log::warn!(
+                "session {s} (uid {}, pid {}): arena {} of {bytes} bytes refused: pinning quota \
+                 (process {proc_used} of {}, user {user_used} of {}, all users {total_used} of {})",
+                cred.uid,
+                cred.pid,
+                key.id,
+                q.per_process,
+                q.per_user,
+                policy.total
+            );
+            return Err(Refusal::Quota);
+        }
+        let Ok(len) = usize::try_from(size) else {
+            return Err(Refusal::Quota);
+        };
+        match LockedMapping::lock(fd, len) {
+            Ok(m) => Ok(Some((m, bytes))),
+            Err(e) => {
+                log::error!(
+                    "session {s} (uid {}, pid {}): cannot lock arena {} of {bytes} bytes: {e}; refused",
+                    cred.uid,
+                    cred.pid,
+                    key.id
+                );
+                Err(Refusal::Quota)
+            }
+        }
     }
 
     /// Number of live sessions.
@@ -238,7 +527,7 @@ impl Broker {
 
     /// The fd of `key` of `owner`, if stored.
     pub fn object(&self, owner: u64, key: &ObjKey) -> Option<&OwnedFd> {
-        self.sessions.get(&owner)?.objects.get(key)
+        self.sessions.get(&owner)?.objects.get(key).map(|o| &o.fd)
     }
 
     fn id(&mut self) -> u64 {
@@ -331,7 +620,11 @@ impl Broker {
 
     fn remove_listen(&mut self, lid: u64) -> Option<Listen> {
         let l = self.listens.remove(&lid)?;
-        unqueue(&mut self.listen_q, &l.local.discriminator, lid);
+        unqueue(
+            &mut self.listen_q,
+            &(l.uid, l.local.discriminator.clone()),
+            lid,
+        );
         if let Some(s) = self.sessions.get_mut(&l.session) {
             s.listens.remove(&lid);
         }
@@ -341,7 +634,11 @@ impl Broker {
     fn remove_connect(&mut self, conn: u64) -> Option<Connect> {
         let c = self.connects.remove(&conn)?;
         match c.state {
-            ConnState::Waiting => unqueue(&mut self.connect_q, &c.remote.discriminator, conn),
+            ConnState::Waiting => unqueue(
+                &mut self.connect_q,
+                &(c.uid, c.remote.discriminator.clone()),
+                conn,
+            ),
             ConnState::Offered { server } => {
                 if let Some(s) = self.sessions.get_mut(&server) {
                     s.offered.remove(&conn);
@@ -357,6 +654,7 @@ impl Broker {
     fn remove_peer(&mut self, pid: u64) -> Option<PeerReq> {
         let p = self.peers.remove(&pid)?;
         let key = (
+            p.uid,
             p.local.discriminator.clone(),
             p.remote.discriminator.clone(),
         );
@@ -436,6 +734,8 @@ impl Broker {
                     });
                 } else {
                     sess.hello = true;
+                    let cred = sess.cred;
+                    let (mode, limits) = self.welcome_limits(cred);
                     out.push(Out::Send {
                         to: s,
                         id,
@@ -443,52 +743,89 @@ impl Broker {
                             session: s,
                             host: self.host.clone(),
                             name: self.name.clone(),
+                            mode,
+                            limits,
                         },
                     });
                 }
             }
             Request::Publish { key } => {
-                let (per, total) = (self.limits.objects_per_session, self.limits.objects_total);
-                let objects_total = self.objects_total;
-                let sess = self.sessions.get_mut(&s).unwrap();
-                let replaces = sess.objects.contains_key(&key);
+                let l = self.limits;
+                let sess = self.sessions.get(&s).unwrap();
+                let cred = sess.cred;
+                let held = sess.objects.len();
+                let old = sess.objects.get(&key).map(|o| o.pinned);
+                let by_uid = self.objects_by_uid.get(&cred.uid).copied().unwrap_or(0);
                 if fds.len() != 1 {
                     out.push(Out::Close {
                         session: s,
                         why: "Publish without exactly one fd",
                     });
-                } else if !replaces && (sess.objects.len() >= per || objects_total >= total) {
+                    return out;
+                }
+                if old.is_none()
+                    && (held >= l.objects_per_session
+                        || by_uid >= l.objects_per_user
+                        || self.objects_total >= l.objects_total)
+                {
                     log::warn!(
-                        "session {s}: Publish refused: it holds {} fds (limit {per}), all sessions {objects_total} (limit {total})",
-                        sess.objects.len()
+                        "session {s}: Publish refused: it holds {held} fds (limit {}), its user {by_uid} (limit {}), all sessions {} (limit {})",
+                        l.objects_per_session,
+                        l.objects_per_user,
+                        self.objects_total,
+                        l.objects_total
                     );
                     refuse(&mut out, Refusal::Limit);
-                } else {
-                    sess.objects.insert(key, fds.pop().unwrap());
-                    if !replaces {
-                        self.objects_total += 1;
+                    return out;
+                }
+                let fd = fds.pop().unwrap();
+                let lock = match self.pin_arena(s, cred, &key, &fd, old.unwrap_or(0)) {
+                    Ok(l) => l,
+                    Err(r) => {
+                        refuse(&mut out, r);
+                        return out;
                     }
-                    out.push(Out::Send {
-                        to: s,
-                        id,
-                        reply: Reply::Ok,
-                    });
+                };
+                // The object it replaces (and its lock) goes first.
+                self.drop_object(s, &key);
+                let (lock, pinned) = match lock {
+                    Some((m, b)) => (Some(m), b),
+                    None => (None, 0),
+                };
+                if pinned > 0 {
+                    self.pinned_total += pinned;
+                    *self.pinned_by_uid.entry(cred.uid).or_default() += pinned;
+                    *self.pinned_by_pid.entry(cred.pid).or_default() += pinned;
                 }
+                self.objects_total += 1;
+                *self.objects_by_uid.entry(cred.uid).or_default() += 1;
+                self.sessions.get_mut(&s).unwrap().objects.insert(
+                    key,
+                    Obj {
+                        fd,
+                        _lock: lock,
+                        pinned,
+                    },
+                );
+                out.push(Out::Send {
+                    to: s,
+                    id,
+                    reply: Reply::Ok,
+                });
             }
-            Request::Retire { key } => {
-                if self
-                    .sessions
-                    .get_mut(&s)
-                    .unwrap()
-                    .objects
-                    .remove(&key)
-                    .is_some()
-                {
-                    self.objects_total -= 1;
-                }
-            }
+            Request::Retire { key } => self.drop_object(s, &key),
             Request::Fetch { session, key } => {
-                if self.object(session, &key).is_some() {
+                let me = self.sessions[&s].cred.uid;
+                let owner = self.sessions.get(&session).map(|x| x.cred.uid);
+                if self.system.is_some() && owner.is_some_and(|u| u != me) {
+                    // Another user's memory: answered as for an object that
+                    // does not exist (nothing is told about the other user).
+                    log::warn!(
+                        "session {s} (uid {me}) asked for {key:?} of session {session} (uid {}): refused",
+                        owner.unwrap()
+                    );
+                    refuse(&mut out, Refusal::Gone);
+                } else if self.object(session, &key).is_some() {
                     self.watch_owner(s, session);
                     out.push(Out::SendFd {
                         to: s,
@@ -505,12 +842,11 @@ impl Broker {
                     refuse(&mut out, Refusal::NoMatch);
                     return out;
                 }
-                let waiting = self
-                    .connect_q
-                    .get(&local.discriminator)
-                    .and_then(|q| q.front().copied());
+                let uid = self.sessions[&s].cred.uid;
+                let ns = (uid, local.discriminator.clone());
+                let waiting = self.connect_q.get(&ns).and_then(|q| q.front().copied());
                 if let Some(conn) = waiting {
-                    unqueue(&mut self.connect_q, &local.discriminator, conn);
+                    unqueue(&mut self.connect_q, &ns, conn);
                     let c = self.connects.get_mut(&conn).unwrap();
                     c.state = ConnState::Offered { server: s };
                     c.offered_ever = true;
@@ -524,14 +860,12 @@ impl Broker {
                     });
                 } else {
                     let lid = self.id();
-                    self.listen_q
-                        .entry(local.discriminator.clone())
-                        .or_default()
-                        .push_back(lid);
+                    self.listen_q.entry(ns).or_default().push_back(lid);
                     self.listens.insert(
                         lid,
                         Listen {
                             session: s,
+                            uid,
                             id,
                             local,
                         },
@@ -553,13 +887,25 @@ impl Broker {
                     });
                 } else if !self.local_host(&remote.host) {
                     refuse(&mut out, Refusal::NoMatch);
+                } else if let Some(g) = self.cross_user_grant(s, &remote.discriminator) {
+                    // Allowed by the configuration, but the data path that
+                    // would keep the two users' memory apart does not exist.
+                    log::warn!(
+                        "session {s} (uid {}): connection to discriminator {:?} of uid {} is granted by the configuration, but cross-user connections are not supported yet (no mediated data path): refused (VIP_REJECT)",
+                        g.client_uid,
+                        String::from_utf8_lossy(&remote.discriminator),
+                        g.server_uid
+                    );
+                    refuse(&mut out, Refusal::Reject);
                 } else {
                     let conn = self.id();
                     let d = deadline(now, timeout_ms);
+                    let uid = self.sessions[&s].cred.uid;
                     self.connects.insert(
                         conn,
                         Connect {
                             session: s,
+                            uid,
                             id,
                             me,
                             local,
@@ -639,7 +985,12 @@ impl Broker {
                 }
                 // The other side waits under (its local, its remote) = (our
                 // remote, our local); not the same VI.
-                let key = (remote.discriminator.clone(), local.discriminator.clone());
+                let uid = self.sessions[&s].cred.uid;
+                let key = (
+                    uid,
+                    remote.discriminator.clone(),
+                    local.discriminator.clone(),
+                );
                 let found = self.peer_q.get(&key).and_then(|q| {
                     q.iter().copied().find(|pid| {
                         let p = &self.peers[pid];
@@ -670,12 +1021,17 @@ impl Broker {
                     }
                 } else {
                     let pid = self.id();
-                    let key = (local.discriminator.clone(), remote.discriminator.clone());
+                    let key = (
+                        uid,
+                        local.discriminator.clone(),
+                        remote.discriminator.clone(),
+                    );
                     self.peer_q.entry(key).or_default().push_back(pid);
                     self.peers.insert(
                         pid,
                         PeerReq {
                             session: s,
+                            uid,
                             id,
                             me,
                             local,
@@ -782,7 +1138,8 @@ impl Broker {
     /// Offers waiting connect `conn` to the oldest listener of its
     /// discriminator, if any; else queues it.
     fn offer(&mut self, conn: u64, out: &mut Vec<Out>) {
-        let disc = self.connects[&conn].remote.discriminator.clone();
+        let c = &self.connects[&conn];
+        let disc = (c.uid, c.remote.discriminator.clone());
         let lid = self.listen_q.get(&disc).and_then(|q| q.front().copied());
         let Some(lid) = lid else {
             self.connect_q.entry(disc).or_default().push_back(conn);
@@ -874,10 +1231,16 @@ impl Broker {
     /// tell the sessions that depended on it.
     pub fn on_death(&mut self, s: u64) -> Vec<Out> {
         let mut out = Vec::new();
+        let keys: Vec<ObjKey> = match self.sessions.get(&s) {
+            Some(x) => x.objects.keys().copied().collect(),
+            None => return out,
+        };
+        for k in &keys {
+            self.drop_object(s, k);
+        }
         let Some(sess) = self.sessions.remove(&s) else {
             return out;
         };
-        self.objects_total -= sess.objects.len();
         for lid in &sess.listens {
             self.remove_listen(*lid);
         }
@@ -948,7 +1311,12 @@ mod tests {
     }
 
     fn hello(b: &mut Broker) -> u64 {
-        let s = b.open_session();
+        hello_as(b, 1000, 4000)
+    }
+
+    /// A session of `uid` and `pid` that has said Hello.
+    fn hello_as(b: &mut Broker, uid: u32, pid: i32) -> u64 {
+        let s = b.open_session(Cred { uid, pid });
         b.on_request(
             s,
             1,
@@ -973,7 +1341,7 @@ mod tests {
     #[test]
     fn request_before_hello_closes() {
         let mut b = Broker::new(vec![1], "h".into(), vec![]);
-        let s = b.open_session();
+        let s = b.open_session(Cred { uid: 1, pid: 1 });
         let out = b.on_request(
             s,
             1,
@@ -1326,6 +1694,7 @@ mod tests {
             objects_per_session: 3,
             objects_total: 5,
             pending_per_session: 2,
+            objects_per_user: 100,
         });
         let a = hello(&mut b);
         let c = hello(&mut b);
@@ -1552,6 +1921,330 @@ mod tests {
             Instant::now(),
         );
         assert!(matches!(out[0], Out::Close { .. }));
+    }
+
+    const A: u32 = 1000;
+    const B: u32 = 1001;
+
+    fn system(quota: Quota, total: u64, grants: Vec<Grant>) -> Broker {
+        let mut b = Broker::new(vec![1], "h".into(), vec![]);
+        b.set_system(SystemPolicy {
+            quota,
+            users: HashMap::new(),
+            total,
+            grants,
+        });
+        b
+    }
+
+    fn unlimited() -> Quota {
+        Quota {
+            per_process: proto::UNLIMITED,
+            per_user: proto::UNLIMITED,
+        }
+    }
+
+    fn listen(b: &mut Broker, s: u64, id: u32, d: &str, ms: u32) -> Vec<(u64, u32, Reply)> {
+        let req = Request::Listen {
+            local: addr(d),
+            timeout_ms: ms,
+        };
+        replies(&b.on_request(s, id, req, vec![], Instant::now()))
+    }
+
+    fn connect_req(b: &mut Broker, s: u64, id: u32, d: &str, ms: u32) -> Vec<(u64, u32, Reply)> {
+        let req = Request::Connect {
+            me: ep(s, 1, 2),
+            local: addr("c"),
+            remote: addr(d),
+            timeout_ms: ms,
+        };
+        replies(&b.on_request(s, id, req, vec![], Instant::now()))
+    }
+
+    /// System mode: objects are fetched and requests matched within one
+    /// uid; across uids a fetch is refused as if the object did not exist,
+    /// and a request finds nobody (`NoMatch`/`Timeout` at its deadline)
+    /// without taking the other user's listener.
+    #[test]
+    fn system_mode_keeps_users_apart() {
+        let now = Instant::now();
+        let mut b = system(unlimited(), proto::UNLIMITED, vec![]);
+        let a1 = hello_as(&mut b, A, 1);
+        let a2 = hello_as(&mut b, A, 2);
+        let x = hello_as(&mut b, B, 3);
+        let f = memfd();
+        via::sys::ftruncate(&f, 8192).unwrap();
+        let nic = ObjKey {
+            kind: proto::ObjKind::Nic,
+            nic: 1,
+            id: 0,
+            generation: 0,
+        };
+        for k in [key(1), nic] {
+            let fd = f.try_clone().unwrap();
+            let out = b.on_request(a1, 2, Request::Publish { key: k }, vec![fd], now);
+            assert_eq!(replies(&out), vec![(a1, 2, Reply::Ok)]);
+            let fetch = Request::Fetch {
+                session: a1,
+                key: k,
+            };
+            let out = b.on_request(a2, 3, fetch.clone(), vec![], now);
+            assert!(matches!(out[..], [Out::SendFd { to, owner, .. }] if to == a2 && owner == a1));
+            let out = b.on_request(x, 3, fetch, vec![], now);
+            assert_eq!(replies(&out), vec![(x, 3, Reply::Refused(Refusal::Gone))]);
+        }
+        // The other user did not become a dependent of a1.
+        let out = b.on_death(a1);
+        assert_eq!(
+            replies(&out),
+            vec![(a2, 0, Reply::PeerDied { session: a1 })]
+        );
+        let a1 = hello_as(&mut b, A, 1);
+        // B asks for A's discriminator: nobody of B listens there.
+        assert!(listen(&mut b, a1, 4, "d", proto::INFINITE).is_empty());
+        assert!(connect_req(&mut b, x, 5, "d", 50).is_empty());
+        assert_eq!(
+            replies(&b.on_tick(now + Duration::from_secs(1))),
+            vec![(x, 5, Reply::Refused(Refusal::NoMatch))]
+        );
+        // A's listener is still there for A.
+        let r = connect_req(&mut b, a2, 6, "d", proto::INFINITE);
+        assert!(
+            matches!(r[..], [(to, 4, Reply::Incoming { .. })] if to == a1),
+            "{r:?}"
+        );
+        // And the other way round: A's request never reaches B's listener.
+        assert!(listen(&mut b, x, 7, "e", 100_000).is_empty());
+        assert!(connect_req(&mut b, a2, 8, "e", 10).is_empty());
+        let r = replies(&b.on_tick(now + Duration::from_secs(2)));
+        assert_eq!(r, vec![(a2, 8, Reply::Refused(Refusal::NoMatch))]);
+        // Peer to peer across users never matches.
+        let peer = |b: &mut Broker, s, id, l: &str, r: &str| {
+            let req = Request::PeerConnect {
+                me: ep(s, 2, 2),
+                local: addr(l),
+                remote: addr(r),
+                timeout_ms: 10,
+            };
+            replies(&b.on_request(s, id, req, vec![], now))
+        };
+        assert!(peer(&mut b, a2, 9, "p", "q").is_empty());
+        assert!(peer(&mut b, x, 10, "q", "p").is_empty());
+        let mut r = replies(&b.on_tick(now + Duration::from_secs(3)));
+        r.sort_by_key(|x| x.0);
+        assert_eq!(
+            r,
+            vec![
+                (a2, 9, Reply::Refused(Refusal::Timeout)),
+                (x, 10, Reply::Refused(Refusal::Timeout))
+            ]
+        );
+        // The same pair within one user does match.
+        assert!(peer(&mut b, a2, 11, "p", "q").is_empty());
+        let r = peer(&mut b, a1, 12, "q", "p");
+        assert_eq!(r.len(), 2, "{r:?}");
+    }
+
+    /// A grant of the configuration is refused at once (`Reject`) until the
+    /// mediated data path exists; the other user's listener is untouched.
+    #[test]
+    fn granted_cross_user_connection_is_refused_for_now() {
+        let grant = Grant {
+            client_uid: B,
+            server_uid: A,
+            prefix: b"svc-".to_vec(),
+        };
+        let mut b = system(unlimited(), proto::UNLIMITED, vec![grant]);
+        let a1 = hello_as(&mut b, A, 1);
+        let a2 = hello_as(&mut b, A, 2);
+        let x = hello_as(&mut b, B, 3);
+        assert!(listen(&mut b, a1, 2, "svc-x", proto::INFINITE).is_empty());
+        assert_eq!(
+            connect_req(&mut b, x, 3, "svc-x", 1000),
+            vec![(x, 3, Reply::Refused(Refusal::Reject))]
+        );
+        let r = connect_req(&mut b, a2, 4, "svc-x", 1000);
+        assert!(
+            matches!(r[..], [(to, 2, Reply::Incoming { .. })] if to == a1),
+            "{r:?}"
+        );
+        // Not covered by the grant: waits, as any request nobody serves.
+        assert!(connect_req(&mut b, x, 5, "other", 10).is_empty());
+        // A listener of its own user on a granted name comes first.
+        assert!(listen(&mut b, x, 6, "svc-y", proto::INFINITE).is_empty());
+        let x2 = hello_as(&mut b, B, 4);
+        let r = connect_req(&mut b, x2, 7, "svc-y", 1000);
+        assert!(
+            matches!(r[..], [(to, 6, Reply::Incoming { .. })] if to == x),
+            "{r:?}"
+        );
+        // Per-user mode knows no grants.
+        let mut u = Broker::new(vec![1], "h".into(), vec![]);
+        let s = hello(&mut u);
+        assert!(connect_req(&mut u, s, 2, "svc-x", 10).is_empty());
+    }
+
+    fn locked_kib() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmLck:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// Pinning: each arena is locked (the process's `VmLck` grows by its
+    /// size) within the per-process, per-user and total quotas; beyond,
+    /// `Quota` and nothing locked; released on Retire, replacement and
+    /// death. Other objects are neither locked nor counted.
+    #[test]
+    fn pinning_quota() {
+        let now = Instant::now();
+        let page = via::sys::page_size() as u64;
+        let mut b = system(
+            Quota {
+                per_process: 3 * page,
+                per_user: 5 * page,
+            },
+            6 * page,
+            vec![],
+        );
+        let before = locked_kib();
+        let a1 = hello_as(&mut b, A, 1);
+        let a2 = hello_as(&mut b, A, 2);
+        let x = hello_as(&mut b, B, 3);
+        let file = |pages: u64| {
+            let f = memfd();
+            // A size that is not a whole number of pages counts whole pages.
+            via::sys::ftruncate(&f, pages * page - 100).unwrap();
+            f
+        };
+        let publish = |b: &mut Broker, s, k: ObjKey, f: OwnedFd| {
+            replies(&b.on_request(s, 9, Request::Publish { key: k }, vec![f], now))[0]
+                .2
+                .clone()
+        };
+        for k in 0..3 {
+            assert_eq!(publish(&mut b, a1, key(k), file(1)), Reply::Ok);
+        }
+        assert_eq!(b.pinned_total(), 3 * page);
+        assert_eq!(locked_kib() - before, 3 * page / 1024);
+        // Per process.
+        assert_eq!(
+            publish(&mut b, a1, key(3), file(1)),
+            Reply::Refused(Refusal::Quota)
+        );
+        // Another session of the same process shares its quota.
+        let a1b = hello_as(&mut b, A, 1);
+        assert_eq!(
+            publish(&mut b, a1b, key(3), file(1)),
+            Reply::Refused(Refusal::Quota)
+        );
+        // Not an arena: not counted.
+        let nic = ObjKey {
+            kind: proto::ObjKind::Nic,
+            ..key(0)
+        };
+        assert_eq!(publish(&mut b, a1, nic, file(1)), Reply::Ok);
+        // Per user.
+        assert_eq!(publish(&mut b, a2, key(0), file(2)), Reply::Ok);
+        assert_eq!(
+            publish(&mut b, a2, key(1), file(1)),
+            Reply::Refused(Refusal::Quota)
+        );
+        // All users: one page left.
+        assert_eq!(
+            publish(&mut b, x, key(0), file(2)),
+            Reply::Refused(Refusal::Quota)
+        );
+        assert_eq!(publish(&mut b, x, key(0), file(1)), Reply::Ok);
+        assert_eq!(b.pinned_total(), 6 * page);
+        assert_eq!(locked_kib() - before, 6 * page / 1024);
+        // What is not a memory file is refused.
+        for path in ["/dev/null", "/proc/self/status"] {
+            let f: OwnedFd = std::fs::File::open(path).unwrap().into();
+            assert_eq!(
+                publish(&mut b, x, key(1), f),
+                Reply::Refused(Refusal::Invalid),
+                "{path}"
+            );
+        }
+        // Retire gives quota back.
+        b.on_request(a1, 0, Request::Retire { key: key(0) }, vec![], now);
+        assert_eq!(b.pinned_total(), 5 * page);
+        assert_eq!(publish(&mut b, a1, key(4), file(1)), Reply::Ok);
+        // A replacement counts the difference (a1 holds 3 pages; replacing
+        // a page with two would make 4).
+        assert_eq!(
+            publish(&mut b, a1, key(1), file(2)),
+            Reply::Refused(Refusal::Quota)
+        );
+        b.on_request(a1, 0, Request::Retire { key: key(4) }, vec![], now);
+        assert_eq!(publish(&mut b, a1, key(1), file(2)), Reply::Ok);
+        assert_eq!(b.pinned_total(), 6 * page);
+        // Deaths give everything back.
+        for s in [a1, a1b, a2, x] {
+            b.on_death(s);
+        }
+        assert_eq!(b.pinned_total(), 0);
+        assert_eq!(locked_kib(), before);
+        assert!(b.pinned_by_pid.is_empty() && b.pinned_by_uid.is_empty());
+        assert!(b.objects_by_uid.is_empty());
+        assert_eq!(b.objects_total(), 0);
+    }
+
+    #[test]
+    fn welcome_tells_mode_and_limits() {
+        let welcome = |b: &mut Broker, uid| {
+            let s = b.open_session(Cred { uid, pid: 7 });
+            let r = replies(&b.on_request(
+                s,
+                1,
+                Request::Hello {
+                    version: proto::VERSION,
+                },
+                vec![],
+                Instant::now(),
+            ));
+            match r[0].2 {
+                Reply::Welcome { mode, limits, .. } => (mode, limits),
+                ref other => panic!("{other:?}"),
+            }
+        };
+        let mut u = Broker::new(vec![1], "h".into(), vec![]);
+        assert_eq!(
+            welcome(&mut u, A),
+            (DaemonMode::User, SessionLimits::unpinned(1 << 17))
+        );
+        let mut b = system(
+            Quota {
+                per_process: 8 << 20,
+                per_user: 4 << 20,
+            },
+            1 << 30,
+            vec![],
+        );
+        b.system.as_mut().unwrap().users.insert(
+            B,
+            Quota {
+                per_process: 1 << 40,
+                per_user: 1 << 40,
+            },
+        );
+        assert_eq!(
+            welcome(&mut b, A),
+            (
+                DaemonMode::System,
+                SessionLimits {
+                    pin_process: 4 << 20,
+                    pin_user: 4 << 20,
+                    max_objects: 1 << 17
+                }
+            )
+        );
+        let (_, l) = welcome(&mut b, B);
+        assert_eq!((l.pin_process, l.pin_user), (1 << 30, 1 << 30));
     }
 
     #[test]

@@ -1,71 +1,124 @@
 //! viad: the via-rs helper daemon.
 //!
-//! One per user and host, started by the library when none is listening
-//! (`viad --daemon`), exiting after it has had no client for a while. It
-//! stores the shared-memory fds of its clients for their peers, brokers
-//! connections, answers the name service, and reports the death of a client
-//! process to everyone else.
+//! Two modes (`viad --help` explains them):
 //!
-//! Clients reach it on a `SOCK_SEQPACKET` socket in the user's private
-//! directory (`via::agent::place`); an `flock` on a lock file beside it
-//! keeps it unique. Each connection is checked with `SO_PEERCRED` and
-//! watched with a pidfd.
+//! * **Per-user** (the default): one per user and host, started by the
+//!   library when none is listening (`viad --daemon`), exiting after it has
+//!   had no client for a while. It serves processes of its own uid only,
+//!   on a socket in the user's private directory (`via::agent::place`).
+//! * **System** (`viad --system`, root, e.g. from the systemd unit
+//!   `pkg/systemd/via-rs-viad.service`): serves every user of the host on
+//!   `/run/via-rs/system.sock`, never exits when idle, keeps users apart
+//!   (objects are fetched and connections made within one uid only), and
+//!   locks registered memory in RAM within the pinning quotas of its
+//!   configuration file (`/etc/via-rs/viad.toml`, example in
+//!   `pkg/viad.toml`). The library uses it when it runs and answers as
+//!   root, and falls back to the per-user daemon otherwise.
+//!
+//! In both modes it stores the shared-memory fds of its clients for their
+//! peers, brokers connections, answers the name service, and reports the
+//! death of a client process to those that depended on it. An `flock` on a
+//! lock file beside the socket keeps it unique; each connection is checked
+//! with `SO_PEERCRED` and watched with a pidfd.
 
 mod broker;
+mod config;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use broker::{Broker, Limits, Out};
+use broker::{Broker, Cred, Limits, Out};
+use clap::Parser;
 use via::agent::place;
 use via::proto::{self, Reply, Request};
 use via::sys;
 
-struct Options {
+const ABOUT: &str = "The via-rs helper daemon: stores the shared memory of VIA processes for \
+their peers, brokers their connections, and reports deaths.";
+
+const LONG_ABOUT: &str = "\
+The via-rs helper daemon: stores the shared memory (NIC segments, CQ rings,
+registered memory) of VIA processes for their peers, brokers their
+connections, answers the name service, and tells processes when a peer dies.
+
+Per-user mode (the default): the library starts one per user when none
+listens (`viad --daemon`); it serves that user's processes only, on
+$XDG_RUNTIME_DIR/via-rs/<VIA_INSTANCE>.sock or /tmp/via-rs-<uid>/, and exits
+after --idle-ms without clients. Nothing is locked in memory. Running it by
+hand is only useful for debugging.
+
+System mode (--system, as root, e.g. from the systemd unit
+via-rs-viad.service): one daemon serves every user of the host on
+/run/via-rs/system.sock (--dir moves it) and never exits when idle. The
+library uses it whenever it runs and answers as root, and falls back to the
+per-user daemon otherwise. Users are kept apart: a process fetches shared
+memory of processes of its own user only, and connection requests match
+listeners of the same user only (another user's discriminator gives
+VIP_NO_MATCH). Registered memory stays resident: the daemon locks every
+published arena (mlock) within the per-process, per-user and total pinning
+quotas of its configuration file (--config, default /etc/via-rs/viad.toml;
+see pkg/viad.toml); a registration beyond them fails with
+VIP_ERROR_RESOURCE, and quota comes back on deregistration and on death.
+Killing or restarting it breaks every connected VI of its clients with
+VIP_ERROR_CONN_LOST (new requests fail with VIP_ERROR_RESOURCE until the
+process closes its NICs and opens again); the locks die with it.
+
+Environment: RUST_LOG (log filter, default info), VIA_HOST_ADDRESS (this
+host's VIA address, hex), VIA_HOSTS (name-service file for clients that
+ask the daemon). Per-user mode only: VIA_INSTANCE (socket instance name),
+VIA_VIAD_TIMEOUT_MS (Hello deadline), VIA_VIAD_MAX_FDS,
+VIA_VIAD_MAX_PENDING, VIA_VIAD_MAX_CONNECTIONS, VIA_VIAD_MAX_QUEUE
+(per-client limits; in system mode they come from the [limits] table of
+the configuration file), VIA_VIAD_LOG (as --log).";
+
+#[derive(Parser, Debug)]
+#[command(name = "viad", version, about = ABOUT, long_about = LONG_ABOUT)]
+struct Cli {
+    /// Serve every user of the host (needs root): listen on
+    /// <DIR>/system.sock, never exit when idle, keep users apart, lock
+    /// registered memory within the configured quotas.
+    #[arg(long)]
+    system: bool,
+
+    /// System mode: the configuration file (pinning quotas, limits,
+    /// cross-user grants). Default /etc/via-rs/viad.toml, whose absence
+    /// means the built-in defaults; a file named here must exist.
+    #[arg(long, value_name = "PATH", requires = "system")]
+    config: Option<PathBuf>,
+
+    /// System mode: the directory of the socket and lock file (created
+    /// root-owned, mode 0755, if missing; refused if anyone but root can
+    /// write it). Default /run/via-rs; clients find another one through
+    /// VIA_SYSTEM_DIR (for tests and unusual deployments).
+    #[arg(long, value_name = "DIR", requires = "system")]
+    dir: Option<PathBuf>,
+
+    /// System mode: read and check the configuration, print what is in
+    /// effect, and exit (0 if usable, 2 if not).
+    #[arg(long, requires = "system")]
+    check_config: bool,
+
+    /// Detach once listening: the foreground process exits when the
+    /// socket accepts connections (how the library starts the per-user
+    /// daemon). Without --log, a detached daemon logs nowhere.
+    #[arg(long)]
     daemon: bool,
-    idle: Duration,
-    log: Option<std::path::PathBuf>,
-}
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: viad [--daemon] [--idle-ms N] [--log FILE]\n\
-         \n\
-         Serves the VIA sessions of this user on this host. The library starts it\n\
-         on demand; running it by hand is only useful for debugging.\n\
-         Environment: VIA_INSTANCE (socket instance name), VIA_HOST_ADDRESS (hex),\n\
-         VIA_HOSTS (name-service file: 'name hexaddr' per line), RUST_LOG,\n\
-         VIA_VIAD_TIMEOUT_MS (Hello deadline), VIA_VIAD_MAX_FDS, VIA_VIAD_MAX_PENDING,\n\
-         VIA_VIAD_MAX_CONNECTIONS, VIA_VIAD_MAX_QUEUE (per-client limits)."
-    );
-    std::process::exit(2)
-}
+    /// Per-user mode: exit after this many milliseconds without clients.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 5000,
+        conflicts_with = "system"
+    )]
+    idle_ms: u64,
 
-fn parse_args() -> Options {
-    let mut o = Options {
-        daemon: false,
-        idle: Duration::from_secs(5),
-        log: std::env::var_os("VIA_VIAD_LOG").map(Into::into),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--daemon" => o.daemon = true,
-            "--idle-ms" => {
-                let v = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| usage());
-                o.idle = Duration::from_millis(v);
-            }
-            "--log" => o.log = Some(args.next().unwrap_or_else(|| usage()).into()),
-            _ => usage(),
-        }
-    }
-    o
+    /// Append the log to FILE once detached (default: $VIA_VIAD_LOG).
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
 }
 
 /// A number from the environment, or `default`.
@@ -108,29 +161,67 @@ fn host_table() -> Vec<(String, Vec<u8>)> {
     via::ns::host_table()
 }
 
+fn fail(e: impl std::fmt::Display) -> ! {
+    eprintln!("viad: {e}");
+    std::process::exit(1)
+}
+
 fn main() {
     // Started by a library inside some application: drop whatever it let us
     // inherit, or its pipes would never see EOF while we live.
     sys::close_inherited_fds();
-    let opts = parse_args();
-    let (listener, sock_path, _lock) = match bind() {
-        Ok(Some(x)) => x,
-        // Another viad serves this user and instance: nothing to do.
-        Ok(None) => std::process::exit(0),
-        Err(e) => {
-            eprintln!("viad: {e}");
-            std::process::exit(1);
+    let cli = Cli::parse();
+    let log_file = cli
+        .log
+        .clone()
+        .or_else(|| std::env::var_os("VIA_VIAD_LOG").map(Into::into));
+    let system = if cli.system {
+        let (path, required) = match &cli.config {
+            Some(p) => (p.clone(), true),
+            None => (PathBuf::from(config::DEFAULT_PATH), false),
+        };
+        let c = match config::Config::load(&path, required) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("viad: {e}");
+                std::process::exit(2)
+            }
+        };
+        if cli.check_config {
+            print!("# {}\n{c}", path.display());
+            std::process::exit(0);
         }
+        if sys::getuid() != 0 {
+            fail("--system serves every user and locks their memory: it must run as root");
+        }
+        Some((c, path))
+    } else {
+        None
+    };
+    let bound = match &system {
+        Some(_) => bind_system(cli.dir.as_deref().unwrap_or(Path::new(place::SYSTEM_DIR))),
+        None => bind_user(),
+    };
+    let (listener, sock_path, _lock) = match bound {
+        Ok(Some(x)) => x,
+        // Another viad serves this place: nothing to do.
+        Ok(None) => std::process::exit(0),
+        Err(e) => fail(e),
     };
     // The socket listens before the parent exits, so whoever waits for us can
     // connect as soon as we return.
-    if opts.daemon {
-        if let Err(e) = sys::daemonize(opts.log.as_deref()) {
-            eprintln!("viad: cannot daemonize: {e}");
-            std::process::exit(1);
+    if cli.daemon {
+        if let Err(e) = sys::daemonize(log_file.as_deref()) {
+            fail(format_args!("cannot daemonize: {e}"));
         }
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // SIGTERM (systemd's stop), SIGINT and SIGHUP end the loop cleanly:
+    // the socket is removed and the exit logged (the locks and stored fds
+    // go with the process either way).
+    let signals = sys::termination_signals()
+        .map_err(|e| log::warn!("no clean exit on SIGTERM: {e}"))
+        .ok();
     let nofile = sys::raise_nofile_limit()
         .or_else(|e| {
             log::warn!("cannot raise the fd limit: {e}");
@@ -138,35 +229,77 @@ fn main() {
         })
         .unwrap_or(1024) as usize;
     // A quarter of the descriptors (at least 64) stays for connections and
-    // pidfds; no session may hold more than half of the rest.
+    // pidfds; no session may hold more than half of the rest, nor (system
+    // mode) the sessions of one user.
     let for_conns = (nofile / 4).max(64);
     let objects_total = nofile.saturating_sub(for_conns + 32).max(16);
+    let over = system.as_ref().map(|(c, _)| c.limits).unwrap_or_default();
+    let user_mode = system.is_none();
+    // Per-user mode reads its limits from the environment of the program
+    // that started it; system mode from its configuration file.
+    let env_or = |name: &str, file: Option<usize>, default: usize| {
+        if user_mode {
+            env_num(name, default)
+        } else {
+            file.unwrap_or(default)
+        }
+    };
     let limits = Limits {
-        objects_per_session: env_num("VIA_VIAD_MAX_FDS", 1 << 17).min(objects_total / 2),
+        objects_per_session: env_or("VIA_VIAD_MAX_FDS", over.max_fds_per_session, 1 << 17)
+            .min(objects_total / 2),
         objects_total,
-        pending_per_session: env_num("VIA_VIAD_MAX_PENDING", 4096),
+        pending_per_session: env_or("VIA_VIAD_MAX_PENDING", over.max_pending, 4096),
+        objects_per_user: if user_mode {
+            objects_total
+        } else {
+            over.max_fds_per_user
+                .unwrap_or(objects_total / 2)
+                .min(objects_total)
+        },
     };
     let io_limits = IoLimits {
-        conns_per_pid: env_num("VIA_VIAD_MAX_CONNECTIONS", 64),
+        conns_per_pid: env_or("VIA_VIAD_MAX_CONNECTIONS", over.max_connections, 64),
         prehello_total: 1024,
-        hello_timeout: via::agent::timeout(),
-        queue_bytes: env_num("VIA_VIAD_MAX_QUEUE", 1 << 20),
+        hello_timeout: over.hello_timeout.unwrap_or_else(via::agent::timeout),
+        queue_bytes: env_or("VIA_VIAD_MAX_QUEUE", over.max_queue, 1 << 20),
         queue_fds: 1024,
     };
     log::info!("limits (fd limit {nofile}): {limits:?}, {io_limits:?}");
     sys::set_nonblocking(listener.as_raw_fd(), true).expect("nonblocking listener");
     let host = host_address();
-    log::info!(
-        "viad {} serving uid {} (host address {})",
-        std::process::id(),
-        sys::getuid(),
-        host.iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
-    );
-    let mut broker = Broker::new(host, sys::hostname(), host_table());
+    let mut broker = Broker::new(host.clone(), sys::hostname(), host_table());
     broker.set_limits(limits);
+    let shown_host = host
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    let idle = match system {
+        Some((c, path)) => {
+            let p = &c.policy;
+            log::info!(
+                "viad {} in system mode on {}, serving every user (host address {shown_host}); configuration {}: pinning per process {}, per user {}, all users {}, {} per-user quotas, {} cross-user grants (refused: no mediated data path yet)",
+                std::process::id(),
+                sock_path.display(),
+                path.display(),
+                config::show(p.quota.per_process),
+                config::show(p.quota.per_user),
+                config::show(p.total),
+                p.users.len(),
+                p.grants.len()
+            );
+            broker.set_system(c.policy);
+            None
+        }
+        None => {
+            log::info!(
+                "viad {} serving uid {} (host address {shown_host})",
+                std::process::id(),
+                sys::getuid(),
+            );
+            Some(Duration::from_millis(cli.idle_ms))
+        }
+    };
     let code = Daemon {
         listener,
         broker,
@@ -174,8 +307,9 @@ fn main() {
         per_pid: HashMap::new(),
         prehello: 0,
         hello_timers: VecDeque::new(),
-        uid: sys::getuid(),
-        idle: opts.idle,
+        uid: if user_mode { Some(sys::getuid()) } else { None },
+        signals,
+        idle,
         limits: io_limits,
         paused_until: None,
         reserve: open_reserve(),
@@ -187,28 +321,66 @@ fn main() {
     std::process::exit(code);
 }
 
-/// Takes this instance's lock and listens on its socket. `Ok(None)`: another
-/// daemon holds the lock and answers.
-///
-/// The lock (an `flock` on `<instance>.lock` beside the socket, in the
-/// private directory) is what makes the daemon unique: whoever holds it
-/// owns the socket path, so a socket file found there is stale (its daemon
-/// is gone) and is replaced. The lock is held until the process exits
-/// (it survives `--daemon`'s fork: the child keeps the descriptor).
-fn bind() -> io::Result<Option<(OwnedFd, PathBuf, std::fs::File)>> {
-    use std::os::unix::fs::OpenOptionsExt;
+/// What [`bind_user`] and [`bind_system`] return: the listener, its path,
+/// and the lock that makes the daemon unique (held until exit).
+type Bound = (OwnedFd, PathBuf, std::fs::File);
+
+/// Per-user mode: takes this instance's lock and listens on its socket in
+/// the user's private directory. `Ok(None)`: another daemon holds the lock
+/// and answers.
+fn bind_user() -> io::Result<Option<Bound>> {
     let instance = place::instance()?;
     let sock_path = place::user_socket_for(&instance)?;
     let lock_path = place::user_lock_for(&instance)?;
+    bind(&sock_path, &lock_path, false)
+}
+
+/// System mode: creates `dir` (root's, mode 0755) if needed, checks that
+/// nobody but root can write it, takes its lock and listens on
+/// `system.sock`, connectable by every user. `Ok(None)`: another system
+/// daemon holds the lock and answers.
+fn bind_system(dir: &Path) -> io::Result<Option<Bound>> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.is_absolute() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--dir {}: not an absolute path", dir.display()),
+        ));
+    }
+    match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+    }
+    place::check_system_dir(dir)?;
+    bind(
+        &dir.join(place::SYSTEM_SOCKET_NAME),
+        &dir.join(place::SYSTEM_LOCK_NAME),
+        true,
+    )
+}
+
+/// Takes the lock at `lock_path` and listens on `sock_path` (`public`:
+/// connectable by every user). `Ok(None)`: another daemon holds the lock
+/// and answers.
+///
+/// The lock (an `flock` on the lock file beside the socket, in a directory
+/// only the daemon's user can write) is what makes the daemon unique:
+/// whoever holds it owns the socket path, so a socket file found there is
+/// stale (its daemon is gone) and is replaced. The lock is held until the
+/// process exits (it survives `--daemon`'s fork: the child keeps the
+/// descriptor).
+fn bind(sock_path: &Path, lock_path: &Path, public: bool) -> io::Result<Option<Bound>> {
+    use std::os::unix::fs::OpenOptionsExt;
     let lock = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock_path)
+        .open(lock_path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", lock_path.display())))?;
-    let answers = || sys::seqpacket_connect_path(&sock_path, Duration::from_millis(200)).is_ok();
+    let answers = || sys::seqpacket_connect_path(sock_path, Duration::from_millis(200)).is_ok();
     // A daemon that is exiting holds the lock a little longer: wait for it,
     // bounded.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -225,7 +397,7 @@ fn bind() -> io::Result<Option<(OwnedFd, PathBuf, std::fs::File)>> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    match std::fs::symlink_metadata(&sock_path) {
+    match std::fs::symlink_metadata(sock_path) {
         Ok(_) => {
             if answers() {
                 return Err(io::Error::other(format!(
@@ -235,14 +407,21 @@ fn bind() -> io::Result<Option<(OwnedFd, PathBuf, std::fs::File)>> {
                 )));
             }
             // Stale: its daemon died without removing it.
-            std::fs::remove_file(&sock_path)?;
+            std::fs::remove_file(sock_path)?;
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = sys::seqpacket_listen_path(&sock_path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", sock_path.display())))?;
-    Ok(Some((listener, sock_path, lock)))
+    let err = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", sock_path.display()));
+    // Public: every user must be able to connect (write permission on the
+    // socket file), set before it listens.
+    let listener = if public {
+        sys::seqpacket_listen_path_mode(sock_path, 0o666)
+    } else {
+        sys::seqpacket_listen_path(sock_path)
+    }
+    .map_err(err)?;
+    Ok(Some((listener, sock_path.to_path_buf(), lock)))
 }
 
 /// Limits of the I/O loop (the broker enforces the others).
@@ -302,6 +481,7 @@ impl Repeated {
 struct Client {
     fd: OwnedFd,
     pid: i32,
+    uid: u32,
     pidfd: Option<OwnedFd>,
     /// Frames the socket did not take yet (with a duplicate of the fd they
     /// carry), oldest first.
@@ -321,8 +501,12 @@ struct Daemon {
     prehello: usize,
     /// Hello deadlines, in admission order (so in time order).
     hello_timers: VecDeque<(Instant, u64)>,
-    uid: u32,
-    idle: Duration,
+    /// Per-user mode: the one uid served (`None`: system mode, every uid).
+    uid: Option<u32>,
+    /// Per-user mode: exit after this long without clients.
+    idle: Option<Duration>,
+    /// Readable when a termination signal arrived.
+    signals: Option<OwnedFd>,
     limits: IoLimits,
     /// The listener is not polled until then (out of descriptors).
     paused_until: Option<Instant>,
@@ -335,6 +519,7 @@ struct Daemon {
 #[derive(Clone, Copy)]
 enum Source {
     Listener,
+    Signal,
     Socket(u64),
     Pid(u64),
 }
@@ -349,7 +534,7 @@ fn out_of_fds(e: &io::Error) -> bool {
 
 impl Daemon {
     fn run(&mut self) -> i32 {
-        let mut idle_since = Some(Instant::now());
+        let mut idle_since = self.idle.map(|_| Instant::now());
         let mut buf = vec![0u8; proto::MAX_FRAME + 1];
         loop {
             let now = Instant::now();
@@ -358,12 +543,12 @@ impl Daemon {
             }
             let mut deadline = self.broker.next_deadline();
             let mut at = |t: Instant| deadline = Some(deadline.map_or(t, |d| d.min(t)));
-            if let Some(t) = idle_since {
-                let exit_at = t + self.idle;
+            if let (Some(t), Some(idle)) = (idle_since, self.idle) {
+                let exit_at = t + idle;
                 if now >= exit_at {
                     // Last look for a client that raced with the decision.
                     if self.accept_all() == 0 {
-                        log::info!("idle for {:?}: exiting", self.idle);
+                        log::info!("idle for {idle:?}: exiting");
                         // Still holding the lock: nobody else uses the path.
                         let _ = std::fs::remove_file(&self.sock_path);
                         return 0;
@@ -388,6 +573,10 @@ impl Daemon {
             if self.paused_until.is_none() {
                 fds.push(pollfd(self.listener.as_raw_fd(), libc::POLLIN));
                 src.push(Source::Listener);
+            }
+            if let Some(sig) = &self.signals {
+                fds.push(pollfd(sig.as_raw_fd(), libc::POLLIN));
+                src.push(Source::Signal);
             }
             for (&s, c) in &self.clients {
                 let ev = if c.out.is_empty() {
@@ -420,6 +609,16 @@ impl Daemon {
                     Source::Listener => {
                         self.accept_all();
                     }
+                    Source::Signal => {
+                        let sig = self.signals.as_ref().and_then(sys::read_signal);
+                        log::info!(
+                            "signal {}: exiting ({} clients lose their session)",
+                            sig.unwrap_or(0),
+                            self.clients.len()
+                        );
+                        let _ = std::fs::remove_file(&self.sock_path);
+                        return 0;
+                    }
                     Source::Pid(s) => dead.push((s, "process exited")),
                     Source::Socket(s) => {
                         if p.revents & libc::POLLOUT != 0 {
@@ -451,7 +650,7 @@ impl Daemon {
                 outs.extend(self.kill(s, why));
             }
             self.deliver(outs);
-            idle_since = match (self.clients.is_empty(), idle_since) {
+            idle_since = match (self.clients.is_empty() && self.idle.is_some(), idle_since) {
                 (true, None) => Some(Instant::now()),
                 (true, t) => t,
                 (false, _) => None,
@@ -550,12 +749,11 @@ impl Daemon {
                 return;
             }
         };
-        if cred.uid != self.uid {
+        if let Some(uid) = self.uid.filter(|&u| u != cred.uid) {
             log::warn!(
-                "refusing pid {} of uid {} (this daemon serves uid {})",
+                "refusing pid {} of uid {} (this daemon serves uid {uid})",
                 cred.pid,
                 cred.uid,
-                self.uid
             );
             return;
         }
@@ -573,8 +771,11 @@ impl Daemon {
             return;
         }
         let pidfd = sys::pidfd_open(cred.pid).ok();
-        let s = self.broker.open_session();
-        log::debug!("session {s}: pid {}", cred.pid);
+        let s = self.broker.open_session(Cred {
+            uid: cred.uid,
+            pid: cred.pid,
+        });
+        log::debug!("session {s}: pid {} uid {}", cred.pid, cred.uid);
         *self.per_pid.entry(cred.pid).or_default() += 1;
         self.prehello += 1;
         self.hello_timers
@@ -584,6 +785,7 @@ impl Daemon {
             Client {
                 fd,
                 pid: cred.pid,
+                uid: cred.uid,
                 pidfd,
                 out: VecDeque::new(),
                 out_bytes: 0,
@@ -595,7 +797,7 @@ impl Daemon {
 
     fn kill(&mut self, s: u64, why: &str) -> Vec<Out> {
         if let Some(c) = self.clients.remove(&s) {
-            log::info!("session {s} (pid {}) ended: {why}", c.pid);
+            log::info!("session {s} (pid {}, uid {}) ended: {why}", c.pid, c.uid);
             if let Some(n) = self.per_pid.get_mut(&c.pid) {
                 *n -= 1;
                 if *n == 0 {
