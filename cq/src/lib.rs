@@ -1,5 +1,5 @@
-//! Completion queues for via-rs: the two designs of the thesis behind one
-//! crate, selectable at run time with [`Mode`].
+//! Completion queues for via-rs: the two designs of the thesis (which one a
+//! CQ uses is the provider's configuration, `VIA_CQ`).
 //!
 //! * **CQ1, [`EntryRing`]**: the completing engine (in the receiver's case,
 //!   the *sender's* process) pushes a 64-bit entry into a ring that lives in
@@ -11,13 +11,9 @@
 //! * **CQ2, [`Scan`]**: no entries; the CQ scans its work queues' [`Probe`]s
 //!   round robin for completions not reported yet. Cheaper for few queues.
 //!
-//! [`CompletionQueue`] wraps either one behind `done`/`wait`.
-//!
 //! ```
-//! use cq::{EntryRing, Mode};
+//! use cq::EntryRing;
 //!
-//! let mode: Mode = "cq1".parse().unwrap();
-//! assert_eq!(mode, Mode::Ring);
 //! let ring = EntryRing::new_in_heap(64);
 //! ring.set_limit(48).unwrap();
 //! ring.push(0x0001_0002).unwrap(); // e.g. (VI 1, receive queue)
@@ -30,16 +26,10 @@
 
 mod error;
 pub mod layout;
-mod mode;
-#[cfg(not(loom))]
-mod queue;
 pub mod ring;
 mod scan;
 mod sync;
 
 pub use error::{LayoutError, LimitError, PushError};
-pub use mode::{Mode, ParseModeError};
-#[cfg(not(loom))]
-pub use queue::CompletionQueue;
 pub use ring::EntryRing;
 pub use scan::{Probe, Scan};

@@ -6,7 +6,7 @@
 //!   [`wait_until`] to spin, then sleep, on a condition.
 //! * [`Doorbell<T>`]: a ring plus the event count its consumer (the engine) sleeps on.
 //!   The central doorbell (one MPSC ring per NIC) and the per-VI doorbells (one SPSC ring per
-//!   VI) are two uses of this type, chosen by [`DoorbellMode`].
+//!   VI) are two uses of this type (which one is the provider's configuration).
 //!
 //! # Ordering contract
 //!
@@ -35,7 +35,6 @@ mod eventcount;
 mod heap;
 #[allow(unsafe_code)]
 mod layout;
-mod mode;
 #[allow(unsafe_code)]
 mod ring;
 mod sync;
@@ -49,5 +48,4 @@ pub use crate::eventcount::{Key, WaitOutcome, wait_until};
 pub use crate::layout::{
     CACHE_LINE, DOORBELL_MAGIC, EventCount, LAYOUT_VERSION, MAX_CAPACITY, Plain, RING_MAGIC,
 };
-pub use crate::mode::{DoorbellMode, ParseModeError};
 pub use crate::ring::{Full, Pushed, Ring};

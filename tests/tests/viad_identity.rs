@@ -110,7 +110,7 @@ fn impostor_of_another_user_gets_nothing() {
             "{mode}: the impostor received something (connections, bytes, fds)"
         );
         sq.finish();
-        stop_viad(&victim_dir.join(format!("{inst}.sock")));
+        stop_viad(&victim_dir.join(format!("{inst}.p{}.sock", via::proto::VERSION)));
         remove(&victim_dir);
         remove(&squat_dir);
     }
@@ -156,7 +156,7 @@ fn daemon_of_another_uid_is_refused() {
     std::os::unix::fs::chown(&dir, Some(victim), Some(victim)).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let sock = dir.join(format!("{inst}.sock"));
+    let sock = dir.join(format!("{inst}.p{}.sock", via::proto::VERSION));
     let l = via::sys::seqpacket_listen_path(&sock).unwrap();
     // Writable by all, so that the victim does connect and only its
     // SO_PEERCRED check stands between it and this socket.

@@ -35,7 +35,7 @@ pub struct RegistrationStats {
     pub monitor: Option<crate::mem::monitor::MonitorStats>,
 }
 
-pub use crate::backend::soft::tcache::{CacheCounts, TranslationStats};
+pub use crate::backend::TranslationStats;
 
 /// An open NIC. Closed with [`Nic::close`] or when the last clone is
 /// dropped (VIs, CQs and regions of a closed NIC refuse further use).
@@ -67,6 +67,15 @@ impl Nic {
             _open: Arc::new(OpenNic(inner.clone())),
             inner,
         })
+    }
+
+    /// A NIC over an object model opened directly (unit tests' loopback).
+    #[cfg(test)]
+    pub(crate) fn over(inner: Arc<NicInner>) -> Nic {
+        Nic {
+            _open: Arc::new(OpenNic(inner.clone())),
+            inner,
+        }
     }
 
     /// Closes the NIC: disconnects its VIs and releases everything.
@@ -109,18 +118,21 @@ impl Nic {
     /// Which daemon serves this process (the system daemon or the
     /// per-user one) and the limits it announced (pinning quota, objects).
     pub fn daemon(&self) -> crate::agent::DaemonInfo {
-        self.inner.process.agent.daemon
+        self.inner
+            .process
+            .daemon()
+            .expect("a NIC opened through the API has a daemon")
     }
 
     /// This process's session id with its daemon (how peers and the
     /// daemon name it).
     pub fn session_id(&self) -> u64 {
-        self.inner.process.agent.session
+        self.inner.process.session()
     }
 
     /// This host's VIA address.
     pub fn host_address(&self) -> Vec<u8> {
-        self.inner.process.agent.host.clone()
+        self.inner.process.host.clone()
     }
 
     /// Creates a protection tag.
@@ -293,6 +305,14 @@ impl Cq {
 pub struct Vi {
     nic: Arc<NicInner>,
     core: Arc<ViCore>,
+}
+
+#[cfg(test)]
+impl Vi {
+    /// The object model's VI (unit tests).
+    pub(crate) fn core(&self) -> &Arc<ViCore> {
+        &self.core
+    }
 }
 
 impl Vi {

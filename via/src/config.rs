@@ -6,7 +6,7 @@
 //! | `VIA_CQ` | `ring` (CQ1), `scan` (CQ2) | `ring` |
 //! | `VIA_SPIN_US` | microseconds a blocking wait spins before sleeping | `20` |
 //! | `VIA_REGISTER` | `remap`, `cma` | `remap` |
-//! | `VIA_INLINE` | bytes carried inside the doorbell entry | `0` |
+//! | `VIA_INLINE` | bytes of a send carried inside its doorbell entry (at most 64) | `0` |
 //! | `VIA_PROGRESS` | `inline` (posting thread runs the engine), `thread` | `inline` |
 //! | `VIA_REGCACHE` | `on` (deregistered regions stay cached), `off` | `on` |
 //! | `VIA_REGCACHE_BYTES` | bytes of deregistered regions kept cached | 256 MiB |
@@ -20,9 +20,71 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use doorbell::DoorbellMode;
-
 use crate::mem::arena::Policy;
+
+/// How posts reach the soft NIC's engine when they cannot run at once: two
+/// uses of the same `doorbell::Doorbell` type, the two designs the thesis
+/// compares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DoorbellMode {
+    /// One multi-producer doorbell per NIC, shared by all its VIs (`central`).
+    #[default]
+    Central,
+    /// One doorbell per VI, polled in turn (`per-vi`).
+    PerVi,
+}
+
+impl DoorbellMode {
+    /// The name `VIA_DOORBELL` takes.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DoorbellMode::Central => "central",
+            DoorbellMode::PerVi => "per-vi",
+        }
+    }
+}
+
+impl std::str::FromStr for DoorbellMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "central" => Ok(DoorbellMode::Central),
+            "per-vi" => Ok(DoorbellMode::PerVi),
+            _ => Err(format!("unknown doorbell mode {s:?} (central or per-vi)")),
+        }
+    }
+}
+
+/// How a CQ collects completions (the thesis's CQ1 and CQ2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CqMode {
+    /// CQ1: completers push an entry into the CQ's ring (`ring`, `cq1`).
+    #[default]
+    Ring,
+    /// CQ2: the CQ scans its work queues for completions (`scan`, `cq2`).
+    Scan,
+}
+
+impl CqMode {
+    /// The name `VIA_CQ` takes.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CqMode::Ring => "ring",
+            CqMode::Scan => "scan",
+        }
+    }
+}
+
+impl std::str::FromStr for CqMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ring" | "cq1" => Ok(CqMode::Ring),
+            "scan" | "cq2" => Ok(CqMode::Scan),
+            _ => Err(format!("unknown CQ mode {s:?} (ring, scan, cq1 or cq2)")),
+        }
+    }
+}
 
 /// How the engine is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -40,7 +102,7 @@ pub struct Config {
     /// Central or per-VI doorbells.
     pub doorbell: DoorbellMode,
     /// CQ1 or CQ2.
-    pub cq: cq::Mode,
+    pub cq: CqMode,
     /// Spin before blocking.
     pub spin: Duration,
     /// Registration backing.
@@ -103,10 +165,10 @@ impl Config {
         };
         Config {
             doorbell: var("VIA_DOORBELL", DoorbellMode::Central),
-            cq: var("VIA_CQ", cq::Mode::Ring),
+            cq: var("VIA_CQ", CqMode::Ring),
             spin: Duration::from_micros(var("VIA_SPIN_US", 20u64)),
             register: var("VIA_REGISTER", Policy::Remap),
-            inline: var::<usize>("VIA_INLINE", 0).min(crate::shm::layout::MAX_INLINE),
+            inline: var::<usize>("VIA_INLINE", 0),
             progress,
             regcache: {
                 let on = var("VIA_REGCACHE", Switch(true)).0;

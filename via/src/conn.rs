@@ -72,7 +72,7 @@ pub fn wait(
         local,
         timeout_ms: timeout_ms(timeout),
     };
-    match nic.process.agent.call(&req, None).map_err(viad_gone)?.0 {
+    match nic.process.agent()?.call(&req, None).map_err(viad_gone)?.0 {
         Reply::Incoming { conn, peer, remote } => {
             let attrs = remote_attributes(&peer);
             let h = nic
@@ -89,6 +89,7 @@ pub fn wait(
 
 /// `VipConnectAccept`.
 pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> {
+    let agent = nic.process.agent()?;
     let inc = nic
         .conns
         .lock()
@@ -102,7 +103,7 @@ pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> 
     }
     if vi.reliability().bits() != inc.peer.reliability {
         vi.abort_connect();
-        let _ = nic.process.agent.call(
+        let _ = agent.call(
             &Request::Reject {
                 conn: inc.conn,
                 reason: Refusal::Reliability,
@@ -111,12 +112,13 @@ pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> 
         );
         return Err(Error::InvalidReliabilityLevel);
     }
-    // Map the peer before telling it we accept: once it hears, it may send.
-    let link = match vi.open_link(nic, &inc.peer) {
-        Ok(l) => l,
+    // Set up our side before telling the peer we accept: once it hears, it
+    // may send.
+    match nic.dev.connect(nic, vi, &inc.peer) {
+        Ok(()) => {}
         Err(e) => {
             vi.abort_connect();
-            let _ = nic.process.agent.call(
+            let _ = agent.call(
                 &Request::Reject {
                     conn: inc.conn,
                     reason: Refusal::Reject,
@@ -125,22 +127,20 @@ pub fn accept(nic: &NicInner, conn: (u32, u16), vi: &Arc<ViCore>) -> Result<()> 
             );
             return Err(e);
         }
-    };
+    }
     let me = vi.endpoint(nic);
-    match nic
-        .process
-        .agent
-        .call(&Request::Accept { conn: inc.conn, me }, None)
-    {
+    match agent.call(&Request::Accept { conn: inc.conn, me }, None) {
         Ok((Reply::Ok, _)) => {
-            vi.install(nic, link, &inc.peer);
+            vi.install(nic, &inc.peer);
             Ok(())
         }
         Ok((other, _)) => {
+            nic.dev.disconnect(nic, vi, false);
             vi.abort_connect();
             Err(refused(other))
         }
         Err(e) => {
+            nic.dev.disconnect(nic, vi, false);
             vi.abort_connect();
             Err(viad_gone(e))
         }
@@ -157,7 +157,7 @@ pub fn reject(nic: &NicInner, conn: (u32, u16)) -> Result<()> {
         .ok_or(Error::InvalidParameter)?;
     match nic
         .process
-        .agent
+        .agent()?
         .call(
             &Request::Reject {
                 conn: inc.conn,
@@ -184,6 +184,7 @@ pub fn request(
 ) -> Result<ViAttributes> {
     check_addr(&local)?;
     check_addr(&remote)?;
+    let agent = nic.process.agent()?;
     vi.begin_connect()?;
     let req = Request::Connect {
         me: vi.endpoint(nic),
@@ -191,7 +192,7 @@ pub fn request(
         remote,
         timeout_ms: timeout_ms(timeout),
     };
-    let answer = nic.process.agent.call(&req, None);
+    let answer = agent.call(&req, None);
     finish(nic, vi, answer.map(|a| a.0))
 }
 
@@ -233,6 +234,7 @@ pub fn peer_request(
 ) -> Result<()> {
     check_addr(&local)?;
     check_addr(&remote)?;
+    let agent = nic.process.agent()?;
     vi.begin_connect()?;
     let req = Request::PeerConnect {
         me: vi.endpoint(nic),
@@ -240,7 +242,7 @@ pub fn peer_request(
         remote,
         timeout_ms: timeout_ms(timeout),
     };
-    match nic.process.agent.request(&req, None) {
+    match agent.request(&req, None) {
         Ok(p) => {
             vi.state.lock().unwrap().peer_request = Some(p);
             Ok(())

@@ -4,13 +4,15 @@
 //! `VipCQDone` returns (VI, which queue); the application then dequeues the
 //! descriptor from that queue. Two mechanisms (`VIA_CQ`):
 //!
-//! * ring (CQ1): completers push an entry into a `cq::EntryRing` in its own
-//!   memfd, which peers map (their engines complete our receives);
+//! * ring (CQ1): completers push an entry into a `cq::EntryRing` the device
+//!   provides (for the soft NIC, a memfd peers map: their engines complete
+//!   our receives);
 //! * scan (CQ2): no entries; `done` scans the associated queues round robin
 //!   for completions it has not reported yet.
 //!
-//! Either way completers wake `CqShared::wake` in the NIC segment, which is
-//! where `VipCQWait` sleeps.
+//! Either way completers wake the CQ's signals (in memory the device's
+//! completers reach: the NIC segment for the soft NIC), which is where
+//! `VipCQWait` sleeps.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -18,11 +20,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use crate::backend::CqSignals;
+use crate::completion::{interest, wake_cq};
+use crate::config::CqMode;
 use crate::error::{Error, Result};
 use crate::nic::{MAX_CQ_ENTRIES, NicInner};
-use crate::proto::{ObjKey, ObjKind, Request};
-use crate::shm::layout::{CqShared, interest};
-use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
 use crate::vi::ViCore;
 
@@ -39,49 +41,17 @@ pub(crate) fn unpack(e: u64) -> (u32, u16, bool) {
 /// A CQ notify handler: runs once with the VI and the queue kind.
 pub(crate) type CqHandler = Box<dyn FnOnce(Arc<ViCore>, bool) + Send>;
 
-/// The memfd name of ring generation `generation` of CQ `slot`.
-pub(crate) fn ring_key(nic: u32, slot: u32, generation: u32) -> ObjKey {
-    ObjKey {
-        kind: ObjKind::CqRing,
-        nic,
-        id: slot,
-        generation,
-    }
-}
-
 /// A completion queue.
 pub(crate) struct CqCore {
     pub slot: u32,
     pub generation: u16,
-    pub mode: cq::Mode,
+    pub mode: CqMode,
     ring: RwLock<Option<Arc<MappedRing>>>,
     ring_gen: AtomicU32,
     limit: AtomicU32,
     members: Mutex<Vec<(Weak<ViCore>, bool)>>,
     scan: Mutex<cq::Scan>,
     pub notify: Mutex<VecDeque<CqHandler>>,
-}
-
-fn new_ring(nic: &NicInner, slot: u32, generation: u32, entries: u32) -> Result<Arc<MappedRing>> {
-    let cap = entries.next_power_of_two().max(64);
-    let len = cq::EntryRing::bytes_for(cap);
-    let (fd, map) = Mapping::create(
-        &format!(
-            "via-cq:{}:{}:{slot}:{generation}",
-            nic.process.agent.session, nic.id
-        ),
-        len,
-    )
-    .map_err(|_| Error::Resource)?;
-    let ring = MappedRing::init(Arc::new(map), 0, len, cap).map_err(|_| Error::Resource)?;
-    ring.get()
-        .set_limit(entries as usize)
-        .map_err(|_| Error::Resource)?;
-    nic.process
-        .agent
-        .publish(ring_key(nic.id, slot, generation), &fd)
-        .map_err(|_| Error::Resource)?;
-    Ok(Arc::new(ring))
 }
 
 impl CqCore {
@@ -110,33 +80,29 @@ impl CqCore {
             })
             .cloned()
             .ok_or(Error::Resource)?;
-        let sh = cq.shared(nic);
-        sh.mode
-            .store(matches!(mode, cq::Mode::Scan) as u32, Ordering::Relaxed);
-        sh.interest.store(0, Ordering::Relaxed);
-        if mode == cq::Mode::Ring {
-            let generation = sh.generation.load(Ordering::Relaxed).wrapping_add(1).max(1);
-            match new_ring(nic, cq.slot, generation, entries) {
+        // Ring generations: the slot's generation in the high half (a new
+        // CQ in a reused slot never names an old ring), resizes below.
+        let generation = (cq.generation as u32) << 16 | 1;
+        cq.signals(nic).interest.store(0, Ordering::Relaxed);
+        if mode == CqMode::Ring {
+            match nic.dev.cq_ring(nic, cq.slot, generation, entries) {
                 Ok(r) => {
                     *cq.ring.write().unwrap() = Some(r);
                     cq.ring_gen.store(generation, Ordering::Relaxed);
-                    // Release: a peer that sees this generation finds the ring published.
-                    sh.generation.store(generation, Ordering::Release);
                 }
                 Err(e) => {
                     nic.cqs.write().unwrap().remove(cq.slot, cq.generation);
                     return Err(e);
                 }
             }
-        } else {
-            sh.generation.store(1, Ordering::Release);
         }
+        nic.dev.cq_state(cq.slot, mode == CqMode::Ring, generation);
         Ok(cq)
     }
 
-    /// The CQ's entry in the NIC segment.
-    pub fn shared<'a>(&self, nic: &'a NicInner) -> &'a CqShared {
-        nic.view().cq(self.slot).expect("slot in range")
+    /// Where completers wake this CQ's waiters.
+    pub fn signals<'a>(&self, nic: &'a NicInner) -> CqSignals<'a> {
+        nic.dev.cq_signals(self.slot)
     }
 
     pub(crate) fn attach(&self, vi: &Arc<ViCore>, recv: bool) {
@@ -155,7 +121,7 @@ impl CqCore {
 
     /// Pushes an entry for a completion on a queue of this NIC.
     pub fn push(&self, nic: &NicInner, e: u64) {
-        if self.mode == cq::Mode::Ring {
+        if self.mode == CqMode::Ring {
             let ring = self.ring.read().unwrap().clone();
             if let Some(r) = ring {
                 if let Err(err) = r.get().push(e) {
@@ -170,18 +136,18 @@ impl CqCore {
                 }
             }
         }
-        wake(self.shared(nic), &nic.view().header().notify);
+        wake_cq(&self.signals(nic), nic.dev.provider_wake());
     }
 
     /// `VipCQDone`: the next (VI, is-receive-queue) with a completion.
     pub fn done(&self, nic: &NicInner) -> Result<(Arc<ViCore>, bool)> {
         for _ in 0..1024 {
             let e = match self.mode {
-                cq::Mode::Ring => {
+                CqMode::Ring => {
                     let ring = self.ring.read().unwrap().clone().ok_or(Error::NotDone)?;
                     ring.get().pop().ok_or(Error::NotDone)?
                 }
-                cq::Mode::Scan => {
+                CqMode::Scan => {
                     let probes: Vec<crate::vi::QueueProbe> = self
                         .members
                         .lock()
@@ -207,13 +173,13 @@ impl CqCore {
 
     fn ready(&self) -> bool {
         match self.mode {
-            cq::Mode::Ring => self
+            CqMode::Ring => self
                 .ring
                 .read()
                 .unwrap()
                 .as_ref()
                 .is_some_and(|r| !r.get().is_empty()),
-            cq::Mode::Scan => self.members.lock().unwrap().iter().any(|(w, r)| {
+            CqMode::Scan => self.members.lock().unwrap().iter().any(|(w, r)| {
                 w.upgrade().is_some_and(|v| {
                     let q = if *r {
                         v.recv.lock().unwrap()
@@ -231,13 +197,15 @@ impl CqCore {
     /// `VipCQWait`.
     pub fn wait(&self, nic: &NicInner, timeout: Option<Duration>) -> Result<(Arc<ViCore>, bool)> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let sh = self.shared(nic);
+        let signals = self.signals(nic);
         loop {
             match self.done(nic) {
                 Err(Error::NotDone) => {}
                 r => return r,
             }
-            if !doorbell::wait_until(&sh.wake, nic.process.config.spin, deadline, || self.ready()) {
+            if !doorbell::wait_until(signals.wake, nic.process.config.spin, deadline, || {
+                self.ready()
+            }) {
                 return match self.done(nic) {
                     Err(Error::NotDone) => Err(Error::Timeout),
                     r => r,
@@ -250,7 +218,7 @@ impl CqCore {
     pub fn notify(&self, nic: &NicInner, h: CqHandler) {
         self.notify.lock().unwrap().push_back(h);
         // SeqCst: see `ViCore::notify`.
-        self.shared(nic)
+        self.signals(nic)
             .interest
             .store(interest::RECV_NOTIFY, Ordering::SeqCst);
         nic.provider.arm_cq(nic, self.slot, self.generation);
@@ -262,11 +230,10 @@ impl CqCore {
         loop {
             let mut l = self.notify.lock().unwrap();
             if l.is_empty() {
-                self.shared(nic).interest.store(0, Ordering::SeqCst);
+                let interest = self.signals(nic).interest;
+                interest.store(0, Ordering::SeqCst);
                 if !l.is_empty() {
-                    self.shared(nic)
-                        .interest
-                        .store(interest::RECV_NOTIFY, Ordering::SeqCst);
+                    interest.store(interest::RECV_NOTIFY, Ordering::SeqCst);
                 }
                 return (ran, false);
             }
@@ -309,7 +276,7 @@ impl CqCore {
         if entries == 0 || entries > MAX_CQ_ENTRIES {
             return Err(Error::InvalidParameter);
         }
-        if self.mode == cq::Mode::Scan {
+        if self.mode == CqMode::Scan {
             if self.queued_scan() > entries as usize {
                 return Err(Error::InvalidState);
             }
@@ -329,22 +296,19 @@ impl CqCore {
             return Ok(());
         }
         // Grow: a new ring file, then move the entries over.
-        let generation = self.ring_gen.load(Ordering::Relaxed).wrapping_add(1).max(1);
-        let new = new_ring(nic, self.slot, generation, entries)?;
+        let old_gen = self.ring_gen.load(Ordering::Relaxed);
+        let generation = (old_gen & 0xffff_0000) | (old_gen.wrapping_add(1) & 0xffff).max(1);
+        let new = nic.dev.cq_ring(nic, self.slot, generation, entries)?;
         old.get().close();
         for e in old.get().drain_closed(Duration::from_millis(100)) {
             let _ = new.get().push(e);
         }
         *g = Some(new);
         self.ring_gen.store(generation, Ordering::Relaxed);
-        // Release: peers that see the new generation find the new ring.
-        self.shared(nic)
-            .generation
-            .store(generation, Ordering::Release);
+        // Completers that see the new generation find the new ring.
+        nic.dev.cq_state(self.slot, true, generation);
         self.limit.store(entries, Ordering::Relaxed);
-        let _ = nic.process.agent.send(&Request::Retire {
-            key: ring_key(nic.id, self.slot, generation - 1),
-        });
+        nic.dev.retire_cq_ring(nic, self.slot, old_gen);
         Ok(())
     }
 
@@ -361,22 +325,11 @@ impl CqCore {
     }
 
     pub(crate) fn retire(&self, nic: &NicInner) {
-        self.shared(nic).generation.store(0, Ordering::Release);
+        nic.dev.cq_state(self.slot, self.mode == CqMode::Ring, 0);
         if let Some(r) = self.ring.write().unwrap().take() {
             r.get().close();
-            let _ = nic.process.agent.send(&Request::Retire {
-                key: ring_key(nic.id, self.slot, self.ring_gen.load(Ordering::Relaxed)),
-            });
+            nic.dev
+                .retire_cq_ring(nic, self.slot, self.ring_gen.load(Ordering::Relaxed));
         }
-    }
-}
-
-/// Wakes `VipCQWait` sleepers and the provider if a notify waits.
-pub(crate) fn wake(sh: &CqShared, provider: &doorbell::EventCount) {
-    sh.wake.notify_all();
-    // `notify_all` issued a SeqCst fence after the completion was published,
-    // so this load pairs with the SeqCst store in `CqCore::notify`.
-    if sh.interest.load(Ordering::Relaxed) != 0 {
-        provider.notify_all();
     }
 }

@@ -84,6 +84,12 @@ pub struct Descriptor {
 /// writes through a mapping of another process's memory.
 pub mod offsets {
     use super::*;
+    /// `CS.SegCount` (a `u16`; `CS.Control` is the `u16` after it, so one
+    /// 32-bit load at this offset reads both, count in the low half on a
+    /// little-endian machine).
+    pub const SEG_COUNT: usize = offset_of!(ControlSegment, seg_count);
+    /// `CS.Control`.
+    pub const CONTROL: usize = offset_of!(ControlSegment, control);
     /// `CS.ImmediateData`.
     pub const IMMEDIATE_DATA: usize = offset_of!(ControlSegment, immediate_data);
     /// `CS.Length`.
@@ -93,6 +99,9 @@ pub mod offsets {
     /// First segment.
     pub const SEGMENTS: usize = size_of::<ControlSegment>();
 }
+
+/// Most segments one descriptor may have (`MaxSegmentsPerDesc`).
+pub const MAX_SEGMENTS: usize = 16;
 
 /// Size of one segment (data or address).
 pub const SEGMENT_SIZE: usize = size_of::<DataSegment>();

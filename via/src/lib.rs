@@ -17,6 +17,7 @@ pub mod agent;
 mod api;
 mod attrs;
 pub(crate) mod backend;
+mod completion;
 pub mod config;
 mod conn;
 mod cq;
@@ -30,17 +31,15 @@ mod notify;
 pub mod ns;
 mod process;
 pub mod proto;
+mod regions;
 pub mod shm;
 pub mod sys;
-mod tpt;
 mod translate;
 mod vi;
 
-pub use api::{
-    CacheCounts, ConnRequest, Cq, DescBuilder, Memory, Nic, Refused, Region, RegistrationStats,
-    TranslationStats, Vi,
-};
+pub use api::{ConnRequest, Cq, DescBuilder, Memory, Nic, Refused, Region, RegistrationStats, Vi};
 pub use attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};
+pub use backend::{CacheCounts, TranslationStats};
 pub use error::{Error, Result};
 pub use nic::{AsyncError, ErrorCode, ResourceCode};
 pub use proto::NetAddr;

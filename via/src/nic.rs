@@ -1,36 +1,36 @@
-//! The NIC: one open instance of the soft device and everything it owns.
+//! The NIC: one open instance of a kind of NIC and everything it owns.
 //!
-//! `VipOpenNic` creates a [`NicInner`]: a NIC segment (memfd) published to
-//! viad for peers, the translation table inside it, the engine with its
-//! doorbells, the provider thread, and the tables of protection tags,
-//! regions, VIs, CQs and pending connection requests.
+//! `VipOpenNic` picks the kind by name (`backend::KINDS`), opens its device
+//! (the operations table) and creates a [`NicInner`]: the tables of
+//! protection tags, registered regions, VIs, CQs and pending connection
+//! requests, and the provider thread (Notify handlers, error callback).
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::attrs::{MemAttributes, NicAttributes, Ptag, Reliability};
-use crate::backend::soft::engine::Engine;
-use crate::backend::soft::memory::ResolvedExtent;
-use crate::backend::{Device, Pinned};
+use crate::attrs::{MemAttributes, NicAttributes, Ptag};
+use crate::backend::{self, Device, Limits, RegionSpec};
 use crate::cq::CqCore;
 use crate::error::{Error, Result};
 use crate::handle::Slab;
 use crate::mem::arena::{Extent, UserRange};
+use crate::mem::region::{Resolved, ResolvedExtent};
 use crate::notify::Provider;
 use crate::process::Process;
-use crate::proto::{Endpoint, ObjKey, ObjKind, Request};
-use crate::shm::layout::{
-    self, ERROR_RING, MAX_CQ, MAX_REGIONS, MAX_SEGS, MAX_VI, NicView, OFFSETS, RQ_SLOTS,
-};
-use crate::shm::mapping::Mapping;
-use crate::shm::rings::MappedRing;
-use crate::tpt::TranslationTable;
+use crate::proto::Endpoint;
+use crate::regions::RegionTable;
 use crate::vi::ViCore;
 
-/// Largest message (`MaxTransferSize`) of the soft NIC.
-pub const MAX_TRANSFER: u32 = 1 << 30;
+/// RDMA enable bits of a region or VI, as devices store them.
+pub mod flags {
+    /// RDMA write allowed.
+    pub const RDMA_WRITE: u32 = 1;
+    /// RDMA read allowed.
+    pub const RDMA_READ: u32 = 2;
+}
+
 /// Largest CQ.
 pub const MAX_CQ_ENTRIES: u32 = 1 << 16;
 /// Protection tags per NIC.
@@ -157,6 +157,10 @@ pub(crate) struct Incoming {
     pub peer: Endpoint,
 }
 
+/// What the registration path pinned for a registration (a lease on the
+/// process's registration cache).
+pub(crate) type Pinned = regcache::Lease<Vec<Extent>>;
+
 /// A registration of this NIC, by handle.
 pub(crate) struct RegionRec {
     /// What the registration path pinned.
@@ -180,15 +184,17 @@ pub(crate) struct NicInner {
     pub generation: u16,
     pub id: u32,
     pub name: String,
-    pub seg: Arc<Mapping>,
-    pub tpt: TranslationTable,
-    pub errors: MappedRing,
+    /// What the device supports.
+    pub limits: Limits,
+    /// Registered regions as this process reaches them.
+    pub regions: RegionTable,
     pub ptags: Mutex<Slab<u32>>,
-    pub regions: Mutex<HashMap<u32, RegionRec>>,
+    /// Registrations, by handle (what undoes each).
+    pub registered: Mutex<HashMap<u32, RegionRec>>,
     pub vis: RwLock<Slab<Arc<ViCore>>>,
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
-    pub dev: Box<dyn Device>,
+    pub dev: Arc<dyn Device>,
     pub provider: Provider,
     pub error_cb: Mutex<Option<ErrorHandler>>,
     pub closed: AtomicBool,
@@ -197,14 +203,11 @@ pub(crate) struct NicInner {
 
 impl crate::mem::fork::HoldsPages for NicInner {
     fn held_pages(&self, out: &mut Vec<std::ops::Range<usize>>) {
-        for r in self.regions.lock().unwrap().values() {
+        for r in self.registered.lock().unwrap().values() {
             out.extend(r.held.iter().cloned());
         }
     }
 }
-
-/// Longest wait of [`NicInner::quiesce_accessors`] for one peer.
-pub const QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The arena pages of a registration of `len` bytes at `addr`: the whole
 /// pages of its arena extents (what `MADV_DONTFORK` covers while it lives).
@@ -217,29 +220,6 @@ fn held_ranges(extents: &[Extent], addr: usize, len: usize) -> Vec<std::ops::Ran
         .map(|e| (e.va as usize).max(lo)..((e.va + e.len) as usize).min(hi))
         .filter(|r| r.start < r.end)
         .collect()
-}
-
-/// Accepted device names: the default (`None`, empty), `via_lo` and
-/// `/dev/via_lo`, and `via_<if>` / `/dev/via_<if>` for a network interface
-/// of this host (M-VIA's names), all served by the shared-memory NIC.
-pub fn canonical_name(name: Option<&str>) -> Result<String> {
-    let n = match name {
-        None | Some("") => return Ok("via_lo".into()),
-        Some(n) => n,
-    };
-    let base = n.strip_prefix("/dev/").unwrap_or(n);
-    let Some(ifname) = base.strip_prefix("via_") else {
-        return Err(Error::InvalidParameter);
-    };
-    if ifname == "lo"
-        || (!ifname.is_empty()
-            && !ifname.contains('/')
-            && std::path::Path::new("/sys/class/net").join(ifname).exists())
-    {
-        Ok(base.to_string())
-    } else {
-        Err(Error::InvalidParameter)
-    }
 }
 
 fn total_memory() -> u64 {
@@ -256,49 +236,27 @@ fn total_memory() -> u64 {
 }
 
 impl NicInner {
-    /// Opens the device `name` (see [`canonical_name`]).
+    /// Opens the device `name` (see `backend::KINDS`).
     pub fn open(name: Option<&str>) -> Result<Arc<NicInner>> {
-        let name = canonical_name(name)?;
+        let (kind, name) = backend::lookup(name)?;
         let process = Process::get()?;
+        log::debug!("{name}: a NIC of the {} kind", kind.name);
+        Self::open_with(&process, &name, kind.open)
+    }
+
+    /// Opens a NIC of `process` on the device `make` opens.
+    pub(crate) fn open_with(
+        process: &Arc<Process>,
+        name: &str,
+        make: backend::OpenFn,
+    ) -> Result<Arc<NicInner>> {
         let id = {
             let mut n = process.next_nic_id.lock().unwrap();
             *n += 1;
             *n - 1
         };
-        let session = process.agent.session;
-        let (fd, map) =
-            Mapping::create(&format!("via-nic:{session}:{id}"), OFFSETS.len).map_err(|e| {
-                log::error!("cannot create the NIC segment: {e}");
-                Error::Resource
-            })?;
-        NicView::init(&map, session, id, process.pid as u32).map_err(|_| Error::Resource)?;
-        let map = Arc::new(map);
-        let (eoff, elen) = NicView::trusted(&map).errors_range();
-        let errors = MappedRing::init(map.clone(), eoff, elen, ERROR_RING).map_err(|e| {
-            log::error!("cannot format the error ring: {e}");
-            Error::Resource
-        })?;
-        errors
-            .get()
-            .set_limit(ERROR_RING as usize)
-            .map_err(|_| Error::Resource)?;
-        process
-            .agent
-            .publish(
-                ObjKey {
-                    kind: ObjKind::Nic,
-                    nic: id,
-                    id: 0,
-                    generation: 0,
-                },
-                &fd,
-            )
-            .map_err(|e| {
-                log::error!("cannot publish the NIC segment: {e}");
-                Error::Resource
-            })?;
-        drop(fd);
-        let engine = Engine::new(process.config, session, id)?;
+        let dev = make(process, id, name)?;
+        let limits = dev.limits();
         let nic = process
             .nics
             .write()
@@ -309,16 +267,15 @@ impl NicInner {
                     slot,
                     generation,
                     id,
-                    name: name.clone(),
-                    seg: map.clone(),
-                    tpt: TranslationTable::new(map.clone()),
-                    errors,
+                    name: name.to_string(),
+                    limits,
+                    regions: RegionTable::default(),
                     ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
-                    regions: Mutex::new(HashMap::new()),
-                    vis: RwLock::new(Slab::new(MAX_VI, 0)),
-                    cqs: RwLock::new(Slab::new(MAX_CQ, 0)),
+                    registered: Mutex::new(HashMap::new()),
+                    vis: RwLock::new(Slab::new(limits.max_vi, 0)),
+                    cqs: RwLock::new(Slab::new(limits.max_cq, 0)),
                     conns: Mutex::new(Slab::new(1024, 1)),
-                    dev: Box::new(engine),
+                    dev: dev.clone(),
                     provider: Provider::new(),
                     error_cb: Mutex::new(None),
                     closed: AtomicBool::new(false),
@@ -333,16 +290,12 @@ impl NicInner {
         nic.dev.start(&nic);
         nic.provider.start(&nic);
         log::debug!(
-            "opened {} ({} device) as NIC {id} of session {session}",
+            "opened {} ({} device) as NIC {id} of session {}",
             nic.name,
-            nic.dev.kind()
+            nic.dev.kind(),
+            process.session()
         );
         Ok(nic)
-    }
-
-    /// The segment view.
-    pub fn view(&self) -> NicView<'_> {
-        NicView::trusted(&self.seg)
     }
 
     /// `VipQueryNic`.
@@ -350,32 +303,34 @@ impl NicInner {
         // The real limits: memory, the daemon's pinning quota (system
         // mode: per process and per user), and the objects it stores for
         // the session (one per arena, besides NIC segments and CQ rings).
-        let lim = self.process.agent.daemon.limits;
-        let mem = total_memory().min(lim.pin_process).min(lim.pin_user);
-        let regions = ((MAX_REGIONS - 1) as u64).min(lim.max_objects.saturating_sub(1));
+        let l = &self.limits;
+        let mut mem = total_memory();
+        let mut regions = l.max_regions as u64;
+        if let Some(d) = self.process.daemon() {
+            let lim = d.limits;
+            mem = mem.min(lim.pin_process).min(lim.pin_user);
+            regions = regions.min(lim.max_objects.saturating_sub(1));
+        }
         NicAttributes {
             name: self.name.clone(),
             hardware_version: 1,
             provider_version: PROVIDER_VERSION,
-            local_address: self.process.agent.host.clone(),
+            local_address: self.process.host.clone(),
             thread_safe: true,
             max_discriminator_len: MAX_DISCRIMINATOR,
             max_register_bytes: mem,
             max_register_regions: regions,
             max_register_block_bytes: mem,
-            max_vi: MAX_VI as u64,
-            max_descriptors_per_queue: RQ_SLOTS as u64,
-            max_segments_per_desc: MAX_SEGS as u64,
-            max_cq: MAX_CQ as u64,
+            max_vi: l.max_vi as u64,
+            max_descriptors_per_queue: l.queue_depth as u64,
+            max_segments_per_desc: l.max_segments as u64,
+            max_cq: l.max_cq as u64,
             max_cq_entries: MAX_CQ_ENTRIES as u64,
-            max_transfer_size: MAX_TRANSFER as u64,
-            native_mtu: MAX_TRANSFER as u64,
+            max_transfer_size: l.max_transfer as u64,
+            native_mtu: l.max_transfer as u64,
             max_ptags: MAX_PTAGS as u64,
-            reliability_level_support: Reliability::Unreliable.bits()
-                | Reliability::ReliableDelivery.bits()
-                | Reliability::ReliableReception.bits(),
-            rdma_read_support: Reliability::ReliableDelivery.bits()
-                | Reliability::ReliableReception.bits(),
+            reliability_level_support: l.reliability,
+            rdma_read_support: l.rdma_read,
         }
     }
 
@@ -431,14 +386,31 @@ impl NicInner {
 
     fn mem_flags(a: &MemAttributes) -> u32 {
         (if a.enable_rdma_write {
-            layout::flags::RDMA_WRITE
+            flags::RDMA_WRITE
         } else {
             0
         }) | (if a.enable_rdma_read {
-            layout::flags::RDMA_READ
+            flags::RDMA_READ
         } else {
             0
         })
+    }
+
+    /// Pins `range` through the process's registration cache (the one
+    /// registration path of every kind of NIC). Memory events read so far
+    /// are applied first, so a hit never returns the translation of memory
+    /// the application has since unmapped.
+    fn pin(&self, range: &UserRange) -> std::io::Result<Pinned> {
+        if let Some(m) = &self.process.monitor {
+            m.sync();
+        }
+        self.process
+            .registrations
+            .acquire(range.addr(), range.len())
+            .map_err(|e| match e {
+                regcache::Error::Pin(e) => e,
+                other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+            })
     }
 
     /// `VipRegisterMem`.
@@ -446,21 +418,21 @@ impl NicInner {
         if !self.ptag_valid(attrs.ptag) {
             return Err(Error::InvalidPtag);
         }
-        // The table entry first: its lines come in while the pages are pinned.
-        let slot = self.tpt.reserve()?;
-        let pinned = match self.dev.pin(self, &range) {
+        // The device's slot first: its bookkeeping overlaps the pinning.
+        let slot = self.dev.reserve_region()?;
+        let pinned = match self.pin(&range) {
             // Beyond the system daemon's pinning quota: cached registrations
             // that nothing uses hold quota too; drop them and try once more.
             Err(e) if crate::agent::is_quota(&e) && self.process.registrations.flush() > 0 => {
                 log::debug!("{e}: registration cache flushed, trying again");
-                self.dev.pin(self, &range)
+                self.pin(&range)
             }
             r => r,
         };
         let pinned = match pinned {
             Ok(p) => p,
             Err(e) => {
-                self.tpt.unreserve(slot);
+                self.dev.unreserve_region(slot);
                 if crate::agent::is_quota(&e) {
                     log::error!(
                         "registration of {} bytes at {:#x} refused: {e}",
@@ -481,22 +453,9 @@ impl NicInner {
                 });
             }
         };
-        // Too many pieces for one table entry: peers reach the region by CMA
-        // instead (the pin stays, for its reference counts).
-        let extents = if pinned.extents.len() > layout::MAX_EXTENTS {
-            let first = pinned.extents[0].va;
-            let len = pinned.extents.iter().map(|e| e.len).sum();
-            vec![Extent {
-                va: first,
-                len,
-                arena: crate::mem::arena::CMA,
-                arena_off: first,
-            }]
-        } else {
-            pinned.extents.clone()
-        };
+        let extents = pinned.pinned();
         // This process reaches arena extents through the arena's shadow, and
-        // the others (cross-memory-attach extents, for peers) in place.
+        // the others (cross-memory-attach extents) in place.
         let local: Vec<ResolvedExtent> = extents
             .iter()
             .filter_map(|e| {
@@ -518,35 +477,49 @@ impl NicInner {
             })
             .collect();
         // The arena pages of this registration stay out of a child after fork.
-        let held = held_ranges(&pinned.extents, range.addr(), range.len());
-        let handle = match self.tpt.fill(
+        let held = held_ranges(extents, range.addr(), range.len());
+        let (va, len, ptag, flags) = (
+            range.addr() as u64,
+            range.len() as u64,
+            attrs.ptag.0,
+            Self::mem_flags(attrs),
+        );
+        let handle = match self.dev.add_region(
+            self,
             slot,
-            crate::tpt::NewRegion {
-                va: range.addr() as u64,
-                len: range.len() as u64,
-                ptag: attrs.ptag.0,
-                flags: Self::mem_flags(attrs),
-                extents: &extents,
-                local,
-                pid: self.process.pid,
+            &RegionSpec {
+                va,
+                len,
+                ptag,
+                flags,
+                extents,
             },
         ) {
             Ok(h) => h,
             Err(e) => {
-                self.dev.unpin(self, pinned);
+                self.process.registrations.release(pinned);
                 return Err(e);
             }
         };
+        self.regions.insert(Resolved {
+            handle,
+            va,
+            len,
+            ptag,
+            flags,
+            pid: self.process.pid,
+            extents: local,
+        });
         self.ptag_ref(attrs.ptag, 1)?;
         // Under the fork lock: a fork sees the registration and its pages whole.
         let _fork = crate::mem::fork::enter();
-        self.regions.lock().unwrap().insert(
+        self.registered.lock().unwrap().insert(
             handle,
             RegionRec {
                 pinned,
-                ptag: attrs.ptag.0,
-                va: range.addr() as u64,
-                len: range.len() as u64,
+                ptag,
+                va,
+                len,
                 held,
                 revoked: false,
             },
@@ -554,22 +527,28 @@ impl NicInner {
         Ok(handle)
     }
 
+    /// Makes `handle` unreachable, for this process and the device.
+    fn unmap(&self, handle: u32) {
+        self.regions.remove(handle);
+        self.dev.remove_region(self, handle);
+    }
+
     /// `VipDeregisterMem`. `addr` must be the address the region was
     /// registered with. When it returns, no engine of this process or of a
-    /// peer reads or writes the region any more (see
-    /// [`NicInner::quiesce_accessors`]).
+    /// peer reads or writes the region any more
+    /// (`Device::quiesce_region_users`).
     pub fn deregister(&self, addr: u64, handle: u32) -> Result<()> {
         let rec = {
             let _fork = crate::mem::fork::enter();
-            let mut g = self.regions.lock().unwrap();
+            let mut g = self.registered.lock().unwrap();
             match g.get(&handle) {
                 Some(r) if r.va == addr => g.remove(&handle).expect("present"),
                 _ => return Err(Error::InvalidParameter),
             }
         };
         if !rec.revoked {
-            let _ = self.tpt.remove(handle);
-            self.quiesce_accessors();
+            self.unmap(handle);
+            self.dev.quiesce_region_users(self);
         }
         self.release(rec);
         Ok(())
@@ -577,7 +556,7 @@ impl NicInner {
 
     fn release(&self, rec: RegionRec) {
         let _ = self.ptag_ref(Ptag(rec.ptag), -1);
-        self.dev.unpin(self, rec.pinned);
+        self.process.registrations.release(rec.pinned);
     }
 
     /// The application unmapped, moved or discarded `range` (memory
@@ -587,12 +566,12 @@ impl NicInner {
     pub fn revoke_overlapping(&self, range: &std::ops::Range<usize>) {
         let mut revoked = 0;
         {
-            let mut g = self.regions.lock().unwrap();
+            let mut g = self.registered.lock().unwrap();
             for (&h, r) in g.iter_mut() {
                 let (a, b) = (r.va as usize, (r.va + r.len.max(1)) as usize);
                 if !r.revoked && a < range.end && range.start < b {
                     r.revoked = true;
-                    let _ = self.tpt.remove(h);
+                    self.unmap(h);
                     revoked += 1;
                 }
             }
@@ -602,90 +581,40 @@ impl NicInner {
                 "{}: {revoked} registrations over {range:#x?} revoked (memory went away)",
                 self.name
             );
-            self.quiesce_accessors();
-        }
-    }
-
-    /// Waits until no engine touches memory under a translation that was
-    /// valid before the call: this process's engine (its lock) and the
-    /// engine of every connected peer (the access epoch of each VI: odd
-    /// while the peer's engine is inside an operation on it; it re-checks
-    /// the translation between chunks of 256 KiB, so the wait is bounded by
-    /// one chunk). A peer that does not move on within
-    /// [`QUIESCE_TIMEOUT`] (stopped, or dead) is logged and not waited for.
-    pub fn quiesce_accessors(&self) {
-        self.dev.quiesce_light(self);
-        // SeqCst: the table update before this call is ordered before the
-        // epoch loads below; pairs with the fence in the peer's engine after
-        // it raises the epoch (Dekker: either it sees the new table, or we
-        // see its odd epoch).
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let view = self.view();
-        // The VIs inside an operation now (usually none: no allocation).
-        let mut inside = Vec::new();
-        for (slot, _, _) in self.vis.read().unwrap().iter() {
-            if let Some(sh) = view.vi(slot) {
-                let e = sh.access.load(Ordering::SeqCst);
-                if e & 1 == 1 {
-                    inside.push((slot, e));
-                }
-            }
-        }
-        if inside.is_empty() {
-            return;
-        }
-        let deadline = std::time::Instant::now() + QUIESCE_TIMEOUT;
-        for (slot, e) in inside {
-            let Some(sh) = view.vi(slot) else { continue };
-            let mut spins = 0u32;
-            while sh.access.load(Ordering::Acquire) == e {
-                if std::time::Instant::now() >= deadline {
-                    log::warn!(
-                        "{}: the peer of VI {slot} stayed inside an operation for {:?}; not waiting",
-                        self.name,
-                        QUIESCE_TIMEOUT
-                    );
-                    break;
-                }
-                spins += 1;
-                if spins < 1000 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+            self.dev.quiesce_region_users(self);
         }
     }
 
     /// `VipQueryMem`.
     pub fn query_mem(&self, addr: u64, handle: u32) -> Result<MemAttributes> {
-        let s = self.tpt.lookup(handle).ok_or(Error::InvalidParameter)?;
-        if s.va != addr {
+        let r = self.regions.get(handle).ok_or(Error::InvalidParameter)?;
+        if r.va != addr {
             return Err(Error::InvalidParameter);
         }
         Ok(MemAttributes {
-            ptag: Ptag(s.ptag),
-            enable_rdma_write: s.flags & layout::flags::RDMA_WRITE != 0,
-            enable_rdma_read: s.flags & layout::flags::RDMA_READ != 0,
+            ptag: Ptag(r.ptag),
+            enable_rdma_write: r.flags & flags::RDMA_WRITE != 0,
+            enable_rdma_read: r.flags & flags::RDMA_READ != 0,
         })
     }
 
     /// `VipSetMemAttributes`.
     pub fn set_mem_attributes(&self, addr: u64, handle: u32, attrs: &MemAttributes) -> Result<()> {
-        let s = self.tpt.lookup(handle).ok_or(Error::InvalidParameter)?;
-        if s.va != addr {
+        let r = self.regions.get(handle).ok_or(Error::InvalidParameter)?;
+        if r.va != addr {
             return Err(Error::InvalidParameter);
         }
         if !self.ptag_valid(attrs.ptag) {
             return Err(Error::InvalidPtag);
         }
-        let old = Ptag(s.ptag);
-        self.tpt
-            .set_attributes(handle, attrs.ptag.0, Self::mem_flags(attrs))?;
+        let old = Ptag(r.ptag);
+        let fl = Self::mem_flags(attrs);
+        self.dev.set_region_attributes(handle, attrs.ptag.0, fl)?;
+        self.regions.set_attributes(handle, attrs.ptag.0, fl);
         if old != attrs.ptag {
             self.ptag_ref(attrs.ptag, 1)?;
             let _ = self.ptag_ref(old, -1);
-            if let Some(r) = self.regions.lock().unwrap().get_mut(&handle) {
+            if let Some(r) = self.registered.lock().unwrap().get_mut(&handle) {
                 r.ptag = attrs.ptag.0;
             }
         }
@@ -756,19 +685,6 @@ impl NicInner {
     pub fn peer_died(&self, session: u64) {
         for vi in self.all_vis() {
             if vi.peer_session() == Some(session) {
-                // The dead process's engine touches nothing any more (its
-                // mappings are gone): an access epoch it left odd is over.
-                if let Some(sh) = self.view().vi(vi.slot) {
-                    let e = sh.access.load(Ordering::Acquire);
-                    if e & 1 == 1 {
-                        let _ = sh.access.compare_exchange(
-                            e,
-                            e.wrapping_add(1),
-                            Ordering::AcqRel,
-                            Ordering::Relaxed,
-                        );
-                    }
-                }
                 vi.break_connection(self, ErrorCode::ConnLost, false, true);
             }
         }
@@ -792,13 +708,11 @@ impl NicInner {
         }
     }
 
-    /// Processes the shared async error ring (provider thread).
-    pub fn drain_error_ring(&self) {
-        while let Some(v) = self.errors.get().pop() {
-            let Some(e) = AsyncError::decode(v) else {
-                log::warn!("ignoring a malformed entry {v:#x} in the error ring");
-                continue;
-            };
+    /// Acts on the asynchronous errors peers reported (provider thread).
+    pub fn drain_async_errors(&self) {
+        let mut errors = Vec::new();
+        self.dev.take_async_errors(&mut errors);
+        for e in errors {
             if let Some((slot, generation)) = e.vi {
                 if let Some(vi) = self.vi(slot, generation) {
                     let reliable = vi.reliability().is_reliable();
@@ -821,22 +735,14 @@ impl NicInner {
             let _ = vi.disconnect(self);
         }
         self.provider.stop(self);
-        self.dev.stop();
-        let regions: Vec<_> = self.regions.lock().unwrap().drain().collect();
+        self.dev.close(self);
+        let regions: Vec<_> = self.registered.lock().unwrap().drain().collect();
         for (h, rec) in regions {
             if !rec.revoked {
-                let _ = self.tpt.remove(h);
+                self.unmap(h);
             }
             self.release(rec);
         }
-        let _ = self.process.agent.send(&Request::Retire {
-            key: ObjKey {
-                kind: ObjKind::Nic,
-                nic: self.id,
-                id: 0,
-                generation: 0,
-            },
-        });
         for (_, _, cq) in self.cqs.read().unwrap().iter() {
             cq.retire(self);
         }

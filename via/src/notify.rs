@@ -1,9 +1,9 @@
 //! The provider thread: runs Notify handlers and the error callback.
 //!
-//! One thread per NIC sleeps on the `notify` event count in the NIC segment.
+//! One thread per NIC sleeps on the device's provider event count.
 //! Completers (our engine, a peer's engine) wake it when a queue or CQ has a
-//! handler armed (`interest` bits); peers also wake it after pushing into the
-//! NIC's asynchronous error ring. Handlers run on this thread with no
+//! handler armed (`interest` bits); peers also wake it after reporting an
+//! asynchronous error to the NIC. Handlers run on this thread with no
 //! provider lock held, so they may call any VIPL function; they delay other
 //! notifications while they run, so they should not block for long.
 #![forbid(unsafe_code)]
@@ -46,7 +46,7 @@ impl Provider {
             .spawn(move || {
                 loop {
                     let Some(nic) = weak.upgrade() else { return };
-                    let ec = &nic.view().header().notify;
+                    let ec = nic.dev.provider_wake();
                     let key = ec.prepare_wait();
                     if nic.provider.stop.load(Ordering::Acquire) {
                         ec.cancel_wait(key);
@@ -56,12 +56,11 @@ impl Provider {
                         ec.cancel_wait(key);
                         continue;
                     }
-                    let seg = nic.seg.clone();
+                    let dev = nic.dev.clone();
                     drop(nic);
-                    // Hold the mapping (not the NIC) while asleep, so that
+                    // Hold the device (not the NIC) while asleep, so that
                     // closing the NIC can drop it.
-                    let ec = &crate::shm::layout::NicView::trusted(&seg).header().notify;
-                    ec.wait(key, None);
+                    dev.provider_wake().wait(key, None);
                 }
             })
             .expect("spawn provider thread");
@@ -71,7 +70,7 @@ impl Provider {
     /// Stops the thread (not from the thread itself).
     pub fn stop(&self, nic: &NicInner) {
         self.stop.store(true, Ordering::Release);
-        nic.view().header().notify.notify_all();
+        nic.dev.provider_wake().notify_all();
         if let Some(t) = self.thread.lock().unwrap().take() {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
@@ -82,7 +81,7 @@ impl Provider {
     /// Queues an error for the callback and wakes the thread.
     pub fn post_error(&self, nic: &NicInner, e: AsyncError, orderly: bool) {
         self.errors.lock().unwrap().push_back((e, orderly));
-        nic.view().header().notify.notify_all();
+        nic.dev.provider_wake().notify_all();
     }
 
     /// Watches VI (`slot`, `generation`) for notify handlers.
@@ -95,7 +94,7 @@ impl Provider {
             a.push(Armed::Vi(slot, generation));
         }
         drop(a);
-        nic.view().header().notify.notify_all();
+        nic.dev.provider_wake().notify_all();
     }
 
     /// Watches CQ (`slot`, `generation`) for notify handlers.
@@ -108,13 +107,13 @@ impl Provider {
             a.push(Armed::Cq(slot, generation));
         }
         drop(a);
-        nic.view().header().notify.notify_all();
+        nic.dev.provider_wake().notify_all();
     }
 
     /// One pass; returns whether anything was done.
     fn run_once(&self, nic: &NicInner) -> bool {
         let mut did = false;
-        nic.drain_error_ring();
+        nic.drain_async_errors();
         loop {
             let e = self.errors.lock().unwrap().pop_front();
             let Some((e, orderly)) = e else { break };

@@ -83,8 +83,8 @@ pub(crate) fn by_name(nic: &NicInner, name: &str) -> Result<Vec<u8>> {
     if name.len() > proto::MAX_NAME {
         return Err(Error::InvalidParameter);
     }
-    let a = &nic.process.agent;
-    lookup_name(name, &a.host_name, &a.host, &host_table()).ok_or(Error::NameService)
+    let p = &nic.process;
+    lookup_name(name, &p.host_name, &p.host, &host_table()).ok_or(Error::NameService)
 }
 
 /// Host name of `host`.
@@ -92,8 +92,8 @@ pub(crate) fn by_addr(nic: &NicInner, host: &[u8]) -> Result<String> {
     if host.len() > proto::MAX_HOST {
         return Err(Error::InvalidParameter);
     }
-    let a = &nic.process.agent;
-    lookup_addr(host, &a.host_name, &a.host, &host_table()).ok_or(Error::NameService)
+    let p = &nic.process;
+    lookup_addr(host, &p.host_name, &p.host, &host_table()).ok_or(Error::NameService)
 }
 
 #[cfg(test)]

@@ -2,14 +2,11 @@
 //! registration arenas, the table of open NICs, and the mappings of peers.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 
-use crate::agent::{Agent, Event};
-use crate::backend::soft::remote::RemoteNic;
+use crate::agent::{Agent, DaemonInfo, Event};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::handle::Slab;
@@ -25,7 +22,11 @@ pub const MAX_NICS: u32 = 4095;
 /// Process-wide provider state.
 pub(crate) struct Process {
     pub pid: i32,
-    pub agent: Arc<Agent>,
+    /// The viad session (`None` only for the unit tests' private process).
+    agent: Option<Arc<Agent>>,
+    /// This host's VIA address and name.
+    pub host: Vec<u8>,
+    pub host_name: String,
     pub arenas: Arc<Arenas>,
     /// The registration path: registrations of this process, by page range.
     pub registrations: regcache::RegCache<ArenaPinner>,
@@ -34,7 +35,6 @@ pub(crate) struct Process {
     pub monitor: Option<Arc<Monitor>>,
     pub nics: RwLock<Slab<Arc<NicInner>>>,
     pub next_nic_id: Mutex<u32>,
-    remotes: Mutex<HashMap<(u64, u32), Weak<RemoteNic>>>,
     pub config: &'static Config,
 }
 
@@ -48,9 +48,7 @@ impl Publisher for AgentPublisher {
         let _ = self.0.send(&Request::Retire { key: arena_key(id) });
         if let Some(p) = Process::current() {
             for nic in p.all_nics() {
-                // Release: peers that see the bump see the table changes
-                // made before the retirement.
-                nic.view().header().retired.fetch_add(1, Ordering::Release);
+                nic.dev.memory_retired();
             }
         }
     }
@@ -75,7 +73,7 @@ impl Process {
         let mut g = PROCESS.lock().unwrap();
         if let Some(p) = g.as_ref() {
             if p.pid == sys::getpid() {
-                if !p.agent.is_lost() {
+                if !p.agent.as_ref().is_some_and(|a| a.is_lost()) {
                     return Ok(p.clone());
                 }
                 // A new session only once nothing of the old one is left
@@ -94,6 +92,23 @@ impl Process {
             Error::Resource
         })?);
         monitor::set_apply(on_memory_events);
+        let p = Arc::new(Process::build(
+            config,
+            Some(agent.clone()),
+            Box::new(AgentPublisher(agent)),
+        ));
+        crate::mem::fork::install(Arc::downgrade(&p.arenas));
+        *g = Some(p.clone());
+        Ok(p)
+    }
+
+    /// The process state over `agent` (publishing arenas through
+    /// `publisher`).
+    fn build(
+        config: &'static Config,
+        agent: Option<Arc<Agent>>,
+        publisher: Box<dyn Publisher>,
+    ) -> Process {
         let monitor = Monitor::get();
         let mut cache = config.regcache;
         let arenas = Arc::new(Arenas::new(
@@ -102,27 +117,64 @@ impl Process {
                 chunk: config.move_chunk,
                 restore_on_retire: cache.capacity_bytes == 0 || cache.capacity_regions == 0,
             },
-            Box::new(AgentPublisher(agent.clone())),
+            publisher,
             monitor.clone(),
         ));
-        crate::mem::fork::install(Arc::downgrade(&arenas));
         // Without memory events a hit cannot know that the memory under it
         // changed: check each one against the mappings.
         cache.validate_hits = monitor.is_none();
         let registrations = regcache::RegCache::new(ArenaPinner(arenas.clone()), cache);
-        let p = Arc::new(Process {
+        let (host, host_name) = match &agent {
+            Some(a) => (a.host.clone(), a.host_name.clone()),
+            None => (b"localhost".to_vec(), "localhost".to_string()),
+        };
+        Process {
             pid: sys::getpid(),
             agent,
+            host,
+            host_name,
             arenas,
             registrations,
             monitor,
             nics: RwLock::new(Slab::new(MAX_NICS, 1)),
             next_nic_id: Mutex::new(1),
-            remotes: Mutex::new(HashMap::new()),
             config,
-        });
-        *g = Some(p.clone());
-        Ok(p)
+        }
+    }
+
+    /// A process state of its own, with no viad session (arenas are not
+    /// published): for the unit tests' loopback NICs.
+    #[cfg(test)]
+    pub fn without_daemon() -> Arc<Process> {
+        struct Nowhere;
+        impl Publisher for Nowhere {
+            fn publish(&self, _id: u32, _fd: &OwnedFd) -> io::Result<()> {
+                Ok(())
+            }
+            fn retire(&self, _id: u32) {}
+        }
+        Arc::new(Process::build(Config::get(), None, Box::new(Nowhere)))
+    }
+
+    /// The viad session.
+    ///
+    /// # Errors
+    /// `Resource` for a process state without one (unit tests).
+    pub fn agent(&self) -> Result<&Arc<Agent>> {
+        self.agent.as_ref().ok_or_else(|| {
+            log::error!("no viad session in this process state");
+            Error::Resource
+        })
+    }
+
+    /// The viad session's id (0 without one).
+    pub fn session(&self) -> u64 {
+        self.agent.as_ref().map_or(0, |a| a.session)
+    }
+
+    /// Which daemon serves this process.
+    pub fn daemon(&self) -> Option<DaemonInfo> {
+        self.agent.as_ref().map(|a| a.daemon)
     }
 
     /// The current process state if it exists.
@@ -133,26 +185,6 @@ impl Process {
     /// The NIC in slot (`index`, `generation`).
     pub fn nic(&self, index: u32, generation: u16) -> Option<Arc<NicInner>> {
         self.nics.read().unwrap().get(index, generation).cloned()
-    }
-
-    /// A mapping of NIC `nic` of `session`, shared by every VI connected to it.
-    pub fn remote(&self, session: u64, nic: u32) -> io::Result<Arc<RemoteNic>> {
-        let mut g = self.remotes.lock().unwrap();
-        if let Some(r) = g.get(&(session, nic)).and_then(Weak::upgrade) {
-            return Ok(r);
-        }
-        let r = Arc::new(RemoteNic::open(self.agent.clone(), session, nic)?);
-        g.insert((session, nic), Arc::downgrade(&r));
-        g.retain(|_, w| w.strong_count() > 0);
-        Ok(r)
-    }
-
-    /// Forgets the mappings of a dead session.
-    pub fn forget_session(&self, session: u64) {
-        self.remotes
-            .lock()
-            .unwrap()
-            .retain(|(s, _), _| *s != session);
     }
 
     fn all_nics(&self) -> Vec<Arc<NicInner>> {
@@ -203,19 +235,20 @@ fn on_event(ev: Event) {
             for nic in p.all_nics() {
                 nic.peer_died(session);
             }
-            p.forget_session(session);
         }
         Event::Daemon(Reply::RemoteDisconnect { me, token }) => {
-            if me.session == p.agent.session {
+            if me.session == p.session() {
                 for nic in p.all_nics().into_iter().filter(|n| n.id == me.nic) {
                     nic.remote_disconnect(&me);
                 }
             }
-            let _ = p.agent.send(&Request::DisconnectAck { token });
+            if let Ok(a) = p.agent() {
+                let _ = a.send(&Request::DisconnectAck { token });
+            }
         }
         // Without viad, a peer's death would go unnoticed: every connection
         // breaks now, as for a peer that died.
-        Event::Lost if p.agent.is_lost() => {
+        Event::Lost if p.agent.as_ref().is_some_and(|a| a.is_lost()) => {
             for nic in p.all_nics() {
                 nic.daemon_lost();
             }

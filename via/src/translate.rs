@@ -5,102 +5,95 @@
 //! every segment is checked against the translation and protection table:
 //! the handle is live and belongs to this NIC, the region's protection tag is
 //! the VI's, the bytes lie inside the region. What the engine needs is then
-//! fixed in a [`SendPd`] or a [`RecvPd`]; errors found here either refuse the
+//! fixed in a [`SendWr`] or a [`RecvWr`]; errors found here either refuse the
 //! post (the descriptor itself is unusable) or become a completion status
 //! (the NIC would have found them while processing it).
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
-
-use crate::backend::soft::memory::Resolved;
-use crate::descriptor::{SEGMENT_SIZE, control, offsets, status};
+use crate::completion::StatusLoc;
+use crate::descriptor::{MAX_SEGMENTS as MAX_SEGS, SEGMENT_SIZE, control, offsets, status};
 use crate::error::{Error, Result};
-use crate::nic::NicInner;
-use crate::shm::layout::{LocalSeg, MAX_INLINE, MAX_SEGS, SendPd};
-use crate::shm::mapping::Mapping;
-use crate::tpt::RegionCache;
+use crate::regions::{RegionCache, RegionTable};
 
-/// Where a descriptor's control segment lives, resolved once at post time.
-#[derive(Clone)]
-pub(crate) enum StatusLoc {
-    /// Offset of the descriptor in a shadow mapping.
-    Map(Arc<Mapping>, usize),
-    /// Virtual address of the descriptor (cross-memory attach on ourselves).
-    Cma(i32, u64),
+/// One local data segment of a work request: `len` bytes at virtual address
+/// `va` in the region of `handle` (checked at post time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WrSeg {
+    /// Virtual address in the posting process.
+    pub va: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Memory handle.
+    pub handle: u32,
 }
 
-impl StatusLoc {
-    /// The location of the control segment at `va` of `region`.
-    pub fn of(region: &Resolved, va: u64) -> StatusLoc {
-        match region.control_segment(va) {
-            Some((m, at)) => StatusLoc::Map(m, at),
-            None => StatusLoc::Cma(region.pid, va),
+/// A validated send, RDMA write or RDMA read: what every kind of NIC gets
+/// from `VipPostSend`. Integers only, without padding, so that a kind may
+/// carry it by value through a shared ring (the soft NIC's doorbell).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr {
+    /// VI slot.
+    pub vi: u32,
+    /// VI generation.
+    pub vi_gen: u32,
+    /// `CS.Control` of the descriptor (operation and flags).
+    pub control: u16,
+    /// Local segments in use.
+    pub seg_count: u16,
+    /// Error status found at post time (0 = none): the device completes
+    /// the descriptor with it, in order.
+    pub fault: u32,
+    /// Immediate data.
+    pub imm: u32,
+    /// Total bytes of the local segments.
+    pub length: u32,
+    /// Virtual address of the user descriptor.
+    pub desc_va: u64,
+    /// Memory handle covering the user descriptor.
+    pub desc_handle: u32,
+    /// Position of the descriptor in its VI's send queue.
+    pub seq: u32,
+    /// Remote address of an RDMA operation.
+    pub remote_va: u64,
+    /// Remote memory handle of an RDMA operation.
+    pub remote_handle: u32,
+    _pad: u32,
+    /// Local segments.
+    pub segs: [WrSeg; MAX_SEGS],
+}
+
+impl Default for SendWr {
+    fn default() -> Self {
+        SendWr {
+            vi: 0,
+            vi_gen: 0,
+            control: 0,
+            seg_count: 0,
+            fault: 0,
+            imm: 0,
+            length: 0,
+            desc_va: 0,
+            desc_handle: 0,
+            seq: 0,
+            remote_va: 0,
+            remote_handle: 0,
+            _pad: 0,
+            segs: [WrSeg::default(); MAX_SEGS],
         }
     }
+}
 
-    /// Reads `CS.Status` (Acquire).
-    pub fn status(&self) -> u32 {
-        self.word(offsets::STATUS)
+impl SendWr {
+    /// The operation (`control::OP_*`).
+    pub fn op(&self) -> u16 {
+        self.control & control::OP_MASK
     }
 
-    /// Reads a 32-bit control-segment word at `off`.
-    pub fn word(&self, off: usize) -> u32 {
-        match self {
-            StatusLoc::Map(m, at) => m
-                .u32_at(at + off)
-                // Acquire: pairs with the Release store of the completing engine.
-                .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
-                .unwrap_or(0),
-            StatusLoc::Cma(pid, va) => {
-                let mut b = [0u8; 4];
-                let _ = crate::sys::process_vm_read(*pid, &mut b, va + off as u64);
-                u32::from_ne_bytes(b)
-            }
-        }
-    }
-
-    /// Writes a completion: `imm` and `len` first, then `status` (Release).
-    pub fn complete(&self, status: u32, len: Option<u32>, imm: Option<u32>) {
-        match self {
-            StatusLoc::Map(m, at) => {
-                use std::sync::atomic::Ordering;
-                if let Some(i) = imm {
-                    if let Some(w) = m.u32_at(at + offsets::IMMEDIATE_DATA) {
-                        w.store(i, Ordering::Relaxed);
-                    }
-                }
-                if let Some(l) = len {
-                    if let Some(w) = m.u32_at(at + offsets::LENGTH) {
-                        w.store(l, Ordering::Relaxed);
-                    }
-                }
-                if let Some(w) = m.u32_at(at + offsets::STATUS) {
-                    // Release: orders the data and the words above before the status.
-                    w.store(status, Ordering::Release);
-                }
-            }
-            StatusLoc::Cma(pid, va) => {
-                if let Some(i) = imm {
-                    let _ = crate::sys::process_vm_write(
-                        *pid,
-                        &i.to_ne_bytes(),
-                        va + offsets::IMMEDIATE_DATA as u64,
-                    );
-                }
-                if let Some(l) = len {
-                    let _ = crate::sys::process_vm_write(
-                        *pid,
-                        &l.to_ne_bytes(),
-                        va + offsets::LENGTH as u64,
-                    );
-                }
-                let _ = crate::sys::process_vm_write(
-                    *pid,
-                    &status.to_ne_bytes(),
-                    va + offsets::STATUS as u64,
-                );
-            }
-        }
+    /// The local segments.
+    pub fn local(&self) -> &[WrSeg] {
+        &self.segs[..(self.seg_count as usize).min(MAX_SEGS)]
     }
 }
 
@@ -136,13 +129,13 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 /// tag, more than [`MAX_SEGS`] segments, or a reserved control bit or
 /// operation.
 pub(crate) fn read_desc(
-    nic: &NicInner,
+    table: &RegionTable,
     va: u64,
     handle: u32,
     ptag: u32,
     cache: &mut RegionCache,
 ) -> Result<UserDesc> {
-    let region = cache.get(&nic.tpt, handle).ok_or(Error::InvalidParameter)?;
+    let region = cache.get(table, handle).ok_or(Error::InvalidParameter)?;
     if va % crate::descriptor::ALIGNMENT as u64 != 0
         || !region.covers(va, 32)
         || region.ptag != ptag
@@ -153,19 +146,25 @@ pub(crate) fn read_desc(
     let (n, control, imm, length);
     if let Some((m, at)) = region.span(va, 32) {
         // Fast path: the descriptor lies in one arena; read its words.
-        let w = m.load_u32(at + 12);
-        (n, control) = ((w & 0xffff) as usize, (w >> 16) as u16);
-        imm = m.load_u32(at + 20);
-        length = m.load_u32(at + 24);
+        let w = m.load_u32(at + offsets::SEG_COUNT);
+        let (first, second) = if cfg!(target_endian = "little") {
+            (w as u16, (w >> 16) as u16)
+        } else {
+            ((w >> 16) as u16, w as u16)
+        };
+        (n, control) = (first as usize, second);
+        imm = m.load_u32(at + offsets::IMMEDIATE_DATA);
+        length = m.load_u32(at + offsets::LENGTH);
     } else {
         let mut cs = [0u8; 32];
         region
             .read(va, &mut cs)
             .map_err(|_| Error::DescriptorError)?;
-        n = u16::from_ne_bytes([cs[12], cs[13]]) as usize;
-        control = u16::from_ne_bytes([cs[14], cs[15]]);
-        imm = u32_at(&cs, 20);
-        length = u32_at(&cs, 24);
+        let at = |o: usize| [cs[o], cs[o + 1]];
+        n = u16::from_ne_bytes(at(offsets::SEG_COUNT)) as usize;
+        control = u16::from_ne_bytes(at(offsets::CONTROL));
+        imm = u32_at(&cs, offsets::IMMEDIATE_DATA);
+        length = u32_at(&cs, offsets::LENGTH);
     }
     if n > MAX_SEGS
         || control & control::RESERVED != 0
@@ -173,7 +172,7 @@ pub(crate) fn read_desc(
     {
         return Err(Error::DescriptorError);
     }
-    let end = 32 + n * SEGMENT_SIZE;
+    let end = offsets::SEGMENTS + n * SEGMENT_SIZE;
     if !region.covers(va, end as u64) {
         return Err(Error::DescriptorError);
     }
@@ -215,56 +214,54 @@ pub(crate) fn read_desc(
 
 /// Checks a local data segment; the error status if it is not allowed.
 fn check_local(
-    nic: &NicInner,
+    table: &RegionTable,
     s: &RawSeg,
     ptag: u32,
     cache: &mut RegionCache,
 ) -> std::result::Result<u64, u32> {
-    let r = cache
-        .get(&nic.tpt, s.handle)
-        .ok_or(status::PROTECTION_ERROR)?;
+    let r = cache.get(table, s.handle).ok_or(status::PROTECTION_ERROR)?;
     if r.ptag != ptag || !r.covers(s.addr, s.len as u64) {
         return Err(status::PROTECTION_ERROR);
     }
     Ok(r.va)
 }
 
-/// What [`send_pd`] needs to know about the VI and the post.
+/// What [`send_wr`] needs to know about the VI and the post.
 pub(crate) struct SendCtx {
     pub vi: (u32, u16),
     pub ptag: u32,
     pub mtu: u32,
     pub reliable: bool,
-    pub inline_max: usize,
     pub desc_va: u64,
     pub desc_handle: u32,
+    pub seq: u32,
 }
 
-/// Builds the physical descriptor of a send, RDMA write or RDMA read.
-/// Problems the NIC would report in the status become `pd.fault`.
+/// Builds the work request of a send, RDMA write or RDMA read into `wr`.
+/// Problems the NIC would report in the status become `wr.fault`.
 ///
 /// # Errors
 /// `DescriptorError` for an RDMA descriptor without address segment, RDMA
 /// read with immediate data, or RDMA read on an unreliable VI.
-pub(crate) fn send_pd(
-    nic: &NicInner,
+pub(crate) fn send_wr(
+    table: &RegionTable,
     d: &UserDesc,
     cx: &SendCtx,
-    pd: &mut SendPd,
+    wr: &mut SendWr,
     cache: &mut RegionCache,
 ) -> Result<()> {
     let op = d.control & control::OP_MASK;
     if op == control::OP_RDMAREAD && !cx.reliable {
         return Err(Error::DescriptorError);
     }
-    pd.vi = cx.vi.0;
-    pd.vi_gen = cx.vi.1 as u32;
-    pd.control = d.control;
-    pd.imm = d.imm;
-    pd.desc_va = cx.desc_va;
-    pd.desc_handle = cx.desc_handle;
-    pd.fault = 0;
-    pd.inline_len = 0;
+    wr.vi = cx.vi.0;
+    wr.vi_gen = cx.vi.1 as u32;
+    wr.control = d.control;
+    wr.imm = d.imm;
+    wr.desc_va = cx.desc_va;
+    wr.desc_handle = cx.desc_handle;
+    wr.seq = cx.seq;
+    wr.fault = 0;
     let local: &[RawSeg] = match op {
         control::OP_SENDRECV => &d.segs[..d.n],
         _ => {
@@ -275,55 +272,34 @@ pub(crate) fn send_pd(
             if op == control::OP_RDMAREAD && d.control & control::IMMEDIATE != 0 {
                 return Err(Error::DescriptorError);
             }
-            pd.remote_va = d.segs[0].addr;
-            pd.remote_handle = d.segs[0].handle;
+            wr.remote_va = d.segs[0].addr;
+            wr.remote_handle = d.segs[0].handle;
             &d.segs[1..d.n]
         }
     };
     let mut total: u64 = 0;
     for (i, s) in local.iter().enumerate() {
-        if let Err(st) = check_local(nic, s, cx.ptag, cache) {
-            pd.fault |= st;
+        if let Err(st) = check_local(table, s, cx.ptag, cache) {
+            wr.fault |= st;
         }
-        pd.segs[i] = LocalSeg {
+        wr.segs[i] = WrSeg {
             va: s.addr,
             len: s.len,
             handle: s.handle,
         };
         total += s.len as u64;
     }
-    pd.seg_count = local.len() as u16;
+    wr.seg_count = local.len() as u16;
     if total > cx.mtu as u64 || (op != control::OP_RDMAREAD && total != d.length as u64) {
-        pd.fault |= status::LENGTH_ERROR;
+        wr.fault |= status::LENGTH_ERROR;
     }
-    pd.length = total.min(u32::MAX as u64) as u32;
-    if pd.fault == 0
-        && op == control::OP_SENDRECV
-        && total > 0
-        && total as usize <= cx.inline_max.min(MAX_INLINE)
-    {
-        let mut done = 0usize;
-        for s in local {
-            let n = s.len as usize;
-            if n == 0 {
-                continue;
-            }
-            let ok = cache
-                .get(&nic.tpt, s.handle)
-                .is_some_and(|r| r.read(s.addr, &mut pd.inline[done..done + n]).is_ok());
-            if !ok {
-                pd.fault |= status::PROTECTION_ERROR;
-                break;
-            }
-            done += n;
-        }
-        pd.inline_len = done as u32;
-    }
+    wr.length = total.min(u32::MAX as u64) as u32;
     Ok(())
 }
 
-/// A pre-translated receive: what goes into the receive ring slot.
-pub(crate) struct RecvPd {
+/// A validated receive: what every kind of NIC gets from `VipPostRecv`.
+#[derive(Clone)]
+pub(crate) struct RecvWr {
     pub desc_off: u64,
     pub desc_handle: u32,
     pub n: usize,
@@ -332,16 +308,16 @@ pub(crate) struct RecvPd {
     pub fault: u32,
 }
 
-/// Builds the pre-translated form of a receive descriptor.
-pub(crate) fn recv_pd(
-    nic: &NicInner,
+/// Builds the work request of a receive descriptor.
+pub(crate) fn recv_wr(
+    table: &RegionTable,
     d: &UserDesc,
     desc_va: u64,
     desc_handle: u32,
     ptag: u32,
     cache: &mut RegionCache,
-) -> RecvPd {
-    let mut pd = RecvPd {
+) -> RecvWr {
+    let mut pd = RecvWr {
         desc_off: desc_va - d.region_va,
         desc_handle,
         n: 0,
@@ -352,7 +328,7 @@ pub(crate) fn recv_pd(
         pd.fault |= status::FORMAT_ERROR;
     }
     for s in &d.segs[..d.n] {
-        match check_local(nic, s, ptag, cache) {
+        match check_local(table, s, ptag, cache) {
             Ok(base) => {
                 pd.segs[pd.n] = (s.addr - base, s.len, s.handle);
                 pd.n += 1;

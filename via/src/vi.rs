@@ -9,9 +9,9 @@
 //!
 //! Each work queue is a FIFO of posted descriptors kept here (for
 //! `Vip*Done`/`Vip*Wait`, which dequeue in posting order); completion is
-//! written into the descriptor in memory by whichever engine ran it.
-//! Receives are also published, pre-translated, in the VI's receive ring in
-//! the NIC segment, where the connected peer's engine takes them.
+//! written into the descriptor in memory by whoever ran it (`completion`).
+//! Validated work requests go to the NIC's device; the connection itself
+//! (what the peer is on the wire) belongs to the device too.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -21,15 +21,13 @@ use std::time::{Duration, Instant};
 
 use crate::agent::Pending;
 use crate::attrs::{Reliability, ViAttributes, ViState};
-use crate::backend::soft::complete;
-use crate::backend::soft::remote::PeerLink;
+use crate::completion::{self, StatusLoc, interest};
 use crate::cq::CqCore;
 use crate::descriptor::status;
 use crate::error::{Error, Result};
-use crate::nic::{AsyncError, ErrorCode, MAX_TRANSFER, NicInner, ResourceCode};
+use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
 use crate::proto::{Endpoint, Request};
-use crate::shm::layout::{RQ_SLOTS, ViShared, flags, interest};
-use crate::translate::{self, StatusLoc};
+use crate::translate;
 
 /// A posted descriptor waiting to be dequeued.
 #[derive(Clone)]
@@ -50,7 +48,7 @@ pub(crate) struct Queue {
     /// Receive ring positions before this one are finished (taken or flushed).
     pub consumer_pos: u64,
     /// Translations of the regions this queue's descriptors use.
-    pub regions: crate::tpt::RegionCache,
+    pub regions: crate::regions::RegionCache,
 }
 
 /// A completed descriptor, dequeued.
@@ -102,11 +100,8 @@ pub(crate) struct ViCore {
     fast: Fast,
     pub state: Mutex<State>,
     /// Set (before the state changes) when the connection breaks, so the
-    /// engine stops using it at once.
+    /// device stops using it at once.
     pub broken: AtomicBool,
-    pub link: RwLock<Option<Arc<PeerLink>>>,
-    /// Bumped whenever `link` changes (engines cache the link by epoch).
-    link_epoch: AtomicU32,
     pub send: Mutex<Queue>,
     pub recv: Mutex<Queue>,
     pub send_cq: Option<Arc<CqCore>>,
@@ -116,13 +111,16 @@ pub(crate) struct ViCore {
 }
 
 fn check_attrs(nic: &NicInner, a: &ViAttributes) -> Result<()> {
-    if a.max_transfer_size == 0 || a.max_transfer_size > MAX_TRANSFER {
+    if a.max_transfer_size == 0 || a.max_transfer_size > nic.limits.max_transfer {
         return Err(Error::InvalidMtu);
     }
     if !nic.ptag_valid(a.ptag) {
         return Err(Error::InvalidPtag);
     }
-    if a.enable_rdma_read && !a.reliability.is_reliable() {
+    if nic.limits.reliability & a.reliability.bits() == 0 {
+        return Err(Error::InvalidReliabilityLevel);
+    }
+    if a.enable_rdma_read && nic.limits.rdma_read & a.reliability.bits() == 0 {
         return Err(Error::InvalidRdmaRead);
     }
     Ok(())
@@ -154,8 +152,6 @@ impl ViCore {
                         peer_request: None,
                     }),
                     broken: AtomicBool::new(false),
-                    link: RwLock::new(None),
-                    link_epoch: AtomicU32::new(0),
                     send: Mutex::new(Queue::default()),
                     recv: Mutex::new(Queue::default()),
                     send_cq,
@@ -167,75 +163,36 @@ impl ViCore {
             .cloned()
             .ok_or(Error::Resource)?;
         nic.ptag_ref(attrs.ptag, 1)?;
-        let sh = vi.shared(nic);
-        vi.publish_attrs(nic);
-        sh.recv_cq.store(
-            vi.recv_cq.as_ref().map_or(0, |c| c.slot + 1),
-            Ordering::Relaxed,
-        );
-        sh.send_cq.store(
-            vi.send_cq.as_ref().map_or(0, |c| c.slot + 1),
-            Ordering::Relaxed,
-        );
-        sh.interest.store(0, Ordering::Relaxed);
-        // Release: the fields above are visible to a peer that sees the generation.
-        sh.generation.store(vi.generation as u32, Ordering::Release);
+        vi.publish_attrs();
         for (cq, recv) in [(&vi.send_cq, false), (&vi.recv_cq, true)] {
             if let Some(cq) = cq {
                 cq.attach(&vi, recv);
             }
         }
-        if let Err(e) = nic.dev.add_vi(nic, vi.slot) {
+        if let Err(e) = nic.dev.add_vi(nic, &vi) {
             let _ = vi.destroy(nic);
             return Err(e);
         }
         Ok(vi)
     }
 
-    /// The VI's entry in the NIC segment.
-    pub fn shared<'a>(&self, nic: &'a NicInner) -> &'a ViShared {
-        nic.view().vi(self.slot).expect("slot in range")
+    /// Where completers of this VI wake its waiters.
+    pub fn signals<'a>(&self, nic: &'a NicInner) -> crate::backend::ViSignals<'a> {
+        nic.dev.vi_signals(self.slot)
     }
 
-    fn publish_attrs(&self, nic: &NicInner) {
+    /// The attributes.
+    pub fn attributes(&self) -> ViAttributes {
+        *self.attrs.read().unwrap()
+    }
+
+    fn publish_attrs(&self) {
         let a = *self.attrs.read().unwrap();
         self.fast.ptag.store(a.ptag.id(), Ordering::Relaxed);
         self.fast.mtu.store(a.max_transfer_size, Ordering::Relaxed);
         self.fast
             .reliable
             .store(a.reliability.is_reliable(), Ordering::Relaxed);
-        let sh = self.shared(nic);
-        sh.reliability
-            .store(a.reliability.bits(), Ordering::Relaxed);
-        sh.ptag.store(a.ptag.id(), Ordering::Relaxed);
-        sh.flags.store(
-            (if a.enable_rdma_write {
-                flags::RDMA_WRITE
-            } else {
-                0
-            }) | (if a.enable_rdma_read {
-                flags::RDMA_READ
-            } else {
-                0
-            }),
-            Ordering::Release,
-        );
-    }
-
-    /// The link epoch (see `link_epoch`).
-    pub fn link_epoch(&self) -> u32 {
-        // Acquire: pairs with the Release bump in `set_link`.
-        self.link_epoch.load(Ordering::Acquire)
-    }
-
-    /// Replaces the link; returns the old one. Callers then quiesce the
-    /// engine before relying on the old link being unused.
-    fn set_link(&self, l: Option<Arc<PeerLink>>) -> Option<Arc<PeerLink>> {
-        let mut g = self.link.write().unwrap();
-        let old = std::mem::replace(&mut *g, l);
-        // Release: an engine that sees the new epoch reads the new link.
-        self.link_epoch.fetch_add(1, Ordering::Release);
-        old
     }
 
     /// The reliability level.
@@ -293,7 +250,8 @@ impl ViCore {
             let _ = nic.ptag_ref(old.ptag, -1);
         }
         *self.attrs.write().unwrap() = a;
-        self.publish_attrs(nic);
+        self.publish_attrs();
+        nic.dev.vi_attributes(self, &a);
         Ok(())
     }
 
@@ -307,8 +265,7 @@ impl ViCore {
             return Err(Error::InvalidState);
         }
         drop(st);
-        nic.dev.remove_vi(self.slot);
-        self.shared(nic).generation.store(0, Ordering::Release);
+        nic.dev.remove_vi(nic, self);
         nic.vis.write().unwrap().remove(self.slot, self.generation);
         for cq in [&self.send_cq, &self.recv_cq].into_iter().flatten() {
             cq.detach(self);
@@ -321,7 +278,7 @@ impl ViCore {
     pub fn endpoint(&self, nic: &NicInner) -> Endpoint {
         let a = *self.attrs.read().unwrap();
         Endpoint {
-            session: nic.process.agent.session,
+            session: nic.process.session(),
             nic: nic.id,
             vi: self.slot,
             vi_gen: self.generation as u32,
@@ -342,45 +299,47 @@ impl ViCore {
             ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
-        if let Some(l) = self.link.read().unwrap().as_deref() {
-            // Overlaps the miss on the peer's receive slot with translation.
-            l.prefetch_next_receive();
-        }
+        nic.dev.prepare_send(self);
         {
             let mut q = self.send.lock().unwrap();
-            if q.fifo.len() >= RQ_SLOTS as usize {
+            if q.fifo.len() >= nic.limits.queue_depth as usize {
                 return Err(Error::Resource);
             }
-            let d = translate::read_desc(nic, desc_va, handle, ptag, &mut q.regions)?;
-            let mut pd = crate::shm::layout::SendPd::default();
-            translate::send_pd(
-                nic,
+            let Queue {
+                fifo,
+                tail,
+                regions,
+                ..
+            } = &mut *q;
+            let d = translate::read_desc(&nic.regions, desc_va, handle, ptag, regions)?;
+            let mut wr = translate::SendWr::default();
+            translate::send_wr(
+                &nic.regions,
                 &d,
                 &translate::SendCtx {
                     vi: (self.slot, self.generation),
                     ptag,
                     mtu: self.fast.mtu.load(Ordering::Relaxed),
                     reliable: self.fast.reliable.load(Ordering::Relaxed),
-                    inline_max: nic.process.config.inline,
                     desc_va,
                     desc_handle: handle,
+                    seq: *tail as u32,
                 },
-                &mut pd,
-                &mut q.regions,
+                &mut wr,
+                regions,
             )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
             d.status.complete(0, None, None);
-            pd.seq = q.tail as u32;
-            q.tail += 1;
-            q.fifo.push_back(Posted {
+            *tail += 1;
+            fifo.push_back(Posted {
                 desc_va,
                 status: d.status,
-                pos: pd.seq as u64,
+                pos: wr.seq as u64,
             });
-            // Pushed under the queue lock: the doorbell sees this VI's
-            // descriptors in posting order.
-            nic.dev.post_send(nic, self, pd)?;
+            // Handed over under the queue lock: the device sees this VI's
+            // requests in posting order.
+            nic.dev.post_send(nic, self, &wr)?;
         }
         nic.dev.kick(nic, Some(self));
         Ok(())
@@ -391,11 +350,11 @@ impl ViCore {
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         let state = self.vi_state();
         let mut q = self.recv.lock().unwrap();
-        if q.fifo.len() >= RQ_SLOTS as usize {
+        if q.fifo.len() >= nic.limits.queue_depth as usize {
             return Err(Error::Resource);
         }
-        let d = translate::read_desc(nic, desc_va, handle, ptag, &mut q.regions)?;
-        let pd = translate::recv_pd(nic, &d, desc_va, handle, ptag, &mut q.regions);
+        let d = translate::read_desc(&nic.regions, desc_va, handle, ptag, &mut q.regions)?;
+        let pd = translate::recv_wr(&nic.regions, &d, desc_va, handle, ptag, &mut q.regions);
         let pos = q.tail;
         q.tail += 1;
         d.status.complete(0, None, None);
@@ -416,7 +375,7 @@ impl ViCore {
                 // Never offered to the peer: its engine skips finished slots.
                 nic.dev.skip_recv(nic, self, pos);
                 drop(q);
-                complete::local(nic, self, Which::Recv, &d.status, st, None, None);
+                completion::local(nic, self, Which::Recv, &d.status, st, None, None);
             }
             None => nic.dev.post_recv(nic, self, pos, &pd)?,
         }
@@ -457,11 +416,8 @@ impl ViCore {
     /// completes or the timeout passes (`None` = forever).
     pub fn wait(&self, nic: &NicInner, w: Which, timeout: Option<Duration>) -> Result<Completion> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let sh = self.shared(nic);
-        let ec = match w {
-            Which::Send => &sh.send_wake,
-            Which::Recv => &sh.recv_wake,
-        };
+        let signals = self.signals(nic);
+        let ec = signals.wake(w);
         loop {
             match self.done(w) {
                 Err(Error::NotDone) => {}
@@ -505,7 +461,7 @@ impl ViCore {
         // SeqCst: pairs with the completer's fence between writing a status
         // and reading `interest` (Dekker), so either it sees the bit or the
         // provider's scan sees the completion.
-        self.shared(nic).interest.fetch_or(bit, Ordering::SeqCst);
+        self.signals(nic).interest.fetch_or(bit, Ordering::SeqCst);
         nic.provider.arm(nic, self.slot, self.generation);
     }
 
@@ -521,10 +477,11 @@ impl ViCore {
             loop {
                 let mut l = list.lock().unwrap();
                 if l.is_empty() {
-                    self.shared(nic).interest.fetch_and(!bit, Ordering::SeqCst);
+                    let interest = self.signals(nic).interest;
+                    interest.fetch_and(!bit, Ordering::SeqCst);
                     // A handler registered after the clear re-sets the bit.
                     if !l.is_empty() {
-                        self.shared(nic).interest.fetch_or(bit, Ordering::SeqCst);
+                        interest.fetch_or(bit, Ordering::SeqCst);
                     }
                     break;
                 }
@@ -567,21 +524,12 @@ impl ViCore {
         st.peer_request = None;
     }
 
-    /// Maps the peer of a connection being set up.
-    pub fn open_link(&self, nic: &NicInner, peer: &Endpoint) -> Result<PeerLink> {
-        let mtu = self.attrs.read().unwrap().max_transfer_size.min(peer.mtu);
-        PeerLink::open(nic, peer, mtu).map_err(|e| {
-            log::error!("cannot map the peer's NIC: {e}");
-            Error::Resource
-        })
-    }
-
-    /// CONNECT_PENDING → CONNECTED over `link`. If the peer already
+    /// CONNECT_PENDING → CONNECTED to `peer`, over the device's side of
+    /// the connection (set up with `Device::connect`). If the peer already
     /// disconnected, the connection breaks at once (`CONN_LOST`).
-    pub fn install(&self, nic: &NicInner, link: PeerLink, peer: &Endpoint) {
+    pub fn install(&self, nic: &NicInner, peer: &Endpoint) {
         let early = {
             let mut st = self.state.lock().unwrap();
-            self.set_link(Some(Arc::new(link)));
             self.broken.store(false, Ordering::Release);
             self.set_state(&mut st, ViState::Connected);
             st.peer = Some(peer.clone());
@@ -607,8 +555,8 @@ impl ViCore {
 
     /// Connects to `peer` (CONNECT_PENDING → CONNECTED).
     pub fn complete_connect(&self, nic: &NicInner, peer: &Endpoint) -> Result<()> {
-        let link = self.open_link(nic, peer)?;
-        self.install(nic, link, peer);
+        nic.dev.connect(nic, self, peer)?;
+        self.install(nic, peer);
         Ok(())
     }
 
@@ -645,10 +593,7 @@ impl ViCore {
             self.set_state(&mut st, ViState::Error);
             self.broken.store(true, Ordering::Release);
         }
-        let link = self.set_link(None);
-        if let (true, Some(l)) = (tell_peer, &link) {
-            l.tell_peer(ErrorCode::ConnLost);
-        }
+        nic.dev.disconnect(nic, self, tell_peer);
         self.flush(nic, peer_dead);
         log::debug!("VI {} broke: {code:?}", self.slot);
         nic.report_as(
@@ -682,7 +627,7 @@ impl ViCore {
             q.consumer_pos = q.tail;
         }
         for st in todo {
-            complete::local(
+            completion::local(
                 nic,
                 self,
                 Which::Recv,
@@ -708,17 +653,18 @@ impl ViCore {
             let peer = st.peer.take();
             if was_connected { peer } else { None }
         };
-        let link = self.set_link(None);
+        nic.dev.disconnect(nic, self, false);
         // Our engine no longer touches the peer once this returns.
         nic.dev.quiesce(nic);
-        if let (Some(peer), Some(_)) = (peer, link) {
+        if let Some(peer) = peer {
             // Wait until the peer's engine no longer uses this connection.
             let me = self.endpoint(nic);
-            if let Err(e) = nic
+            let r = nic
                 .process
-                .agent
-                .call(&Request::Disconnect { peer, me }, None)
-            {
+                .agent()
+                .map_err(|_| std::io::Error::other("no viad session"))
+                .and_then(|a| a.call(&Request::Disconnect { peer, me }, None));
+            if let Err(e) = r {
                 log::warn!("disconnect: viad unreachable ({e}); flushing anyway");
             }
         }

@@ -955,8 +955,10 @@ fn squat(mode: &str, victim: u32, instance: &str) {
         use std::os::unix::fs::PermissionsExt;
         let mode = if d == &victim_dir { 0o777 } else { 0o700 };
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
-        let l = via::sys::seqpacket_listen_path(&d.join(format!("{instance}.sock")))
-            .expect("bind in the squatter's directory");
+        let l = via::sys::seqpacket_listen_path(
+            &d.join(format!("{instance}.p{}.sock", via::proto::VERSION)),
+        )
+        .expect("bind in the squatter's directory");
         listeners.push(l);
         if d != &victim_dir {
             std::os::unix::fs::symlink(d, &victim_dir).expect("symlink");

@@ -5,9 +5,11 @@
 //! user, who then receives the Hello, the NIC segment and the registered
 //! memory of whoever connects.
 //!
-//! * Per-user daemon: `$XDG_RUNTIME_DIR/via-rs/<instance>.sock` when
+//! * Per-user daemon: `$XDG_RUNTIME_DIR/via-rs/<instance>.p<N>.sock` when
 //!   `XDG_RUNTIME_DIR` is a directory of the caller with mode 0700, else
-//!   `/tmp/via-rs-<uid>/<instance>.sock`. The directory is created with mode
+//!   `/tmp/via-rs-<uid>/<instance>.p<N>.sock`, where `N` is the protocol
+//!   version: programs built against different versions of the library
+//!   each start and use a daemon that speaks their protocol, side by side. The directory is created with mode
 //!   0700; one that exists must be a real directory (not a symlink: checked
 //!   with `lstat`) owned by the caller with mode 0700, or it is refused.
 //!   The daemon of that directory must run as the caller (`SO_PEERCRED`).
@@ -196,7 +198,7 @@ pub fn user_dir() -> io::Result<PathBuf> {
 /// The per-user daemon's socket for `instance`, in [`user_dir`].
 pub fn user_socket_for(instance: &str) -> io::Result<PathBuf> {
     check_instance(instance)?;
-    Ok(user_dir()?.join(format!("{instance}.sock")))
+    Ok(user_dir()?.join(format!("{instance}.p{}.sock", crate::proto::VERSION)))
 }
 
 /// The per-user daemon's socket for `VIA_INSTANCE`.
@@ -207,7 +209,7 @@ pub fn user_socket() -> io::Result<PathBuf> {
 /// The lock file that makes the per-user daemon of `instance` unique.
 pub fn user_lock_for(instance: &str) -> io::Result<PathBuf> {
     check_instance(instance)?;
-    Ok(user_dir()?.join(format!("{instance}.lock")))
+    Ok(user_dir()?.join(format!("{instance}.p{}.lock", crate::proto::VERSION)))
 }
 
 /// The system daemon's place, if it is there and trustworthy: its

@@ -1,73 +1,274 @@
-//! Device kinds: the operations table every kind of NIC implements.
+//! Kinds of NIC: the operations table each one implements, and the table of
+//! kinds that `VipOpenNic` picks from by name.
 //!
-//! The object model (`nic`, `vi`, `cq`, `translate`, `tpt`) is common to all
-//! kinds; what differs is how memory is made reachable, how a translated
-//! descriptor reaches the hardware (or the software engine), and how a
-//! posted receive is offered to the peer. Those operations are the [`Device`]
-//! trait. Its default methods refuse with `VIP_ERROR_RESOURCE` (the idea of
-//! rdma-core's `dummy_ops.c`): a kind that lacks an operation answers with an
-//! error, never a crash.
+//! The object model (`nic`, `vi`, `cq`, `conn`, `translate`, `regions`,
+//! `completion`) is the same for every kind: protection tags, the VI state
+//! machine and its work queues, descriptor validation, the one writer of
+//! completions into user descriptors, error callbacks. A kind supplies what
+//! differs, through [`Device`] (the shape of rdma-core's `verbs_context_ops`):
+//! how a registered region becomes reachable by the NIC and by peers, where
+//! completers wake waiters, how a connection is set up on the wire, and how
+//! a validated work request moves data. The default methods answer with a
+//! clean error (`VIP_ERROR_RESOURCE`), the idea of rdma-core's
+//! `dummy_ops.c`: a kind that lacks an operation never crashes.
 //!
-//! Kinds: [`soft`] (the default: shared memory within a host). The sockets
-//! and verbs kinds plug in here.
-#![forbid(unsafe_code)]
+//! | kind | directory | names |
+//! |---|---|---|
+//! | shared memory between the processes of a host | [`soft`] | default, `via_lo`, `via_<ifname>` (until the sockets kind lands) |
+//! | in-process loopback, for unit tests | `loopback` (tests only) | none (opened directly) |
+//!
+//! A new kind is one directory here plus one row in [`KINDS`].
+#![deny(unsafe_code)]
 
+#[cfg(test)]
+pub(crate) mod loopback;
 pub(crate) mod soft;
 
-use std::io;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 
+use doorbell::EventCount;
+
+use crate::attrs::ViAttributes;
 use crate::error::{Error, Result};
-use crate::mem::arena::{Extent, UserRange};
-use crate::nic::NicInner;
-use crate::shm::layout::SendPd;
-use crate::translate::RecvPd;
-use crate::vi::ViCore;
+use crate::mem::arena::Extent;
+use crate::nic::{AsyncError, NicInner};
+use crate::process::Process;
+use crate::proto::Endpoint;
+use crate::shm::rings::MappedRing;
+use crate::translate::{RecvWr, SendWr};
+use crate::vi::{ViCore, Which};
 
-/// A registration's pinned memory: its extents, and whatever the device
-/// keeps to undo the pin (a registration-cache lease).
-pub(crate) struct Pinned {
-    pub extents: Vec<Extent>,
-    pub token: Box<dyn std::any::Any + Send + Sync>,
+/// What a kind of NIC supports (`VipQueryNic` reports these).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// VIs per NIC.
+    pub max_vi: u32,
+    /// CQs per NIC.
+    pub max_cq: u32,
+    /// Descriptors outstanding per work queue.
+    pub queue_depth: u32,
+    /// Data segments per descriptor.
+    pub max_segments: u32,
+    /// Largest `MaxTransferSize`.
+    pub max_transfer: u32,
+    /// Live registrations per NIC.
+    pub max_regions: u32,
+    /// `VIP_SERVICE_*` bits of the reliability levels offered.
+    pub reliability: u32,
+    /// Levels on which RDMA read works.
+    pub rdma_read: u32,
 }
 
-fn unsupported() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Unsupported,
-        "operation not supported by this device kind",
-    )
+/// Where the completers of one VI's queues wake waiters (memory every
+/// completer of the kind can reach: for the soft NIC, the NIC segment).
+#[derive(Clone, Copy)]
+pub(crate) struct ViSignals<'a> {
+    /// Sleepers in `VipSendWait`.
+    pub send_wake: &'a EventCount,
+    /// Sleepers in `VipRecvWait`.
+    pub recv_wake: &'a EventCount,
+    /// `interest` bits: a Notify handler waits (see `crate::completion`).
+    pub interest: &'a AtomicU32,
 }
 
-/// The operations table of a device kind.
+impl ViSignals<'_> {
+    /// The event count of queue `w`.
+    pub fn wake(&self, w: Which) -> &EventCount {
+        match w {
+            Which::Send => self.send_wake,
+            Which::Recv => self.recv_wake,
+        }
+    }
+}
+
+/// Where completers wake the waiters of one CQ.
+#[derive(Clone, Copy)]
+pub(crate) struct CqSignals<'a> {
+    /// Sleepers in `VipCQWait`.
+    pub wake: &'a EventCount,
+    /// Non-zero while a Notify handler waits.
+    pub interest: &'a AtomicU32,
+}
+
+/// A memory handle and whatever the device reserved with it, taken before
+/// the pages are pinned (see [`Device::reserve_region`]).
+#[derive(Debug)]
+pub(crate) struct RegionSlot {
+    /// The handle the registration will have.
+    pub handle: u32,
+    /// Device-private (the soft NIC's table index).
+    pub index: u32,
+}
+
+/// A registration to make reachable.
+pub(crate) struct RegionSpec<'a> {
+    /// First byte.
+    pub va: u64,
+    /// Length.
+    pub len: u64,
+    /// Protection tag id.
+    pub ptag: u32,
+    /// RDMA enables (`layout::flags`).
+    pub flags: u32,
+    /// The pinned pages: arena extents, or cross-memory-attach extents.
+    pub extents: &'a [Extent],
+}
+
+/// Counts of one kind of lookup in a device's translation cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// Found valid in the cache.
+    pub hits: u64,
+    /// First reference to the region.
+    pub compulsory: u64,
+    /// Referenced before, but evicted or changed since.
+    pub other: u64,
+}
+
+/// A device translation cache's counters, and its shape.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TranslationStats {
+    /// Entries.
+    pub entries: usize,
+    /// Ways per set.
+    pub ways: usize,
+    /// Local regions of the initiator.
+    pub send: CacheCounts,
+    /// Peers' posted receives.
+    pub recv: CacheCounts,
+    /// Peers' RDMA targets.
+    pub rdma: CacheCounts,
+}
+
+/// The operations table of a kind of NIC, one instance per open NIC.
+///
+/// Calls come from the object model with its own locks as documented per
+/// method; a device never calls back into a method of the object model that
+/// takes the same lock.
 pub(crate) trait Device: Send + Sync {
     /// Name of the kind, for logs.
     fn kind(&self) -> &'static str;
 
+    /// What the kind supports.
+    fn limits(&self) -> Limits;
+
     /// Starts background work, if the kind has any.
     fn start(&self, _nic: &Arc<NicInner>) {}
 
-    /// Stops background work.
-    fn stop(&self) {}
+    /// Stops background work and retires what the device published
+    /// (`VipCloseNic`, after every VI is disconnected).
+    fn close(&self, _nic: &NicInner) {}
 
-    /// Makes the pages of `range` reachable by the device (and the peers).
-    fn pin(&self, _nic: &NicInner, _range: &UserRange) -> io::Result<Pinned> {
-        Err(unsupported())
+    // ---- signals ----
+
+    /// Where the provider thread sleeps; completers and peers wake it for
+    /// Notify handlers and asynchronous errors.
+    fn provider_wake(&self) -> &EventCount;
+
+    /// The signals of VI `slot`.
+    fn vi_signals(&self, slot: u32) -> ViSignals<'_>;
+
+    /// The signals of CQ `slot`.
+    fn cq_signals(&self, slot: u32) -> CqSignals<'_>;
+
+    /// Asynchronous errors peers reported to this NIC since the last call.
+    fn take_async_errors(&self, _out: &mut Vec<AsyncError>) {}
+
+    /// The process retired registered memory (an arena): peers may drop
+    /// what they cached of it.
+    fn memory_retired(&self) {}
+
+    // ---- memory ----
+
+    /// Takes the handle of the next registration (before its pages are
+    /// pinned, so that the device's bookkeeping overlaps the pinning).
+    fn reserve_region(&self) -> Result<RegionSlot> {
+        Err(Error::Resource)
     }
 
-    /// Undoes [`Device::pin`].
-    fn unpin(&self, _nic: &NicInner, _pinned: Pinned) {}
+    /// Gives back a reservation whose registration failed.
+    fn unreserve_region(&self, _slot: RegionSlot) {}
 
-    /// A VI was created in `slot`.
-    fn add_vi(&self, _nic: &NicInner, _slot: u32) -> Result<()> {
-        Ok(())
+    /// Makes a pinned region reachable (by the device and by peers);
+    /// returns its memory handle.
+    fn add_region(&self, _nic: &NicInner, _slot: RegionSlot, _r: &RegionSpec<'_>) -> Result<u32> {
+        Err(Error::Resource)
     }
 
-    /// The VI in `slot` was destroyed.
-    fn remove_vi(&self, _slot: u32) {}
+    /// Makes a region unreachable (deregistration, or its memory went away).
+    /// Transfers already running may still touch it until
+    /// [`Device::quiesce_region_users`] returns.
+    fn remove_region(&self, _nic: &NicInner, _handle: u32) {}
 
-    /// Queues a translated send, RDMA write or read; the caller holds the
-    /// VI's send-queue lock, so descriptors of one VI arrive in order.
-    fn post_send(&self, _nic: &NicInner, _vi: &ViCore, _pd: SendPd) -> Result<()> {
+    /// Changes the protection tag and RDMA enables of a live region.
+    fn set_region_attributes(&self, _handle: u32, _ptag: u32, _flags: u32) -> Result<()> {
+        Err(Error::Resource)
+    }
+
+    /// Waits until no transfer that could see a region removed before the
+    /// call still touches it (this process's, and connected peers').
+    fn quiesce_region_users(&self, _nic: &NicInner) {}
+
+    // ---- VIs ----
+
+    /// A VI was created (its attributes are set and its CQs attached).
+    fn add_vi(&self, _nic: &NicInner, _vi: &ViCore) -> Result<()> {
+        Err(Error::Resource)
+    }
+
+    /// The VI's attributes changed (`VipSetViAttributes`, idle VI).
+    fn vi_attributes(&self, _vi: &ViCore, _a: &ViAttributes) {}
+
+    /// The VI was destroyed.
+    fn remove_vi(&self, _nic: &NicInner, _vi: &ViCore) {}
+
+    // ---- CQs ----
+
+    /// The entry ring of CQ `slot` (ring mode), generation `generation`,
+    /// for `entries` entries, in memory every completer reaches.
+    fn cq_ring(
+        &self,
+        _nic: &NicInner,
+        _slot: u32,
+        _generation: u32,
+        _entries: u32,
+    ) -> Result<Arc<MappedRing>> {
+        Err(Error::Resource)
+    }
+
+    /// Tells completers how CQ `slot` takes entries now: `ring` generation
+    /// `generation`, or scanning (`ring == false`); generation 0: no CQ.
+    fn cq_state(&self, _slot: u32, _ring: bool, _generation: u32) {}
+
+    /// Ring generation `generation` of CQ `slot` is no longer used.
+    fn retire_cq_ring(&self, _nic: &NicInner, _slot: u32, _generation: u32) {}
+
+    // ---- connections ----
+
+    /// Sets up the device side of a connection of `vi` to `peer` (before
+    /// the VI is marked connected: once the peer hears, it may send).
+    fn connect(&self, _nic: &NicInner, _vi: &ViCore, _peer: &Endpoint) -> Result<()> {
+        Err(Error::Resource)
+    }
+
+    /// Tears down the device side of `vi`'s connection; `tell_peer`: the
+    /// peer hears `CONN_LOST` through the device. No descriptor of `vi`
+    /// runs on the old connection once [`Device::quiesce`] returns.
+    fn disconnect(&self, _nic: &NicInner, _vi: &ViCore, _tell_peer: bool) {}
+
+    /// A peer session died: forget what the device holds of it.
+    fn peer_gone(&self, _nic: &NicInner, _session: u64) {}
+
+    // ---- work ----
+
+    /// A send is about to be translated for `vi` (a chance to start
+    /// fetching what running it will need).
+    fn prepare_send(&self, _vi: &ViCore) {}
+
+    /// Runs or queues a validated send, RDMA write or read. The caller
+    /// holds the VI's send-queue lock, so one VI's requests arrive in order.
+    fn post_send(&self, _nic: &NicInner, _vi: &ViCore, _wr: &SendWr) -> Result<()> {
         Err(Error::Resource)
     }
 
@@ -75,32 +276,8 @@ pub(crate) trait Device: Send + Sync {
     /// is the VI that just posted, if any.
     fn kick(&self, _nic: &NicInner, _vi: Option<&ViCore>) {}
 
-    /// Runs everything queued now; afterwards no earlier descriptor is in
-    /// flight in this process.
-    fn quiesce(&self, _nic: &NicInner) {}
-
-    /// Counters of the device's translation cache, if it has one.
-    fn translation_stats(&self) -> Option<soft::tcache::TranslationStats> {
-        None
-    }
-
-    /// Waits until no engine step that started before the call is still
-    /// running (it may leave queued work queued).
-    fn quiesce_light(&self, nic: &NicInner) {
-        self.quiesce(nic)
-    }
-
-    /// Whether queued work waits for the engine.
-    fn has_work(&self) -> bool {
-        false
-    }
-
-    /// Forgets everything cached about a peer session (it died): its
-    /// mappings can then be released.
-    fn peer_gone(&self, _nic: &NicInner, _session: u64) {}
-
-    /// Offers a translated receive at ring position `pos` to the peer.
-    fn post_recv(&self, _nic: &NicInner, _vi: &ViCore, _pos: u64, _pd: &RecvPd) -> Result<()> {
+    /// Offers a validated receive at queue position `pos` to the peer.
+    fn post_recv(&self, _nic: &NicInner, _vi: &ViCore, _pos: u64, _wr: &RecvWr) -> Result<()> {
         Err(Error::Resource)
     }
 
@@ -114,4 +291,56 @@ pub(crate) trait Device: Send + Sync {
     fn cancel_recv(&self, _nic: &NicInner, _vi: &ViCore, _pos: u64, _force: bool) -> bool {
         false
     }
+
+    /// Runs everything queued now; afterwards no earlier request is in
+    /// flight in this process.
+    fn quiesce(&self, _nic: &NicInner) {}
+
+    /// Whether queued work waits for the engine.
+    fn has_work(&self) -> bool {
+        false
+    }
+
+    /// Counters of the device's translation cache, if it has one.
+    fn translation_stats(&self) -> Option<TranslationStats> {
+        None
+    }
+}
+
+/// Opens NIC number `id` of a process under the canonical `name`.
+pub(crate) type OpenFn = fn(process: &Arc<Process>, id: u32, name: &str) -> Result<Arc<dyn Device>>;
+
+/// One kind of NIC in the table.
+pub(crate) struct Kind {
+    /// For logs and `VipQueryNic`.
+    pub name: &'static str,
+    /// The canonical device name if `name` is one of this kind's.
+    pub accepts: fn(name: &str) -> Option<String>,
+    /// Opens NIC number `id` of `process` under the canonical name.
+    pub open: OpenFn,
+}
+
+/// Every kind of NIC, in the order names are tried.
+pub(crate) static KINDS: &[Kind] = &[Kind {
+    name: "soft",
+    accepts: soft::accepts,
+    open: soft::open,
+}];
+
+/// The default device name (`VipOpenNic` with NULL or "").
+pub const DEFAULT_NAME: &str = "via_lo";
+
+/// The kind and canonical name of device `name`.
+///
+/// # Errors
+/// `InvalidParameter` if no kind accepts the name.
+pub(crate) fn lookup(name: Option<&str>) -> Result<(&'static Kind, String)> {
+    let n = match name {
+        None | Some("") => DEFAULT_NAME,
+        Some(n) => n,
+    };
+    KINDS
+        .iter()
+        .find_map(|k| (k.accepts)(n).map(|c| (k, c)))
+        .ok_or(Error::InvalidParameter)
 }

@@ -25,7 +25,7 @@ fn mem_attrs_in(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttrib
 
 /// The start of the region `handle` if `addr` lies inside it.
 fn region_start(nic: &NicInner, addr: u64, handle: VIP_MEM_HANDLE) -> Result<u64> {
-    let r = nic.tpt.lookup(handle).ok_or(Error::InvalidParameter)?;
+    let r = nic.regions.get(handle).ok_or(Error::InvalidParameter)?;
     if !r.covers(addr, 1) {
         return Err(Error::InvalidParameter);
     }

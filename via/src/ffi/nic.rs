@@ -92,7 +92,7 @@ pub unsafe extern "C" fn VipQueryNic(
         }
         // The process's copy of the host address lives as long as the NIC
         // (the NIC holds the process state), unlike `a.local_address`.
-        let host = &nic.process.agent.host;
+        let host = &nic.process.host;
         out.write(VIP_NIC_ATTRIBUTES {
             Name: name,
             HardwareVersion: a.hardware_version as VIP_ULONG,

@@ -8,12 +8,16 @@
 //! | [`fork`] | what a child gets of registered memory |
 //! | [`vma`] | what maps an address range, which pages were touched |
 //! | [`uffd`] | the userfaultfd system calls |
+//! | `region` | a registered region as this process reaches it: reading, writing, scatter/gather copies |
+//! | `copy` | the copy mechanisms (`memcpy` between mappings, cross-memory attach) |
 //!
 //! The design and its comparison with UCX's rcache and libfabric's MR cache
 //! are in `docs/registration.md`.
 
 pub mod arena;
+pub(crate) mod copy;
 pub mod fork;
 pub mod monitor;
+pub(crate) mod region;
 pub mod uffd;
 pub mod vma;

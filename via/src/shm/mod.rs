@@ -1,8 +1,7 @@
-//! Shared memory: mappings and the shared layouts.
+//! Shared memory: bounds-checked mappings, and rings inside them.
 //!
 //! With `sys.rs`, `mem/` and `ffi/`, this is where the crate's `unsafe` lives: every
 //! other module builds on the safe, bounds-checked types here.
 
-pub mod layout;
 pub mod mapping;
 pub mod rings;

@@ -1,99 +1,34 @@
-//! Completion: status and length into the user's descriptor, then the CQ
-//! entry, then the wakeups.
-//!
-//! Order matters: the descriptor's `Status` is stored last with Release, so
-//! a program that sees `DONE` (in `Vip*Done` or by spinning on memory) also
-//! sees the data, `Length` and `ImmediateData`. The CQ entry follows the
-//! status, so `VipCQDone` followed by `VipRecvDone` always finds the
-//! descriptor done. Wakeups come last and cost one fence and one load when
-//! nobody sleeps.
+//! Completion of a peer's receive descriptor: the words through the one
+//! writer (`crate::completion`), then the entry in the peer's CQ ring, then
+//! the wakeups in the peer's NIC segment.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering;
 
-use crate::backend::soft::memory::Resolved;
-use crate::backend::soft::remote::RemoteNic;
+use crate::backend::{CqSignals, ViSignals};
+use crate::completion::{self, wake_cq, wake_queue};
 use crate::cq::entry;
-use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
-use crate::shm::layout::SendPd;
-use crate::shm::layout::{NicView, ViShared, interest};
-use crate::translate::StatusLoc;
-use crate::vi::{ViCore, Which};
+use crate::mem::region::Resolved;
+use crate::nic::{AsyncError, ErrorCode, ResourceCode};
+use crate::vi::Which;
 
-fn wake_vi(sh: &ViShared, w: Which, provider: &doorbell::EventCount) {
-    let (ec, bit) = match w {
-        Which::Send => (&sh.send_wake, interest::SEND_NOTIFY),
-        Which::Recv => (&sh.recv_wake, interest::RECV_NOTIFY),
-    };
-    ec.notify_all();
-    // `notify_all` fenced (SeqCst) after the status store; this load pairs
-    // with the SeqCst update of `interest` in `ViCore::notify`.
-    if sh.interest.load(Ordering::Relaxed) & bit != 0 {
-        provider.notify_all();
+use super::layout::{CqShared, NicView, ViShared};
+use super::remote::RemoteNic;
+
+/// The signals of a VI's entry in a NIC segment.
+pub(crate) fn vi_signals(sh: &ViShared) -> ViSignals<'_> {
+    ViSignals {
+        send_wake: &sh.send_wake,
+        recv_wake: &sh.recv_wake,
+        interest: &sh.interest,
     }
 }
 
-/// Completes a descriptor of one of our own queues.
-pub(crate) fn local(
-    nic: &NicInner,
-    vi: &ViCore,
-    w: Which,
-    loc: &StatusLoc,
-    status: u32,
-    len: Option<u32>,
-    imm: Option<u32>,
-) {
-    loc.complete(status, len, imm);
-    after_local(nic, vi, w);
-}
-
-/// The CQ entry and wakeups after a completion on one of our queues.
-fn after_local(nic: &NicInner, vi: &ViCore, w: Which) {
-    let cq = match w {
-        Which::Send => &vi.send_cq,
-        Which::Recv => &vi.recv_cq,
-    };
-    if let Some(cq) = cq {
-        cq.push(nic, entry(vi.slot, vi.generation, w == Which::Recv));
-    }
-    wake_vi(vi.shared(nic), w, &nic.view().header().notify);
-}
-
-/// Completes the local send descriptor of `pd` with `status`.
-/// `desc` is the region holding the descriptor (`None` if it was
-/// deregistered since the post).
-pub(crate) fn send(nic: &NicInner, vi: &ViCore, pd: &SendPd, desc: Option<&Resolved>, status: u32) {
-    match desc {
-        Some(r) => {
-            if r.store_release(
-                pd.desc_va + crate::descriptor::offsets::STATUS as u64,
-                status,
-            )
-            .is_err()
-            {
-                log::warn!(
-                    "VI {}: cannot write send status at {:#x}",
-                    vi.slot,
-                    pd.desc_va
-                );
-            }
-            after_local(nic, vi, Which::Send);
-        }
-        None => {
-            // Deregistered while posted: nothing to write into.
-            log::warn!(
-                "VI {}: send descriptor {:#x} lost its registration",
-                vi.slot,
-                pd.desc_va
-            );
-            nic.report(AsyncError {
-                resource: ResourceCode::Descriptor,
-                code: ErrorCode::CompProt,
-                vi: Some((vi.slot, vi.generation)),
-                cq: None,
-                descriptor: pd.desc_va,
-            });
-        }
+/// The signals of a CQ's entry in a NIC segment.
+pub(crate) fn cq_signals(sh: &CqShared) -> CqSignals<'_> {
+    CqSignals {
+        wake: &sh.wake,
+        interest: &sh.interest,
     }
 }
 
@@ -108,28 +43,7 @@ pub(crate) fn remote_recv(
     len: u32,
     imm: Option<u32>,
 ) {
-    use crate::descriptor::offsets;
-    let words = match desc.span(desc_va, 32) {
-        Some((m, at)) => {
-            // One arena: store the words directly.
-            if let Some(i) = imm {
-                m.store_u32(at + offsets::IMMEDIATE_DATA, i, Ordering::Relaxed);
-            }
-            m.store_u32(at + offsets::LENGTH, len, Ordering::Relaxed);
-            // Release: the data and the words above are visible to whoever
-            // sees the status (VipRecvDone's Acquire, or a program spinning
-            // on memory).
-            m.store_u32(at + offsets::STATUS, status, Ordering::Release);
-            Ok(())
-        }
-        None => imm
-            .map_or(Ok(()), |i| {
-                desc.store_relaxed(desc_va + offsets::IMMEDIATE_DATA as u64, i)
-            })
-            .and_then(|_| desc.store_relaxed(desc_va + offsets::LENGTH as u64, len))
-            .and_then(|_| desc.store_release(desc_va + offsets::STATUS as u64, status)),
-    };
-    if words.is_err() {
+    if completion::write_in_region(desc, desc_va, status, Some(len), imm).is_err() {
         remote.post_error(AsyncError {
             resource: ResourceCode::Descriptor,
             code: ErrorCode::CompProt,
@@ -147,7 +61,7 @@ pub(crate) fn remote_recv(
         sh.recv_cq.load(Ordering::Relaxed),
         entry(vi.0, vi.1, true),
     );
-    wake_vi(sh, Which::Recv, &view.header().notify);
+    wake_queue(&vi_signals(sh), Which::Recv, &view.header().notify);
 }
 
 fn remote_cq_push(remote: &RemoteNic, view: &NicView<'_>, cq1: u32, e: u64) {
@@ -187,5 +101,5 @@ fn remote_cq_push(remote: &RemoteNic, view: &NicView<'_>, cq1: u32, e: u64) {
             log::warn!("peer CQ {idx} unreachable; completion not queued");
         }
     }
-    crate::cq::wake(sh, &view.header().notify);
+    wake_cq(&cq_signals(sh), &view.header().notify);
 }

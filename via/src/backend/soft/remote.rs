@@ -13,14 +13,16 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::agent::Agent;
 use crate::attrs::Reliability;
-use crate::backend::soft::memory::{Resolved, ResolvedExtent};
 use crate::mem::arena::CMA;
-use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
+use crate::mem::region::{Resolved, ResolvedExtent};
+use crate::nic::{AsyncError, ErrorCode, ResourceCode};
 use crate::proto::{Endpoint, ObjKey, ObjKind};
-use crate::shm::layout::{NicView, OFFSETS};
+
+use super::SoftNic;
+use super::layout::{NicView, OFFSETS};
+use super::tpt;
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
-use crate::tpt;
 
 /// Arenas of one peer kept mapped after the last region that used them is
 /// gone from the engine's caches (the most recently used ones). Any other
@@ -172,7 +174,7 @@ impl RemoteNic {
         let map = fetch_map(
             &self.agent,
             self.session,
-            crate::cq::ring_key(self.nic, slot, generation),
+            super::ring_key(self.nic, slot, generation),
             64,
         )
         .ok()?;
@@ -229,8 +231,8 @@ pub(crate) struct PeerLink {
 
 impl PeerLink {
     /// Maps the peer of `ep` and starts at its first unconsumed receive.
-    pub fn open(nic: &NicInner, ep: &Endpoint, mtu: u32) -> io::Result<PeerLink> {
-        let remote = nic.process.remote(ep.session, ep.nic)?;
+    pub fn open(soft: &SoftNic, ep: &Endpoint, mtu: u32) -> io::Result<PeerLink> {
+        let remote = soft.remote(ep.session, ep.nic)?;
         let reliability = Reliability::from_bits(ep.reliability)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad reliability"))?;
         Ok(PeerLink {

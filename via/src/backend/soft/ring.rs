@@ -10,13 +10,14 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::nic::NicInner;
-use crate::shm::layout::slot;
-use crate::translate::RecvPd;
+use crate::translate::RecvWr;
+
+use super::SoftNic;
+use super::layout::slot;
 
 /// Publishes `pd` at ring position `pos` of VI `vi`.
-pub(crate) fn offer(nic: &NicInner, vi: u32, pos: u64, pd: &RecvPd) {
-    let s = nic.view().rq_slot(vi, pos).expect("slot in range");
+pub(crate) fn offer(soft: &SoftNic, vi: u32, pos: u64, pd: &RecvWr) {
+    let s = soft.view().rq_slot(vi, pos).expect("slot in range");
     s.desc_off.store(pd.desc_off, Ordering::Relaxed);
     s.desc_handle.store(pd.desc_handle, Ordering::Relaxed);
     s.seg_count.store(pd.n as u32, Ordering::Relaxed);
@@ -35,14 +36,14 @@ pub(crate) fn offer(nic: &NicInner, vi: u32, pos: u64, pd: &RecvPd) {
 }
 
 /// Marks position `pos` as finished without offering it.
-pub(crate) fn skip(nic: &NicInner, vi: u32, pos: u64) {
-    let s = nic.view().rq_slot(vi, pos).expect("slot in range");
+pub(crate) fn skip(soft: &SoftNic, vi: u32, pos: u64) {
+    let s = soft.view().rq_slot(vi, pos).expect("slot in range");
     s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
 }
 
 /// Withdraws the receive at `pos`; see `Device::cancel_recv`.
-pub(crate) fn cancel(nic: &NicInner, vi: u32, pos: u64, force: bool) -> bool {
-    let s = nic.view().rq_slot(vi, pos).expect("slot in range");
+pub(crate) fn cancel(soft: &SoftNic, vi: u32, pos: u64, force: bool) -> bool {
+    let s = soft.view().rq_slot(vi, pos).expect("slot in range");
     // AcqRel: wins against the peer's claiming CAS or loses to it.
     let ours = s
         .seq

@@ -18,9 +18,12 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::backend::soft::memory::Resolved;
-use crate::backend::soft::remote::RemoteNic;
-use crate::tpt::{self, TranslationTable};
+pub use crate::backend::{CacheCounts, TranslationStats};
+use crate::mem::region::Resolved;
+use crate::regions::RegionTable;
+
+use super::remote::RemoteNic;
+use super::tpt;
 
 /// What a lookup was for (counted apart).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,32 +34,6 @@ pub(crate) enum Use {
     Recv,
     /// A peer's RDMA target or source.
     Rdma,
-}
-
-/// Hit and miss counts of one kind of lookup.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheCounts {
-    /// Found valid in the cache.
-    pub hits: u64,
-    /// First reference to the region.
-    pub compulsory: u64,
-    /// Referenced before, but evicted or changed since.
-    pub other: u64,
-}
-
-/// The translation cache's counters, and its shape.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TranslationStats {
-    /// Entries.
-    pub entries: usize,
-    /// Ways per set.
-    pub ways: usize,
-    /// Local regions of the initiator.
-    pub send: CacheCounts,
-    /// Peers' posted receives.
-    pub recv: CacheCounts,
-    /// Peers' RDMA targets.
-    pub rdma: CacheCounts,
 }
 
 /// Owner key of local entries (no session is 0).
@@ -287,13 +264,13 @@ impl Regions {
     }
 
     /// The local region of `handle`; its index in the working set.
-    pub fn local(&mut self, t: &TranslationTable, handle: u32, u: Use) -> Option<usize> {
+    pub fn local(&mut self, t: &RegionTable, handle: u32, u: Use) -> Option<usize> {
         if let Some(i) = self.find(LOCAL, handle) {
             return Some(i);
         }
         let v = t.version();
         let r = self.cache.lookup(LOCAL, None, handle, v, v, u, || {
-            t.local(handle).map(|r| (r, v))
+            t.get(handle).map(|r| (r, v))
         })?;
         self.work.push((LOCAL.0, LOCAL.1, handle, r));
         Some(self.work.len() - 1)

@@ -6,7 +6,7 @@
 //! extent already mapped, so moving bytes costs no lookup: [`Cursor`] walks
 //! a scatter/gather list chunk by chunk and [`copy`] moves bytes between two
 //! lists with the cheapest mechanism each pair of chunks allows
-//! (`proto::mapped`, `proto::cma`, `proto::inline`).
+//! (`mem::copy`).
 //!
 //! Local regions are resolved once at registration (`tpt::LocalTable`);
 //! remote ones on first use and cached per connection
@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use crate::shm::mapping::Mapping;
 
-use super::proto;
+use super::copy;
 
 /// One extent of a resolved region.
 #[derive(Clone, Debug)]
@@ -170,7 +170,7 @@ impl Resolved {
         while done < bytes.len() {
             let (p, n) = self.place(va + done as u64).ok_or(Fault::Protection)?;
             let n = (n as usize).min(bytes.len() - done);
-            proto::inline::deliver(&bytes[done..done + n], &p)?;
+            copy::deliver(&bytes[done..done + n], &p)?;
             done += n;
         }
         Ok(())
@@ -286,10 +286,8 @@ pub(crate) fn copy(
         let (dp, dn) = dst.peek(sn).ok_or(Fault::Protection)??;
         let n = sn.min(dn);
         match (&sp, &dp) {
-            (Place::Map(s, so), Place::Map(d, doff)) => {
-                proto::mapped::copy(s, *so, d, *doff, n as usize)?
-            }
-            _ => proto::cma::copy(&sp, &dp, n as usize)?,
+            (Place::Map(s, so), Place::Map(d, doff)) => copy::mapped(s, *so, d, *doff, n as usize)?,
+            _ => copy::cma(&sp, &dp, n as usize)?,
         }
         src.advance(n);
         dst.advance(n);
@@ -307,7 +305,7 @@ pub(crate) fn copy_from_bytes(bytes: &[u8], dst: &mut Cursor<'_>) -> Result<(), 
             .peek((bytes.len() - done) as u64)
             .ok_or(Fault::Protection)??;
         let n = dn as usize;
-        proto::inline::deliver(&bytes[done..done + n], &dp)?;
+        copy::deliver(&bytes[done..done + n], &dp)?;
         dst.advance(dn);
         done += n;
     }

@@ -16,12 +16,17 @@
 //! | [`CqShared`] × [`MAX_CQ`] | `cq_off` | owner | peers' engines |
 //! | [`TptEntry`] × [`MAX_REGIONS`] | `tpt_off` | owner (seqlock) | peers' engines |
 //! | [`RecvSlot`] × [`RQ_SLOTS`] per VI | `rq_off` | owner posts; the connected peer's engine takes | both |
+//!
+//! The only `unsafe` of the soft NIC: the `Shared`/`Plain` impls that let
+//! these types live in a mapping (each with its `SAFETY` argument).
+#![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use doorbell::EventCount;
 
-use super::mapping::{Mapping, Shared};
+use crate::shm::mapping::{Mapping, Shared};
+use crate::translate::SendWr;
 
 /// "VIANIC" + layout generation, first word of the segment.
 pub const NIC_MAGIC: u64 = u64::from_le_bytes(*b"VIANIC\x00\x01");
@@ -32,7 +37,7 @@ pub const MAX_VI: u32 = 1024;
 /// Receive descriptors outstanding per VI (`MaxDescriptorsPerQueue`).
 pub const RQ_SLOTS: u32 = 1024;
 /// Data segments per descriptor (`MaxSegmentsPerDesc`).
-pub const MAX_SEGS: usize = 16;
+pub const MAX_SEGS: usize = crate::descriptor::MAX_SEGMENTS;
 /// Translation table entries; index 0 is never used, so no handle is 0.
 pub const MAX_REGIONS: u32 = 65536;
 /// Backing extents per region.
@@ -86,21 +91,8 @@ pub struct NicHeader {
     pub notify: EventCount,
 }
 
-/// Bits of [`ViShared::interest`].
-pub mod interest {
-    /// A Notify handler waits on the receive queue.
-    pub const RECV_NOTIFY: u32 = 1;
-    /// A Notify handler waits on the send queue.
-    pub const SEND_NOTIFY: u32 = 2;
-}
-
 /// Bits of [`ViShared::flags`] and [`TptEntry::flags`].
-pub mod flags {
-    /// RDMA write allowed.
-    pub const RDMA_WRITE: u32 = 1;
-    /// RDMA read allowed.
-    pub const RDMA_READ: u32 = 2;
-}
+pub use crate::nic::flags;
 
 /// What a peer's engine needs to know about one of the owner's VIs.
 #[repr(C, align(64))]
@@ -117,7 +109,7 @@ pub struct ViShared {
     pub recv_cq: AtomicU32,
     /// Send CQ index + 1 (0 = none).
     pub send_cq: AtomicU32,
-    /// [`interest`] bits, read by completers after each completion.
+    /// `completion::interest` bits, read by completers after each completion.
     pub interest: AtomicU32,
     /// Access epoch: odd while the connected peer's engine is inside an
     /// operation that touches this process's memory for this VI (see
@@ -223,81 +215,40 @@ pub struct RecvSlot {
     pub segs: [RecvSeg; MAX_SEGS],
 }
 
-/// One local data segment of a send: `len` bytes at virtual address `va` in
-/// the region of `handle` (checked at post time).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LocalSeg {
-    /// Virtual address in the posting process.
-    pub va: u64,
-    /// Bytes.
-    pub len: u32,
-    /// Memory handle.
-    pub handle: u32,
-}
-
-/// A physical send descriptor: what the engine needs to run one posted send,
-/// RDMA write or RDMA read, translated and checked at post time. This is the
-/// doorbell entry.
+/// A doorbell entry: a work request, and its payload when it is carried
+/// inline (`VIA_INLINE`: copied at post time, so the engine never reads the
+/// sender's buffer).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SendPd {
-    /// VI slot.
-    pub vi: u32,
-    /// VI generation.
-    pub vi_gen: u32,
-    /// `CS.Control` of the descriptor.
-    pub control: u16,
-    /// Local segments in use.
-    pub seg_count: u16,
-    /// Error status found at post time (0 = none): the engine completes the
-    /// descriptor with it, in order.
-    pub fault: u32,
-    /// Immediate data.
-    pub imm: u32,
-    /// Total bytes.
-    pub length: u32,
-    /// Virtual address of the user descriptor.
-    pub desc_va: u64,
-    /// Memory handle covering the user descriptor.
-    pub desc_handle: u32,
+    /// The validated request.
+    pub wr: SendWr,
     /// Bytes of payload carried in `inline` (0 = use the segments).
     pub inline_len: u32,
-    /// Remote address of an RDMA operation.
-    pub remote_va: u64,
-    /// Remote memory handle of an RDMA operation.
-    pub remote_handle: u32,
-    /// Queue position of the descriptor in its VI's send queue.
-    pub seq: u32,
-    /// Local segments.
-    pub segs: [LocalSeg; MAX_SEGS],
+    _pad: u32,
     /// Inline payload.
     pub inline: [u8; MAX_INLINE],
 }
 
-// SAFETY: #[repr(C)] of integers and arrays of integers: every bit pattern is
-// a valid value and there are no pointers.
+// SAFETY: #[repr(C)] of integers and arrays of integers with no padding
+// (`SendWr` is documented so): every bit pattern is a valid value and
+// there are no pointers.
 unsafe impl doorbell::Plain for SendPd {}
 
-impl Default for SendPd {
-    fn default() -> Self {
+impl SendPd {
+    /// The entry of `wr`, without payload.
+    pub fn new(wr: &SendWr) -> SendPd {
         SendPd {
-            vi: 0,
-            vi_gen: 0,
-            control: 0,
-            seg_count: 0,
-            fault: 0,
-            imm: 0,
-            length: 0,
-            desc_va: 0,
-            desc_handle: 0,
+            wr: *wr,
             inline_len: 0,
-            remote_va: 0,
-            remote_handle: 0,
-            seq: 0,
-            segs: [LocalSeg::default(); MAX_SEGS],
+            _pad: 0,
             inline: [0; MAX_INLINE],
         }
+    }
+
+    /// The inline payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.inline[..(self.inline_len as usize).min(MAX_INLINE)]
     }
 }
 
@@ -338,9 +289,12 @@ const _: () = {
     assert!(std::mem::offset_of!(TptEntry, extents) == 64);
     assert!(size_of::<RecvSlot>() == 320);
     assert!(std::mem::offset_of!(RecvSlot, segs) == 32);
-    assert!(size_of::<LocalSeg>() == 16);
-    assert!(std::mem::offset_of!(SendPd, segs) == 56);
-    assert!(size_of::<SendPd>() == 376);
+    // No padding anywhere (the `Plain` argument above).
+    assert!(size_of::<crate::translate::WrSeg>() == 16);
+    assert!(std::mem::offset_of!(SendWr, segs) == 56);
+    assert!(size_of::<SendWr>() == 56 + 16 * MAX_SEGS);
+    assert!(std::mem::offset_of!(SendPd, inline) == size_of::<SendWr>() + 8);
+    assert!(size_of::<SendPd>() == size_of::<SendWr>() + 8 + MAX_INLINE);
 };
 
 /// Byte offsets of the parts of a NIC segment.
@@ -457,11 +411,6 @@ impl<'a> NicView<'a> {
     /// checked, so a stale validation can only give wrong values).
     pub fn trusted(map: &'a Mapping) -> NicView<'a> {
         NicView { map }
-    }
-
-    /// The mapping.
-    pub fn mapping(&self) -> &'a Mapping {
-        self.map
     }
 
     /// The header.

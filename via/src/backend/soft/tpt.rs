@@ -1,6 +1,7 @@
-//! The translation and protection table: registered regions by memory handle.
+//! The translation and protection table: registered regions by memory handle,
+//! as the peers of a soft NIC see them.
 //!
-//! The table lives in the NIC segment ([`crate::shm::layout::TptEntry`]) so
+//! The table lives in the NIC segment ([`crate::backend::soft::layout::TptEntry`]) so
 //! that the engines of connected peers can check an RDMA target or a
 //! pre-translated receive against it without asking the owner. The owner is
 //! the only writer and uses a seqlock per entry; readers take a consistent
@@ -17,13 +18,13 @@
 //! or one of another NIC is refused.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{Ordering, fence};
+use std::sync::{Arc, Mutex};
 
-use crate::backend::soft::memory::{Resolved, ResolvedExtent};
+use super::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
+use crate::backend::RegionSlot;
 use crate::error::{Error, Result};
 use crate::mem::arena::Extent;
-use crate::shm::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
 use crate::shm::mapping::Mapping;
 
 /// Bit of [`TptEntry::check`] marking a live entry.
@@ -56,6 +57,7 @@ const NO_EXTENT: Extent = Extent {
     arena_off: 0,
 };
 
+#[cfg(test)]
 impl Snapshot {
     /// Whether `va..va+len` lies inside the region.
     pub fn covers(&self, va: u64, len: u64) -> bool {
@@ -183,14 +185,6 @@ impl Alloc {
     }
 }
 
-/// A table entry and handle taken for a registration (see
-/// [`TranslationTable::reserve`]).
-#[derive(Debug)]
-pub struct Reserved {
-    handle: u32,
-    index: u32,
-}
-
 /// A region to add to the table.
 pub struct NewRegion<'a> {
     /// First byte.
@@ -203,54 +197,13 @@ pub struct NewRegion<'a> {
     pub flags: u32,
     /// Backing extents, as peers see them.
     pub extents: &'a [Extent],
-    /// The same bytes as this process reaches them.
-    pub local: Vec<ResolvedExtent>,
-    /// Owner's process id.
-    pub pid: i32,
 }
 
-/// The owner's side of the table: the shared entries, plus a process-local
-/// mirror with every extent already mapped (the posting path and the
-/// engine look regions up here, with no seqlock and no arena lookup).
+/// The owner's side of the table (the shared entries and the allocation
+/// of handles).
 pub struct TranslationTable {
     map: Arc<Mapping>,
     alloc: Mutex<Alloc>,
-    local: RwLock<Vec<Option<Arc<Resolved>>>>,
-    version: AtomicU64,
-}
-
-/// A small cache of local regions for one user of the table (a work queue,
-/// the engine): valid while the table's version is unchanged, so a hit costs
-/// one load instead of a lock.
-#[derive(Default)]
-pub(crate) struct RegionCache {
-    version: u64,
-    entries: Vec<Arc<Resolved>>,
-}
-
-impl RegionCache {
-    /// Entries kept.
-    const SIZE: usize = 4;
-
-    /// The region of `handle`, from the cache or the table.
-    pub fn get(&mut self, t: &TranslationTable, handle: u32) -> Option<&Arc<Resolved>> {
-        // Acquire: pairs with the Release bump after a table change, so a
-        // cache validated here holds only regions that are still current.
-        let v = t.version.load(Ordering::Acquire);
-        if v != self.version {
-            self.entries.clear();
-            self.version = v;
-        }
-        if let Some(i) = self.entries.iter().position(|r| r.handle == handle) {
-            return Some(&self.entries[i]);
-        }
-        let r = t.local(handle)?;
-        if self.entries.len() >= Self::SIZE {
-            self.entries.remove(0);
-        }
-        self.entries.push(r);
-        self.entries.last()
-    }
 }
 
 impl TranslationTable {
@@ -269,36 +222,7 @@ impl TranslationTable {
                 counter,
                 key,
             }),
-            local: RwLock::new(Vec::new()),
-            version: AtomicU64::new(1),
         }
-    }
-
-    /// The current version (changes with every registration change).
-    pub fn version(&self) -> u64 {
-        // Acquire: pairs with the Release bump in `set_local`.
-        self.version.load(Ordering::Acquire)
-    }
-
-    /// The region of `handle` in this process, resolved.
-    pub fn local(&self, handle: u32) -> Option<Arc<Resolved>> {
-        let index = index_of(handle);
-        let g = self.local.read().unwrap();
-        g.get(index as usize)?
-            .as_ref()
-            .filter(|r| r.handle == handle)
-            .cloned()
-    }
-
-    fn set_local(&self, index: u32, r: Option<Arc<Resolved>>) {
-        let mut g = self.local.write().unwrap();
-        if g.len() <= index as usize {
-            g.resize(index as usize + 1, None);
-        }
-        g[index as usize] = r;
-        // Release: publishes the new table contents to caches that see the
-        // new version (pairs with the Acquire in `RegionCache::get`).
-        self.version.fetch_add(1, Ordering::Release);
     }
 
     fn view(&self) -> NicView<'_> {
@@ -335,16 +259,16 @@ impl TranslationTable {
     ///
     /// # Errors
     /// `Resource` when the table is full.
-    pub fn reserve(&self) -> Result<Reserved> {
+    pub fn reserve(&self) -> Result<RegionSlot> {
         let (handle, index) = self.alloc.lock().unwrap().next().ok_or(Error::Resource)?;
         if let Some(e) = self.view().tpt(index) {
             crate::shm::mapping::prefetch_lines(e);
         }
-        Ok(Reserved { handle, index })
+        Ok(RegionSlot { handle, index })
     }
 
     /// Gives back a reservation that was not filled.
-    pub fn unreserve(&self, r: Reserved) {
+    pub fn unreserve(&self, r: RegionSlot) {
         self.alloc.lock().unwrap().free(r.index);
     }
 
@@ -353,21 +277,19 @@ impl TranslationTable {
     /// # Errors
     /// `Resource` if the region needs more than [`MAX_EXTENTS`] extents (the
     /// reservation is given back).
-    pub fn fill(&self, slot: Reserved, r: NewRegion<'_>) -> Result<u32> {
+    pub fn fill(&self, slot: RegionSlot, r: NewRegion<'_>) -> Result<u32> {
         let NewRegion {
             va,
             len,
             ptag,
             flags,
             extents,
-            local,
-            pid,
         } = r;
         if extents.len() > MAX_EXTENTS {
             self.unreserve(slot);
             return Err(Error::Resource);
         }
-        let Reserved { handle, index } = slot;
+        let RegionSlot { handle, index } = slot;
         let view = self.view();
         let e = view.tpt(index).expect("index in range");
         Self::write(e, |e| {
@@ -385,16 +307,6 @@ impl TranslationTable {
             e.handle.store(handle, Ordering::Relaxed);
             e.check.store(VALID, Ordering::Relaxed);
         });
-        let resolved = Resolved {
-            handle,
-            va,
-            len,
-            ptag,
-            flags,
-            pid,
-            extents: local,
-        };
-        self.set_local(index, Some(Arc::new(resolved)));
         Ok(handle)
     }
 
@@ -410,7 +322,6 @@ impl TranslationTable {
     pub fn remove(&self, handle: u32) -> Result<Snapshot> {
         let snap = self.lookup(handle).ok_or(Error::InvalidParameter)?;
         let index = index_of(handle);
-        self.set_local(index, None);
         let view = self.view();
         Self::write(view.tpt(index).expect("checked"), |e| {
             e.check.store(0, Ordering::Relaxed);
@@ -432,12 +343,6 @@ impl TranslationTable {
             e.ptag.store(ptag, Ordering::Relaxed);
             e.flags.store(flags, Ordering::Relaxed);
         });
-        if let Some(old) = self.local(handle) {
-            let mut r = (*old).clone();
-            r.ptag = ptag;
-            r.flags = flags;
-            self.set_local(index, Some(Arc::new(r)));
-        }
         Ok(())
     }
 }
@@ -445,24 +350,15 @@ impl TranslationTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::layout::OFFSETS;
+    use crate::backend::soft::layout::OFFSETS;
 
-    fn nr<'a>(
-        va: u64,
-        len: u64,
-        ptag: u32,
-        flags: u32,
-        extents: &'a [Extent],
-        local: Vec<ResolvedExtent>,
-    ) -> NewRegion<'a> {
+    fn nr<'a>(va: u64, len: u64, ptag: u32, flags: u32, extents: &'a [Extent]) -> NewRegion<'a> {
         NewRegion {
             va,
             len,
             ptag,
             flags,
             extents,
-            local,
-            pid: 1,
         }
     }
 
@@ -489,14 +385,7 @@ mod tests {
                 arena_off: 0x11000,
             },
         ];
-        let local = vec![ResolvedExtent {
-            va: 0x10100,
-            len: 0xf00,
-            map: None,
-            map_off: 0,
-        }];
-        let h = t.insert(nr(0x10100, 0x1800, 7, 1, &ext, local)).unwrap();
-        assert_eq!(t.local(h).unwrap().extents.len(), 1);
+        let h = t.insert(nr(0x10100, 0x1800, 7, 1, &ext)).unwrap();
         assert_eq!(t.lookup(h).unwrap().n_extents, 2);
         assert_ne!(h, 0);
         let s = t.lookup(h).unwrap();
@@ -509,12 +398,10 @@ mod tests {
         assert!(!s.covers(0x100ff, 1));
         t.set_attributes(h, 8, 3).unwrap();
         assert_eq!(t.lookup(h).unwrap().ptag, 8);
-        assert_eq!(t.local(h).unwrap().ptag, 8);
         t.remove(h).unwrap();
         assert!(t.lookup(h).is_none(), "deregistered handle refused");
-        assert!(t.local(h).is_none());
         assert_eq!(t.remove(h), Err(Error::InvalidParameter));
-        let h2 = t.insert(nr(1, 1, 1, 0, &[], vec![])).unwrap();
+        let h2 = t.insert(nr(1, 1, 1, 0, &[])).unwrap();
         assert_ne!(h2, h, "never the same handle again");
         assert!(t.lookup(h).is_none());
     }
@@ -527,7 +414,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         let mut slots = std::collections::HashSet::new();
         for _ in 0..300_000 {
-            let h = t.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
+            let h = t.insert(nr(0, 10, 1, 0, &[])).unwrap();
             assert!(seen.insert(h), "handle {h:#x} came back");
             slots.insert(index_of(h));
             t.remove(h).unwrap();
@@ -535,16 +422,16 @@ mod tests {
         // Entries are spread over the table, not one slot reused.
         assert!(slots.len() > 60_000, "{} slots", slots.len());
         // Handles of one run do not follow from one another.
-        let a = t.insert(nr(0, 1, 1, 0, &[], vec![])).unwrap();
-        let b = t.insert(nr(0, 1, 1, 0, &[], vec![])).unwrap();
+        let a = t.insert(nr(0, 1, 1, 0, &[])).unwrap();
+        let b = t.insert(nr(0, 1, 1, 0, &[])).unwrap();
         assert!(b.wrapping_sub(a) > 1 && a.wrapping_sub(b) > 1);
         t.remove(a).unwrap();
         t.remove(b).unwrap();
         // The table holds MAX_REGIONS - 1 regions, then refuses.
         let all: Vec<u32> = (0..MAX_REGIONS - 1)
-            .map(|_| t.insert(nr(0, 1, 1, 0, &[], vec![])).unwrap())
+            .map(|_| t.insert(nr(0, 1, 1, 0, &[])).unwrap())
             .collect();
-        assert_eq!(t.insert(nr(0, 1, 1, 0, &[], vec![])), Err(Error::Resource));
+        assert_eq!(t.insert(nr(0, 1, 1, 0, &[])), Err(Error::Resource));
         for h in &all {
             assert_eq!(t.lookup(*h).unwrap().handle, *h);
         }
@@ -554,10 +441,9 @@ mod tests {
     fn handles_of_another_table_are_refused() {
         let a = table();
         let b = table();
-        let ha = a.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
-        b.insert(nr(0, 10, 1, 0, &[], vec![])).unwrap();
+        let ha = a.insert(nr(0, 10, 1, 0, &[])).unwrap();
+        b.insert(nr(0, 10, 1, 0, &[])).unwrap();
         assert!(b.lookup(ha).is_none());
-        assert!(b.local(ha).is_none());
         assert!(a.lookup(0).is_none());
         assert!(a.lookup(0xffff_ffff).is_none());
     }

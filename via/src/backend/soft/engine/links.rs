@@ -1,0 +1,50 @@
+//! The engine's view of each VI's connection, validated by the VI's link
+//! epoch (one load) instead of taking the link lock per request.
+//!
+//! Tearing a connection down bumps the epoch and then waits for the engine
+//! lock (`Device::quiesce`), so no request runs on a stale link.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use crate::backend::soft::SoftNic;
+use crate::backend::soft::remote::PeerLink;
+use crate::vi::ViCore;
+
+/// (VI generation, link epoch, link).
+type CachedLink = (u16, u32, Option<Arc<PeerLink>>);
+
+/// The links the engine used last, by VI slot.
+#[derive(Default)]
+pub(crate) struct Links {
+    slots: Vec<Option<CachedLink>>,
+}
+
+impl Links {
+    /// The current link of `vi`, if it is connected.
+    pub fn get(&mut self, soft: &SoftNic, vi: &ViCore) -> Option<&PeerLink> {
+        let slot = soft.vi_link(vi.slot)?;
+        let epoch = slot.epoch();
+        let i = vi.slot as usize;
+        if self.slots.len() <= i {
+            self.slots.resize(i + 1, None);
+        }
+        let fresh = matches!(&self.slots[i], Some((g, e, _)) if *g == vi.generation && *e == epoch);
+        if !fresh {
+            self.slots[i] = Some((vi.generation, epoch, slot.link()));
+        }
+        self.slots[i].as_ref().and_then(|(_, _, l)| l.as_deref())
+    }
+
+    /// Forgets the links to `session` (it died).
+    pub fn forget(&mut self, session: u64) {
+        for l in self.slots.iter_mut() {
+            if l.as_ref()
+                .and_then(|(_, _, l)| l.as_ref())
+                .is_some_and(|l| l.remote.session == session)
+            {
+                *l = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,492 @@
+//! One work request run by the engine: a send into the peer's next posted
+//! receive, an RDMA write or read checked against the peer's translation
+//! table, and the completions on both sides.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering;
+
+use crate::completion;
+use crate::descriptor::{control, status};
+use crate::mem::region::{self, Cursor, Fault, Seg};
+use crate::nic::{ErrorCode, NicInner};
+use crate::translate::SendWr;
+use crate::vi::ViCore;
+
+use super::EngineState;
+use super::transfer::{CUT, NO_SEG, Source, move_fast, move_general, still_registered};
+use crate::backend::soft::SoftNic;
+use crate::backend::soft::complete;
+use crate::backend::soft::layout::{MAX_SEGS, flags, slot};
+use crate::backend::soft::remote::PeerLink;
+use crate::backend::soft::tcache::{Regions, Use};
+use crate::backend::soft::tpt;
+
+/// A reliable-connection break found while the engine lock was held; acted
+/// on after it is released (breaking takes VI locks).
+pub(crate) struct Break {
+    vi: (u32, u16),
+    code: ErrorCode,
+    tell_peer: bool,
+}
+
+/// One request being run.
+struct Op<'a> {
+    soft: &'a SoftNic,
+    nic: &'a NicInner,
+    vi: &'a ViCore,
+    link: &'a PeerLink,
+    wr: &'a SendWr,
+    /// The payload when it came inline in the doorbell entry (else empty).
+    inline: &'a [u8],
+    regions: &'a mut Regions,
+    breaks: &'a mut Vec<Break>,
+    /// The initiator's status when a transfer stopped because a region was
+    /// deregistered under it.
+    cut: Option<u32>,
+}
+
+impl Op<'_> {
+    fn brk(&mut self, code: ErrorCode, tell_peer: bool) {
+        self.breaks.push(Break {
+            vi: (self.vi.slot, self.vi.generation),
+            code,
+            tell_peer,
+        });
+    }
+
+    /// Indices of the regions of the local segments; the error status if
+    /// one is no longer registered or no longer covers its segment.
+    fn local_regions(&mut self, idx: &mut [usize; MAX_SEGS]) -> std::result::Result<usize, u32> {
+        let n = (self.wr.seg_count as usize).min(MAX_SEGS);
+        for i in 0..n {
+            let s = &self.wr.segs[i];
+            let j = match i.checked_sub(1) {
+                Some(p) if self.regions.get(idx[p]).handle == s.handle => idx[p],
+                _ => self
+                    .regions
+                    .local(&self.nic.regions, s.handle, Use::Send)
+                    .ok_or(status::PROTECTION_ERROR)?,
+            };
+            if !self.regions.get(j).covers(s.va, s.len as u64) {
+                return Err(status::PROTECTION_ERROR);
+            }
+            idx[i] = j;
+        }
+        Ok(n)
+    }
+
+    /// Takes the next posted receive of the peer VI. `None` if there is none.
+    fn take_receive(&self) -> Option<u64> {
+        let link = self.link;
+        let view = link.remote.view();
+        let mut pos = link.rq_pos.load(Ordering::Relaxed);
+        for _ in 0..crate::backend::soft::layout::RQ_SLOTS {
+            let s = view.rq_slot(link.vi, pos)?;
+            // Claim it directly (one ownership transfer of the line instead
+            // of a read and then an upgrade). Acquire: pairs with the owner's
+            // Release store of POSTED, so the descriptor fields read
+            // afterwards are the ones it wrote.
+            let seq = match s.seq.compare_exchange(
+                slot::seq(pos, slot::POSTED),
+                slot::seq(pos, slot::TAKEN),
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    link.rq_pos.store(pos + 1, Ordering::Relaxed);
+                    return Some(pos);
+                }
+                Err(seq) => seq,
+            };
+            if seq == slot::seq(pos, slot::DONE) {
+                // Completed at post time (bad descriptor) or flushed: skip.
+                pos += 1;
+                continue;
+            }
+            log::debug!(
+                "no receive at position {pos} of VI {} (seq {seq:#x})",
+                link.vi
+            );
+            break;
+        }
+        link.rq_pos.store(pos, Ordering::Relaxed);
+        None
+    }
+
+    /// Sender-side status when the receiver could not take a message
+    /// (no receive, too short, bad receive): the table in the README.
+    fn remote_failure(&mut self, peer_code: ErrorCode) -> u32 {
+        use crate::attrs::Reliability::*;
+        match self.link.reliability {
+            Unreliable => 0,
+            ReliableDelivery | ReliableReception => {
+                self.link.tell_peer(peer_code);
+                self.brk(ErrorCode::ConnLost, false);
+                if self.link.reliability == ReliableReception {
+                    status::REMOTE_DESC_ERROR
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    /// Delivers into the receive at `pos`: data (from the local segments or
+    /// the inline payload, if `copy_data`), then the descriptor. Returns the
+    /// receive's error bits (0 = delivered).
+    fn deliver(
+        &mut self,
+        pos: u64,
+        recv_op: u32,
+        copy_data: bool,
+        len: u32,
+    ) -> std::result::Result<(), u32> {
+        let (link, wr) = (self.link, self.wr);
+        let view = link.remote.view();
+        let s = view.rq_slot(link.vi, pos).expect("slot in range");
+        let desc_handle = s.desc_handle.load(Ordering::Relaxed);
+        let desc_off = s.desc_off.load(Ordering::Relaxed);
+        let n = s.seg_count.load(Ordering::Relaxed) as usize;
+        // Mutable phase: find every region (indices stay valid).
+        let lv = self.nic.regions.version();
+        let desc_i = self
+            .regions
+            .remote(&link.remote, desc_handle, lv, Use::Recv);
+        let mut fault = if n > MAX_SEGS {
+            status::FORMAT_ERROR
+        } else {
+            0
+        };
+        let mut dst_i = [0usize; MAX_SEGS];
+        let mut cap: u64 = 0;
+        if fault == 0 && copy_data {
+            for i in 0..n {
+                let h = s.segs[i].handle.load(Ordering::Relaxed);
+                let prev = i.checked_sub(1).map(|p| dst_i[p]).or(desc_i);
+                let j = match prev {
+                    Some(p) if self.regions.get(p).handle == h => Some(p),
+                    _ => self.regions.remote(&link.remote, h, lv, Use::Recv),
+                };
+                let off = s.segs[i].off.load(Ordering::Relaxed);
+                let l = s.segs[i].len.load(Ordering::Relaxed) as u64;
+                match j.filter(|&j| {
+                    off.checked_add(l)
+                        .is_some_and(|e| e <= self.regions.get(j).len)
+                }) {
+                    Some(j) => dst_i[i] = j,
+                    None => {
+                        fault = status::PROTECTION_ERROR;
+                        break;
+                    }
+                }
+                cap += l;
+            }
+            if fault == 0 && len as u64 > cap {
+                fault = status::LENGTH_ERROR;
+            }
+        }
+        let mut src_i = [0usize; MAX_SEGS];
+        let src_n = if fault == 0 && copy_data && self.inline.is_empty() {
+            match self.local_regions(&mut src_i) {
+                Ok(m) => m,
+                Err(_) => {
+                    fault = status::PROTECTION_ERROR;
+                    0
+                }
+            }
+        } else {
+            0
+        };
+        // Immutable phase: move the bytes, then complete.
+        let regions = &*self.regions;
+        let desc = desc_i.map(|i| regions.get(i));
+        let desc_va = desc.and_then(|d| d.va.checked_add(desc_off)).unwrap_or(0);
+        let desc = desc.filter(|d| d.covers(desc_va, 32));
+        if desc.is_none() {
+            fault = status::FORMAT_ERROR;
+        }
+        if fault == 0 && copy_data {
+            let soft = self.soft;
+            let inline = self.inline;
+            let dst_handles: [u32; MAX_SEGS] = std::array::from_fn(|i| {
+                if i < n {
+                    regions.get(dst_i[i]).handle
+                } else {
+                    0
+                }
+            });
+            let mut still = || {
+                still_registered(
+                    soft,
+                    link,
+                    wr,
+                    !inline.is_empty(),
+                    &dst_handles[..n],
+                    status::REMOTE_DESC_ERROR,
+                )
+            };
+            let src = Source {
+                wr,
+                inline,
+                src_i: &src_i,
+                src_n,
+            };
+            fault = match move_fast(regions, s, &dst_i, n, &src, len) {
+                Some(r) => r,
+                None => move_general(regions, s, &dst_i, n, &src, len, &mut still),
+            };
+            if fault & CUT != 0 {
+                // Stopped at a chunk boundary: the receive failed, and the
+                // initiator hears why (never DONE).
+                self.cut = Some(fault & !CUT);
+                fault = status::PROTECTION_ERROR;
+            }
+        }
+        // The owner may have deregistered the receive descriptor's memory:
+        // nothing is written into it then.
+        let desc = desc.filter(|d| tpt::is_live(&view, d.handle));
+        // The slot is finished before the status becomes visible: once the
+        // owner sees DONE it may recycle the slot.
+        s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
+        if let Some(d) = desc {
+            let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
+            let st =
+                status::DONE | recv_op | fault | if imm.is_some() { status::IMMEDIATE } else { 0 };
+            let got = if fault == 0 { len } else { 0 };
+            complete::remote_recv(
+                &link.remote,
+                (link.vi, link.vi_gen as u16),
+                d,
+                desc_va,
+                st,
+                got,
+                imm,
+            );
+        }
+        if fault == 0 { Ok(()) } else { Err(fault) }
+    }
+
+    fn send(&mut self) -> u32 {
+        if self.wr.length > self.link.mtu {
+            return status::LENGTH_ERROR;
+        }
+        let Some(pos) = self.take_receive() else {
+            return self.remote_failure(ErrorCode::RecvqEmpty);
+        };
+        match self.deliver(pos, status::OP_RECEIVE, true, self.wr.length) {
+            Ok(()) => 0,
+            Err(_) => {
+                let st = self.remote_failure(ErrorCode::ConnLost);
+                self.cut.take().unwrap_or(st)
+            }
+        }
+    }
+
+    /// Checks an RDMA target: region live, same tag as the target VI, the
+    /// enable bit on both, bytes in bounds. Returns its index.
+    fn rdma_target(&mut self, need: u32) -> Option<usize> {
+        let (link, wr) = (self.link, self.wr);
+        let view = link.remote.view();
+        let tvi = view.vi(link.vi)?;
+        let lv = self.nic.regions.version();
+        let i = self
+            .regions
+            .remote(&link.remote, wr.remote_handle, lv, Use::Rdma)?;
+        let r = self.regions.get(i);
+        let ok = tvi.flags.load(Ordering::Acquire) & need != 0
+            && r.flags & need != 0
+            && r.ptag == tvi.ptag.load(Ordering::Relaxed)
+            && r.covers(wr.remote_va, wr.length as u64);
+        ok.then_some(i)
+    }
+
+    fn rdma_violation(&mut self, code: ErrorCode) -> u32 {
+        // The target always hears of it; reliable connections also break.
+        self.link.tell_peer(code);
+        if self.link.reliability.is_reliable() {
+            self.brk(ErrorCode::ConnLost, false);
+        }
+        status::RDMA_PROT_ERROR
+    }
+
+    /// Copies between the local segments and the peer region at index
+    /// `far` (`to_remote`: RDMA write; else RDMA read).
+    fn rdma_copy(&mut self, far: usize, to_remote: bool) -> std::result::Result<(), u32> {
+        let mut idx = [0usize; MAX_SEGS];
+        let m = self.local_regions(&mut idx)?;
+        let (soft, link, wr) = (self.soft, self.link, self.wr);
+        let regions = &*self.regions;
+        let far_handle = [regions.get(far).handle];
+        let mut still =
+            || still_registered(soft, link, wr, false, &far_handle, status::RDMA_PROT_ERROR);
+        let mut local = [NO_SEG; MAX_SEGS];
+        for i in 0..m {
+            local[i] = Seg {
+                region: regions.get(idx[i]),
+                va: wr.segs[i].va,
+                len: wr.segs[i].len as u64,
+            };
+        }
+        let remote = [Seg {
+            region: regions.get(far),
+            va: wr.remote_va,
+            len: wr.length as u64,
+        }];
+        let (mut a, mut b) = (Cursor::new(&local[..m]), Cursor::new(&remote));
+        let r = if to_remote {
+            region::copy(&mut a, &mut b, wr.length as u64, &mut still)
+        } else {
+            region::copy(&mut b, &mut a, wr.length as u64, &mut still)
+        };
+        r.map_err(|f| match f {
+            Fault::Protection => status::PROTECTION_ERROR,
+            Fault::Transport => status::TRANSPORT_ERROR,
+            Fault::Cut(st) => st,
+        })
+    }
+
+    fn rdma_write(&mut self) -> u32 {
+        if self.wr.length > self.link.mtu {
+            return status::LENGTH_ERROR;
+        }
+        let Some(target) = self.rdma_target(flags::RDMA_WRITE) else {
+            return self.rdma_violation(ErrorCode::RdmawProt);
+        };
+        // Write-with-immediate needs a receive at the target: take it first
+        // so that no data lands when there is none.
+        let imm_pos = if self.wr.control & control::IMMEDIATE != 0 {
+            match self.take_receive() {
+                Some(p) => Some(p),
+                None => return self.remote_failure(ErrorCode::RecvqEmpty),
+            }
+        } else {
+            None
+        };
+        if let Err(e) = self.rdma_copy(target, true) {
+            return e;
+        }
+        if let Some(pos) = imm_pos {
+            if self
+                .deliver(pos, status::OP_REMOTE_RDMA_WRITE, false, self.wr.length)
+                .is_err()
+            {
+                return self.remote_failure(ErrorCode::ConnLost);
+            }
+        }
+        0
+    }
+
+    fn rdma_read(&mut self) -> u32 {
+        if self.wr.length > self.link.mtu {
+            return status::LENGTH_ERROR;
+        }
+        let Some(source) = self.rdma_target(flags::RDMA_READ) else {
+            return self.rdma_violation(ErrorCode::RdmarProt);
+        };
+        match self.rdma_copy(source, false) {
+            Ok(()) => 0,
+            Err(st) => st,
+        }
+    }
+}
+
+/// Completes the send descriptor of `wr` (its region looked up through the
+/// engine's cache).
+fn complete_send(nic: &NicInner, regions: &mut Regions, vi: &ViCore, wr: &SendWr, status: u32) {
+    let r = regions
+        .local(&nic.regions, wr.desc_handle, Use::Send)
+        .map(|i| regions.get(i))
+        .filter(|r| r.covers(wr.desc_va, 32));
+    completion::send(nic, vi, r, wr.desc_va, status);
+}
+
+/// Runs one request; `inline` is its payload if it came inline.
+pub(crate) fn execute(
+    soft: &SoftNic,
+    nic: &NicInner,
+    st: &mut EngineState,
+    wr: &SendWr,
+    inline: &[u8],
+    hint: Option<&ViCore>,
+) {
+    let found;
+    let vi: &ViCore = match hint {
+        Some(h) if h.slot == wr.vi && h.generation as u32 == wr.vi_gen => h,
+        _ => match nic.vi(wr.vi, wr.vi_gen as u16) {
+            Some(v) => {
+                found = v;
+                &found
+            }
+            None => {
+                log::warn!("doorbell entry for a destroyed VI {}", wr.vi);
+                return;
+            }
+        },
+    };
+    let op = wr.op();
+    let op_status = match op {
+        control::OP_RDMAWRITE => status::OP_RDMA_WRITE,
+        control::OP_RDMAREAD => status::OP_RDMA_READ,
+        _ => status::OP_SEND,
+    };
+    let EngineState {
+        regions,
+        links,
+        breaks,
+    } = st;
+    let link = match links.get(soft, vi) {
+        Some(l) if !vi.broken.load(Ordering::Acquire) => l,
+        _ => {
+            complete_send(
+                nic,
+                regions,
+                vi,
+                wr,
+                status::DONE | status::DESC_FLUSHED_ERROR | op_status,
+            );
+            regions.trim();
+            return;
+        }
+    };
+    let mut o = Op {
+        soft,
+        nic,
+        vi,
+        link,
+        wr,
+        inline,
+        regions,
+        breaks,
+        cut: None,
+    };
+    // Inside the operation for the peer's deregistration path: it waits
+    // for this epoch to move before `VipDeregisterMem` returns.
+    let access = link.begin_access();
+    let r = if wr.fault != 0 {
+        if link.reliability.is_reliable() {
+            o.brk(ErrorCode::PostDesc, true);
+        }
+        wr.fault
+    } else if !link.peer_alive() {
+        o.brk(ErrorCode::ConnLost, false);
+        status::DESC_FLUSHED_ERROR
+    } else {
+        match op {
+            control::OP_SENDRECV => o.send(),
+            control::OP_RDMAWRITE => o.rdma_write(),
+            _ => o.rdma_read(),
+        }
+    };
+    link.end_access(access);
+    complete_send(nic, o.regions, vi, wr, status::DONE | r | op_status);
+    o.regions.trim();
+}
+
+/// Acts on the connection breaks found while running.
+pub(crate) fn settle(nic: &NicInner, breaks: Vec<Break>) {
+    for b in breaks {
+        if let Some(vi) = nic.vi(b.vi.0, b.vi.1) {
+            vi.break_connection(nic, b.code, b.tell_peer, false);
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Completion: the one writer of completions into user descriptors, then
+//! the CQ entry, then the wakeups.
+//!
+//! Order matters: the descriptor's `Status` is stored last with Release, so
+//! a program that sees `DONE` (in `Vip*Done` or by spinning on memory) also
+//! sees the data, `Length` and `ImmediateData`. The CQ entry follows the
+//! status, so `VipCQDone` followed by `VipRecvDone` always finds the
+//! descriptor done. Wakeups come last and cost one fence and one load when
+//! nobody sleeps.
+//!
+//! Every completion of every kind of NIC goes through [`write`] (a
+//! descriptor whose control segment is mapped: the common case) or
+//! [`write_in_region`] (any registered descriptor, including one of a peer
+//! whose memory this process maps); [`StatusLoc`] is where the posting path
+//! found a descriptor's control segment.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use doorbell::EventCount;
+
+use crate::backend::{CqSignals, ViSignals};
+use crate::cq::entry;
+use crate::descriptor::offsets;
+use crate::mem::region::{Fault, Resolved};
+use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
+use crate::shm::mapping::Mapping;
+use crate::vi::{ViCore, Which};
+
+/// Bits of a VI's `interest` word.
+pub mod interest {
+    /// A Notify handler waits on the receive queue.
+    pub const RECV_NOTIFY: u32 = 1;
+    /// A Notify handler waits on the send queue.
+    pub const SEND_NOTIFY: u32 = 2;
+}
+
+/// Writes a completion into the control segment at `at` of `m`: `imm` and
+/// `len` first, then `status` (Release).
+pub(crate) fn write(m: &Mapping, at: usize, status: u32, len: Option<u32>, imm: Option<u32>) {
+    if let Some(i) = imm {
+        m.store_u32(at + offsets::IMMEDIATE_DATA, i, Ordering::Relaxed);
+    }
+    if let Some(l) = len {
+        m.store_u32(at + offsets::LENGTH, l, Ordering::Relaxed);
+    }
+    // Release: the data and the words above happen before a reader that
+    // sees this status with Acquire (VipRecvDone, or a program spinning on
+    // memory).
+    m.store_u32(at + offsets::STATUS, status, Ordering::Release);
+}
+
+/// Writes a completion into the descriptor at `va` of region `r` (which
+/// may be a peer's): [`write`] when the control segment lies in one mapped
+/// extent, else word by word, the status last.
+///
+/// # Errors
+/// The fault if a word cannot be written (the region no longer covers it,
+/// or cross-memory attach failed).
+pub(crate) fn write_in_region(
+    r: &Resolved,
+    va: u64,
+    status: u32,
+    len: Option<u32>,
+    imm: Option<u32>,
+) -> Result<(), Fault> {
+    if let Some((m, at)) = r.span(va, 32) {
+        write(m, at, status, len, imm);
+        return Ok(());
+    }
+    if let Some(i) = imm {
+        r.store_relaxed(va + offsets::IMMEDIATE_DATA as u64, i)?;
+    }
+    if let Some(l) = len {
+        r.store_relaxed(va + offsets::LENGTH as u64, l)?;
+    }
+    r.store_release(va + offsets::STATUS as u64, status)
+}
+
+/// Where a descriptor's control segment lives, resolved once at post time.
+#[derive(Clone)]
+pub(crate) enum StatusLoc {
+    /// Offset of the descriptor in a shadow mapping.
+    Map(Arc<Mapping>, usize),
+    /// Virtual address of the descriptor (cross-memory attach on ourselves).
+    Cma(i32, u64),
+}
+
+impl StatusLoc {
+    /// The location of the control segment at `va` of `region`.
+    pub fn of(region: &Resolved, va: u64) -> StatusLoc {
+        match region.control_segment(va) {
+            Some((m, at)) => StatusLoc::Map(m, at),
+            None => StatusLoc::Cma(region.pid, va),
+        }
+    }
+
+    /// Reads `CS.Status` (Acquire).
+    pub fn status(&self) -> u32 {
+        self.word(offsets::STATUS)
+    }
+
+    /// Reads a 32-bit control-segment word at `off`.
+    pub fn word(&self, off: usize) -> u32 {
+        match self {
+            StatusLoc::Map(m, at) => m
+                .u32_at(at + off)
+                // Acquire: pairs with the Release store of the completer.
+                .map(|w| w.load(Ordering::Acquire))
+                .unwrap_or(0),
+            StatusLoc::Cma(pid, va) => {
+                let mut b = [0u8; 4];
+                let _ = crate::sys::process_vm_read(*pid, &mut b, va + off as u64);
+                u32::from_ne_bytes(b)
+            }
+        }
+    }
+
+    /// Writes a completion: `imm` and `len` first, then `status`.
+    pub fn complete(&self, status: u32, len: Option<u32>, imm: Option<u32>) {
+        match self {
+            StatusLoc::Map(m, at) => write(m, *at, status, len, imm),
+            StatusLoc::Cma(pid, va) => {
+                let words = [
+                    (offsets::IMMEDIATE_DATA, imm),
+                    (offsets::LENGTH, len),
+                    (offsets::STATUS, Some(status)),
+                ];
+                for (off, v) in words {
+                    if let Some(v) = v {
+                        let _ =
+                            crate::sys::process_vm_write(*pid, &v.to_ne_bytes(), va + off as u64);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Wakes the waiters of queue `w` and, if a Notify handler waits on it,
+/// the provider thread (`provider`).
+pub(crate) fn wake_queue(s: &ViSignals<'_>, w: Which, provider: &EventCount) {
+    let bit = match w {
+        Which::Send => interest::SEND_NOTIFY,
+        Which::Recv => interest::RECV_NOTIFY,
+    };
+    s.wake(w).notify_all();
+    // `notify_all` fenced (SeqCst) after the status store; this load pairs
+    // with the SeqCst update of `interest` in `ViCore::notify`.
+    if s.interest.load(Ordering::Relaxed) & bit != 0 {
+        provider.notify_all();
+    }
+}
+
+/// Wakes `VipCQWait` sleepers and the provider if a notify waits.
+pub(crate) fn wake_cq(s: &CqSignals<'_>, provider: &EventCount) {
+    s.wake.notify_all();
+    // `notify_all` issued a SeqCst fence after the completion was published,
+    // so this load pairs with the SeqCst store in `CqCore::notify`.
+    if s.interest.load(Ordering::Relaxed) != 0 {
+        provider.notify_all();
+    }
+}
+
+/// Completes a descriptor of one of our own queues at `loc`.
+pub(crate) fn local(
+    nic: &NicInner,
+    vi: &ViCore,
+    w: Which,
+    loc: &StatusLoc,
+    status: u32,
+    len: Option<u32>,
+    imm: Option<u32>,
+) {
+    loc.complete(status, len, imm);
+    after_local(nic, vi, w);
+}
+
+/// The CQ entry and wakeups after a completion on one of our queues.
+pub(crate) fn after_local(nic: &NicInner, vi: &ViCore, w: Which) {
+    let cq = match w {
+        Which::Send => &vi.send_cq,
+        Which::Recv => &vi.recv_cq,
+    };
+    if let Some(cq) = cq {
+        cq.push(nic, entry(vi.slot, vi.generation, w == Which::Recv));
+    }
+    wake_queue(&nic.dev.vi_signals(vi.slot), w, nic.dev.provider_wake());
+}
+
+/// Completes our send descriptor at `desc_va` in region `desc` (`None`: it
+/// was deregistered since the post, and there is nothing to write into:
+/// the error callback hears `COMP_PROT` instead).
+pub(crate) fn send(
+    nic: &NicInner,
+    vi: &ViCore,
+    desc: Option<&Resolved>,
+    desc_va: u64,
+    status: u32,
+) {
+    match desc {
+        Some(r) => {
+            if write_in_region(r, desc_va, status, None, None).is_err() {
+                log::warn!("VI {}: cannot write send status at {desc_va:#x}", vi.slot);
+            }
+            after_local(nic, vi, Which::Send);
+        }
+        None => {
+            log::warn!(
+                "VI {}: send descriptor {desc_va:#x} lost its registration",
+                vi.slot
+            );
+            nic.report(AsyncError {
+                resource: ResourceCode::Descriptor,
+                code: ErrorCode::CompProt,
+                vi: Some((vi.slot, vi.generation)),
+                cq: None,
+                descriptor: desc_va,
+            });
+        }
+    }
+}

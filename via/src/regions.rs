@@ -1,0 +1,192 @@
+//! The registered regions of a NIC as this process reaches them.
+//!
+//! Every kind of NIC registers memory through the same path (the
+//! registration cache over arenas, `mem/`); what this process then keeps per
+//! region is a [`Resolved`]: its bounds, protection tag, RDMA enables and
+//! every extent already mapped. Translation of posted descriptors and the
+//! local side of every transfer look regions up here, by memory handle (the
+//! handle itself is chosen by the device: a soft NIC's permuted table index,
+//! a verbs memory region's rkey).
+//!
+//! Lookups on the posting path go through a [`RegionCache`] per work queue:
+//! a few regions validated by the table's version, so a hit costs one load.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::mem::region::Resolved;
+
+/// Hashes a memory handle by one multiplication (handles are either random
+/// already or small integers; either way the high product bits spread them).
+#[derive(Default)]
+pub(crate) struct HandleHasher(u64);
+
+impl Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 16;
+    }
+}
+
+type ByHandle = HashMap<u32, Arc<Resolved>, BuildHasherDefault<HandleHasher>>;
+
+/// The live regions of one NIC, by memory handle.
+pub(crate) struct RegionTable {
+    map: RwLock<ByHandle>,
+    version: AtomicU64,
+}
+
+impl Default for RegionTable {
+    fn default() -> Self {
+        RegionTable {
+            map: RwLock::new(ByHandle::default()),
+            version: AtomicU64::new(1),
+        }
+    }
+}
+
+impl RegionTable {
+    /// The current version (changes with every registration change).
+    pub fn version(&self) -> u64 {
+        // Acquire: pairs with the Release bump in `bump`.
+        self.version.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        // Release: publishes the table change to caches that see the new
+        // version (pairs with the Acquire in `version`).
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    /// The region of `handle`.
+    pub fn get(&self, handle: u32) -> Option<Arc<Resolved>> {
+        self.map.read().unwrap().get(&handle).cloned()
+    }
+
+    /// Adds a region.
+    pub fn insert(&self, r: Resolved) {
+        self.map.write().unwrap().insert(r.handle, Arc::new(r));
+        self.bump();
+    }
+
+    /// Removes the region of `handle`; `None` if it is not live.
+    pub fn remove(&self, handle: u32) -> Option<Arc<Resolved>> {
+        let r = self.map.write().unwrap().remove(&handle);
+        if r.is_some() {
+            self.bump();
+        }
+        r
+    }
+
+    /// Changes the protection tag and RDMA enables of a live region.
+    pub fn set_attributes(&self, handle: u32, ptag: u32, flags: u32) -> bool {
+        let mut g = self.map.write().unwrap();
+        let Some(old) = g.get(&handle) else {
+            return false;
+        };
+        let mut r = (**old).clone();
+        r.ptag = ptag;
+        r.flags = flags;
+        g.insert(handle, Arc::new(r));
+        drop(g);
+        self.bump();
+        true
+    }
+}
+
+/// A small cache of regions for one user of the table (a work queue, an
+/// engine): valid while the table's version is unchanged, so a hit costs one
+/// load instead of a lock.
+#[derive(Default)]
+pub(crate) struct RegionCache {
+    version: u64,
+    entries: Vec<Arc<Resolved>>,
+}
+
+impl RegionCache {
+    /// Entries kept.
+    const SIZE: usize = 4;
+
+    /// The region of `handle`, from the cache or the table.
+    pub fn get(&mut self, t: &RegionTable, handle: u32) -> Option<&Arc<Resolved>> {
+        let v = t.version();
+        if v != self.version {
+            self.entries.clear();
+            self.version = v;
+        }
+        if let Some(i) = self.entries.iter().position(|r| r.handle == handle) {
+            return Some(&self.entries[i]);
+        }
+        let r = t.get(handle)?;
+        if self.entries.len() >= Self::SIZE {
+            self.entries.remove(0);
+        }
+        self.entries.push(r);
+        self.entries.last()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(handle: u32, va: u64) -> Resolved {
+        Resolved {
+            handle,
+            va,
+            len: 100,
+            ptag: 1,
+            flags: 0,
+            pid: 1,
+            extents: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn insert_lookup_change_remove() {
+        let t = RegionTable::default();
+        let v0 = t.version();
+        t.insert(region(0xdead_0001, 0x1000));
+        assert!(t.version() > v0);
+        assert_eq!(t.get(0xdead_0001).unwrap().va, 0x1000);
+        assert!(t.get(0xdead_0002).is_none());
+        assert!(t.set_attributes(0xdead_0001, 7, 3));
+        let r = t.get(0xdead_0001).unwrap();
+        assert_eq!((r.ptag, r.flags), (7, 3));
+        assert!(!t.set_attributes(0xdead_0002, 7, 3));
+        assert!(t.remove(0xdead_0001).is_some());
+        assert!(t.remove(0xdead_0001).is_none());
+        assert!(t.get(0xdead_0001).is_none());
+    }
+
+    #[test]
+    fn a_cache_never_returns_a_removed_region() {
+        let t = RegionTable::default();
+        let mut c = RegionCache::default();
+        for h in 1..=6 {
+            t.insert(region(h, h as u64 * 0x1000));
+        }
+        for h in 1..=6 {
+            assert_eq!(c.get(&t, h).unwrap().va, h as u64 * 0x1000);
+        }
+        // Cached (4 most recent), then removed: the version change empties
+        // the cache.
+        assert!(c.get(&t, 6).is_some());
+        t.remove(6);
+        assert!(c.get(&t, 6).is_none());
+        // A changed region comes back changed.
+        assert!(c.get(&t, 5).is_some());
+        t.set_attributes(5, 9, 1);
+        assert_eq!(c.get(&t, 5).unwrap().ptag, 9);
+    }
+}
