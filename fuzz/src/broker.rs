@@ -147,7 +147,7 @@ fn gen_ep(i: &mut Input, cx: &Ctx) -> Endpoint {
         mtu,
         rdma_write: flags & 1 != 0,
         rdma_read: flags & 2 != 0,
-        rq_pos: rq as u64,
+        device: (rq as u64).to_le_bytes().to_vec(),
     }
 }
 

@@ -17,7 +17,7 @@ fn ep(session: u64) -> Endpoint {
         mtu: 65536,
         rdma_write: true,
         rdma_read: false,
-        rq_pos: 0,
+        device: 0u64.to_le_bytes().to_vec(),
     }
 }
 

@@ -14,6 +14,8 @@
 //! Configuration comes from the environment; see [`config`].
 
 pub mod agent;
+pub use via_sys as sys;
+pub use via_wire::proto;
 mod api;
 mod attrs;
 pub(crate) mod backend;
@@ -30,10 +32,8 @@ mod nic;
 mod notify;
 pub mod ns;
 mod process;
-pub mod proto;
 mod regions;
 pub mod shm;
-pub mod sys;
 mod translate;
 mod vi;
 

@@ -274,6 +274,12 @@ impl ViCore {
         Ok(())
     }
 
+    /// The first receive queue position not finished (taken or flushed):
+    /// where a new peer starts.
+    pub fn recv_start(&self) -> u64 {
+        self.recv.lock().unwrap().consumer_pos
+    }
+
     /// This VI as its peer needs to know it.
     pub fn endpoint(&self, nic: &NicInner) -> Endpoint {
         let a = *self.attrs.read().unwrap();
@@ -286,7 +292,7 @@ impl ViCore {
             mtu: a.max_transfer_size,
             rdma_write: a.enable_rdma_write,
             rdma_read: a.enable_rdma_read,
-            rq_pos: self.recv.lock().unwrap().consumer_pos,
+            device: nic.dev.endpoint_blob(self),
         }
     }
 

@@ -23,7 +23,7 @@
 //! [`timeout`] when finite.
 #![forbid(unsafe_code)]
 
-pub mod place;
+pub use via_wire::place;
 mod spawn;
 
 use std::collections::HashMap;
@@ -31,7 +31,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::proto::{self, DaemonMode, Refusal, Reply, Request, SessionLimits};
@@ -39,25 +39,7 @@ use crate::sys;
 
 pub use spawn::find_viad;
 
-/// Default of `VIA_VIAD_TIMEOUT_MS`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(5000);
-
-/// How long the daemon may take to accept a connection, answer the Hello,
-/// or answer a request that needs no other process
-/// (`VIA_VIAD_TIMEOUT_MS`, default 5000).
-pub fn timeout() -> Duration {
-    static T: OnceLock<Duration> = OnceLock::new();
-    *T.get_or_init(|| match std::env::var("VIA_VIAD_TIMEOUT_MS") {
-        Ok(v) => match v.parse::<u64>() {
-            Ok(ms) if ms > 0 => Duration::from_millis(ms),
-            _ => {
-                log::warn!("ignoring VIA_VIAD_TIMEOUT_MS={v:?}: not a positive number");
-                DEFAULT_TIMEOUT
-            }
-        },
-        Err(_) => DEFAULT_TIMEOUT,
-    })
-}
+pub use via_wire::{DEFAULT_TIMEOUT, timeout};
 
 /// How long the daemon may take to answer `req`; `None`: no bound (a
 /// request that waits forever for another process by the caller's choice).

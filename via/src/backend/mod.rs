@@ -246,6 +246,13 @@ pub(crate) trait Device: Send + Sync {
 
     // ---- connections ----
 
+    /// What the peer of `vi` needs to know to reach it on the wire, carried
+    /// opaquely by the connection broker (`Endpoint::device`, at most
+    /// `proto::MAX_DEVICE_BLOB` bytes).
+    fn endpoint_blob(&self, _vi: &ViCore) -> Vec<u8> {
+        Vec::new()
+    }
+
     /// Sets up the device side of a connection of `vi` to `peer` (before
     /// the VI is marked connected: once the peer hears, it may send).
     fn connect(&self, _nic: &NicInner, _vi: &ViCore, _peer: &Endpoint) -> Result<()> {

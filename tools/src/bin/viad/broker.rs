@@ -31,12 +31,12 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use via::proto::{
+use via_sys::LockedMapping;
+use via_wire::proto::{
     self, DaemonMode, Endpoint, NetAddr, ObjKey, ObjKind, Refusal, Reply, Request, SessionLimits,
 };
-use via::sys::LockedMapping;
 
-pub use via::proto::DISCONNECT_ACK;
+pub use via_wire::proto::DISCONNECT_ACK;
 
 /// What one client may hold, so that one client cannot take the daemon's
 /// resources from the others.
@@ -453,7 +453,7 @@ impl Broker {
         }
         // The file's own size is what gets locked: what the client says
         // does not matter.
-        let size = match via::sys::memory_file_size(fd) {
+        let size = match via_sys::memory_file_size(fd) {
             Ok(n) => n,
             Err(e) => {
                 log::warn!(
@@ -468,7 +468,7 @@ impl Broker {
         if size == 0 {
             return Ok(None);
         }
-        let page = via::sys::page_size() as u64;
+        let page = via_sys::page_size() as u64;
         let bytes = size.div_ceil(page).saturating_mul(page);
         let q = policy.quota(cred.uid);
         let proc_used = self.pinned_by_pid.get(&cred.pid).copied().unwrap_or(0) - replaced;
@@ -1620,7 +1620,7 @@ mod tests {
     }
 
     fn memfd() -> OwnedFd {
-        via::sys::memfd_create("viad-test").unwrap()
+        via_sys::memfd_create("viad-test").unwrap()
     }
 
     /// A death goes to the sessions that fetched an object of the dead one
@@ -1974,7 +1974,7 @@ mod tests {
         let a2 = hello_as(&mut b, A, 2);
         let x = hello_as(&mut b, B, 3);
         let f = memfd();
-        via::sys::ftruncate(&f, 8192).unwrap();
+        via_sys::ftruncate(&f, 8192).unwrap();
         let nic = ObjKey {
             kind: proto::ObjKind::Nic,
             nic: 1,
@@ -2101,7 +2101,7 @@ mod tests {
     #[test]
     fn pinning_quota() {
         let now = Instant::now();
-        let page = via::sys::page_size() as u64;
+        let page = via_sys::page_size() as u64;
         let mut b = system(
             Quota {
                 per_process: 3 * page,
@@ -2117,7 +2117,7 @@ mod tests {
         let file = |pages: u64| {
             let f = memfd();
             // A size that is not a whole number of pages counts whole pages.
-            via::sys::ftruncate(&f, pages * page - 100).unwrap();
+            via_sys::ftruncate(&f, pages * page - 100).unwrap();
             f
         };
         let publish = |b: &mut Broker, s, k: ObjKey, f: OwnedFd| {

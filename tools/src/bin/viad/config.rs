@@ -67,7 +67,7 @@ impl Size {
         match self {
             Size::Bytes(b) => b,
             Size::Percent(p) => (mem_total as u128 * p as u128 / 100) as u64,
-            Size::Unlimited => via::proto::UNLIMITED,
+            Size::Unlimited => via_wire::proto::UNLIMITED,
         }
     }
 }
@@ -265,10 +265,10 @@ impl Config {
                     g.client_uid
                 )));
             }
-            if g.discriminator_prefix.len() > via::proto::MAX_DISCRIMINATOR {
+            if g.discriminator_prefix.len() > via_wire::proto::MAX_DISCRIMINATOR {
                 return Err(ConfigError(format!(
                     "grant: discriminator_prefix is longer than {} bytes",
-                    via::proto::MAX_DISCRIMINATOR
+                    via_wire::proto::MAX_DISCRIMINATOR
                 )));
             }
             grants.push(Grant {
@@ -330,7 +330,7 @@ impl Config {
 
 /// A size for people (`"256 MiB"`), or `unlimited`.
 pub fn show(bytes: u64) -> String {
-    if bytes == via::proto::UNLIMITED {
+    if bytes == via_wire::proto::UNLIMITED {
         return "unlimited".into();
     }
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
@@ -468,7 +468,7 @@ mod tests {
         let p = &c.policy;
         assert_eq!(p.quota.per_process, 4 << 20);
         assert_eq!(p.quota.per_user, 8 << 20);
-        assert_eq!(p.total, via::proto::UNLIMITED);
+        assert_eq!(p.total, via_wire::proto::UNLIMITED);
         assert_eq!(
             p.quota(1000),
             Quota {
@@ -476,7 +476,7 @@ mod tests {
                 per_user: 1 << 30
             }
         );
-        assert_eq!(p.quota(0).per_process, via::proto::UNLIMITED);
+        assert_eq!(p.quota(0).per_process, via_wire::proto::UNLIMITED);
         assert_eq!(p.quota(4242), p.quota);
         assert_eq!(
             p.grants,

@@ -5,7 +5,7 @@
 //! * **Per-user** (the default): one per user and host, started by the
 //!   library when none is listening (`viad --daemon`), exiting after it has
 //!   had no client for a while. It serves processes of its own uid only,
-//!   on a socket in the user's private directory (`via::agent::place`).
+//!   on a socket in the user's private directory (`via_wire::place`).
 //! * **System** (`viad --system`, root, e.g. from the systemd unit
 //!   `pkg/systemd/via-rs-viad.service`): serves every user of the host on
 //!   `/run/via-rs/system.sock`, never exits when idle, keeps users apart
@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use broker::{Broker, Cred, Limits, Out};
 use clap::Parser;
-use via::agent::place;
-use via::proto::{self, Reply, Request};
-use via::sys;
+use via_sys as sys;
+use via_wire::place;
+use via_wire::proto::{self, Reply, Request};
 
 const ABOUT: &str = "The via-rs helper daemon: stores the shared memory of VIA processes for \
 their peers, brokers their connections, and reports deaths.";
@@ -152,13 +152,13 @@ fn host_address() -> Vec<u8> {
 }
 
 fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    via::ns::parse_hex(s)
+    via_wire::hosts::parse_hex(s)
 }
 
 /// viad's own table, for clients that still ask it (the library resolves
 /// in each process from that process's own environment).
 fn host_table() -> Vec<(String, Vec<u8>)> {
-    via::ns::host_table()
+    via_wire::hosts::host_table()
 }
 
 fn fail(e: impl std::fmt::Display) -> ! {
@@ -260,7 +260,7 @@ fn main() {
     let io_limits = IoLimits {
         conns_per_pid: env_or("VIA_VIAD_MAX_CONNECTIONS", over.max_connections, 64),
         prehello_total: 1024,
-        hello_timeout: over.hello_timeout.unwrap_or_else(via::agent::timeout),
+        hello_timeout: over.hello_timeout.unwrap_or_else(via_wire::timeout),
         queue_bytes: env_or("VIA_VIAD_MAX_QUEUE", over.max_queue, 1 << 20),
         queue_fds: 1024,
     };

@@ -468,9 +468,21 @@ impl Device for SoftNic {
         }
     }
 
+    fn endpoint_blob(&self, vi: &ViCore) -> Vec<u8> {
+        // The first position of our receive ring the peer's engine takes.
+        vi.recv_start().to_le_bytes().to_vec()
+    }
+
     fn connect(&self, _nic: &NicInner, vi: &ViCore, peer: &Endpoint) -> Result<()> {
         let mtu = vi.attributes().max_transfer_size.min(peer.mtu);
-        let link = PeerLink::open(self, peer, mtu).map_err(|e| {
+        let Ok(rq_pos) = <[u8; 8]>::try_from(&peer.device[..]).map(u64::from_le_bytes) else {
+            log::error!(
+                "the peer's endpoint is not a soft NIC's ({} device bytes)",
+                peer.device.len()
+            );
+            return Err(Error::InvalidParameter);
+        };
+        let link = PeerLink::open(self, peer, rq_pos, mtu).map_err(|e| {
             log::error!("cannot map the peer's NIC: {e}");
             Error::Resource
         })?;

@@ -230,8 +230,9 @@ pub(crate) struct PeerLink {
 }
 
 impl PeerLink {
-    /// Maps the peer of `ep` and starts at its first unconsumed receive.
-    pub fn open(soft: &SoftNic, ep: &Endpoint, mtu: u32) -> io::Result<PeerLink> {
+    /// Maps the peer of `ep` and starts at its receive ring position
+    /// `rq_pos` (the first one it has not finished).
+    pub fn open(soft: &SoftNic, ep: &Endpoint, rq_pos: u64, mtu: u32) -> io::Result<PeerLink> {
         let remote = soft.remote(ep.session, ep.nic)?;
         let reliability = Reliability::from_bits(ep.reliability)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad reliability"))?;
@@ -239,7 +240,7 @@ impl PeerLink {
             remote,
             vi: ep.vi,
             vi_gen: ep.vi_gen,
-            rq_pos: AtomicU64::new(ep.rq_pos),
+            rq_pos: AtomicU64::new(rq_pos),
             reliability,
             mtu,
         })

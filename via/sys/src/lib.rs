@@ -1,8 +1,10 @@
-//! Raw system calls used by the provider, each wrapped in a safe function.
+//! Raw system calls used by the via-rs provider and by viad, each wrapped
+//! in a safe function.
 //!
-//! This is the only module besides `shm/` and `ffi/` that calls into `libc`
-//! with raw pointers. Every wrapper checks its result and turns `-1` into an
-//! `io::Error`.
+//! With the provider's `shm/`, `mem/` and `ffi/` modules, this is where
+//! via-rs calls into `libc` with raw pointers. Every wrapper checks its
+//! result and turns `-1` into an `io::Error`. A crate of its own so that
+//! viad, which needs these calls, does not link the provider.
 
 use std::ffi::CString;
 use std::io;

@@ -26,7 +26,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::sys;
+use via_sys as sys;
 
 /// Directory of the system-wide daemon (unless `VIA_SYSTEM_DIR` names
 /// another).

@@ -17,12 +17,15 @@ use std::fmt;
 /// Protocol magic: "VD".
 pub const MAGIC: u16 = 0x4456;
 /// Protocol version, sent in `Hello` (3: the `Welcome` tells the mode and
-/// the session's limits; `Refused(Quota)`).
-pub const VERSION: u32 = 3;
+/// the session's limits, `Refused(Quota)`; 4: an [`Endpoint`] carries an
+/// opaque device part instead of the soft NIC's receive ring position).
+pub const VERSION: u32 = 4;
 /// Largest datagram either side accepts.
 pub const MAX_FRAME: usize = 4096;
 /// Largest host address in bytes.
 pub const MAX_HOST: usize = 16;
+/// Longest device part of an [`Endpoint`].
+pub const MAX_DEVICE_BLOB: usize = 64;
 /// Largest discriminator in bytes (`MaxDiscriminatorLen`).
 pub const MAX_DISCRIMINATOR: usize = 64;
 /// Largest host name in bytes.
@@ -98,8 +101,11 @@ pub struct Endpoint {
     pub rdma_write: bool,
     /// RDMA read enabled on the VI.
     pub rdma_read: bool,
-    /// First receive ring position the peer's engine may consume.
-    pub rq_pos: u64,
+    /// What the VI's kind of NIC needs its peer to know to reach it on the
+    /// wire (for the soft NIC: the first receive ring position the peer's
+    /// engine may consume), opaque to the broker; at most
+    /// [`MAX_DEVICE_BLOB`] bytes.
+    pub device: Vec<u8>,
 }
 
 /// Why a connection attempt failed.
@@ -413,7 +419,7 @@ impl W {
         self.u32(e.mtu);
         self.u8(e.rdma_write as u8);
         self.u8(e.rdma_read as u8);
-        self.u64(e.rq_pos);
+        self.bytes(&e.device);
     }
 }
 
@@ -478,7 +484,7 @@ impl<'a> R<'a> {
             mtu: self.u32()?,
             rdma_write: self.bool()?,
             rdma_read: self.bool()?,
-            rq_pos: self.u64()?,
+            device: self.bytes(MAX_DEVICE_BLOB)?,
         })
     }
     fn end(self) -> Result<(), DecodeError> {
@@ -771,7 +777,7 @@ mod tests {
             mtu: 65536,
             rdma_write: true,
             rdma_read: false,
-            rq_pos: 77,
+            device: 77u64.to_le_bytes().to_vec(),
         }
     }
 
