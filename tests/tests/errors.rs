@@ -266,8 +266,16 @@ fn malformed_descriptors_are_refused_by_post() {
         ("reserved operation 3", one(3), Error::DescriptorError),
     ];
     for (name, off, err) in &cases {
-        assert_eq!(s.vi.post_send(&s.mem, *off), Err(*err), "send: {name}");
-        assert_eq!(s.vi.post_recv(&s.mem, *off), Err(*err), "recv: {name}");
+        assert_eq!(
+            s.vi.post_send(&s.mem, *off),
+            Err(err.clone()),
+            "send: {name}"
+        );
+        assert_eq!(
+            s.vi.post_recv(&s.mem, *off),
+            Err(err.clone()),
+            "recv: {name}"
+        );
     }
     // The descriptor in another NIC's region: its handle means nothing here.
     let d = DescBuilder::send().write(&foreign, 0).unwrap();

@@ -457,7 +457,7 @@ impl Memory {
     pub fn new(len: usize) -> Result<Memory> {
         let len = len.max(1).next_multiple_of(regcache::page_size());
         Ok(Memory(Arc::new(
-            Mapping::anonymous(len).map_err(|_| Error::Resource)?,
+            Mapping::anonymous(len).map_err(|e| Error::failed("mapping memory", e))?,
         )))
     }
 

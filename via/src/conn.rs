@@ -50,14 +50,14 @@ fn refused(r: Reply) -> Error {
         Reply::Refused(r) => Error::from(r),
         other => {
             log::error!("unexpected answer from viad: {other:?}");
-            Error::Resource
+            Error::resource(format!("unexpected answer from viad: {other:?}"))
         }
     }
 }
 
 fn viad_gone(e: std::io::Error) -> Error {
     log::error!("viad: {e}");
-    Error::Resource
+    Error::failed("asking viad", e)
 }
 
 /// `VipConnectWait`: the next request for `local`. Returns the connection

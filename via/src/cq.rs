@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::backend::CqSignals;
 use crate::completion::{interest, wake_cq};
 use crate::config::CqMode;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{MAX_CQ_ENTRIES, NicInner};
 use crate::shm::rings::MappedRing;
 use crate::vi::ViCore;
@@ -200,14 +200,14 @@ impl CqCore {
         let signals = self.signals(nic);
         loop {
             match self.done(nic) {
-                Err(Error::NotDone) => {}
+                Err(e) if e.kind() == ErrorKind::NotDone => {}
                 r => return r,
             }
             if !doorbell::wait_until(signals.wake, nic.process.config.spin, deadline, || {
                 self.ready()
             }) {
                 return match self.done(nic) {
-                    Err(Error::NotDone) => Err(Error::Timeout),
+                    Err(e) if e.kind() == ErrorKind::NotDone => Err(Error::Timeout),
                     r => r,
                 };
             }

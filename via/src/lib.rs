@@ -40,7 +40,7 @@ mod vi;
 pub use api::{ConnRequest, Cq, DescBuilder, Memory, Nic, Refused, Region, RegistrationStats, Vi};
 pub use attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};
 pub use backend::{CacheCounts, TranslationStats};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use nic::{AsyncError, ErrorCode, ResourceCode};
 pub use proto::NetAddr;
 pub use vi::{Completion, Which};

@@ -439,18 +439,19 @@ impl NicInner {
                         range.len(),
                         range.addr()
                     );
-                    return Err(Error::Resource);
+                    return Err(Error::failed("pinning (viad's quota)", e));
                 }
                 log::debug!(
                     "registration of {:#x}+{} refused: {e}",
                     range.addr(),
                     range.len()
                 );
-                return Err(if e.kind() == std::io::ErrorKind::InvalidInput {
-                    Error::InvalidParameter
+                let kind = if e.kind() == std::io::ErrorKind::InvalidInput {
+                    crate::error::ErrorKind::InvalidParameter
                 } else {
-                    Error::Resource
-                });
+                    crate::error::ErrorKind::Resource
+                };
+                return Err(Error::caused_by(kind, e));
             }
         };
         let extents = pinned.pinned();

@@ -89,7 +89,7 @@ impl Process {
         let config = Config::get();
         let agent = Arc::new(Agent::connect(Box::new(on_event)).map_err(|e| {
             log::error!("cannot reach viad: {e}");
-            Error::Resource
+            Error::failed("reaching viad", e)
         })?);
         monitor::set_apply(on_memory_events);
         let p = Arc::new(Process::build(
@@ -163,7 +163,7 @@ impl Process {
     pub fn agent(&self) -> Result<&Arc<Agent>> {
         self.agent.as_ref().ok_or_else(|| {
             log::error!("no viad session in this process state");
-            Error::Resource
+            Error::resource("no viad session in this process state")
         })
     }
 

@@ -24,7 +24,7 @@ use crate::attrs::{Reliability, ViAttributes, ViState};
 use crate::completion::{self, StatusLoc, interest};
 use crate::cq::CqCore;
 use crate::descriptor::status;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
 use crate::proto::{Endpoint, Request};
 use crate::translate;
@@ -426,14 +426,14 @@ impl ViCore {
         let ec = signals.wake(w);
         loop {
             match self.done(w) {
-                Err(Error::NotDone) => {}
+                Err(e) if e.kind() == ErrorKind::NotDone => {}
                 r => return r,
             }
             let ok =
                 doorbell::wait_until(ec, nic.process.config.spin, deadline, || self.head_done(w));
             if !ok {
                 return match self.done(w) {
-                    Err(Error::NotDone) => Err(Error::Timeout),
+                    Err(e) if e.kind() == ErrorKind::NotDone => Err(Error::Timeout),
                     r => r,
                 };
             }

@@ -40,7 +40,13 @@ pub(crate) use ffi_boundary;
 pub(crate) fn finish(name: &str, r: std::thread::Result<Status>) -> VIP_RETURN {
     match r {
         Ok(Ok(())) => VIP_SUCCESS,
-        Ok(Err(e)) => e.code(),
+        Ok(Err(e)) => {
+            if std::error::Error::source(&e).is_some() {
+                // The code is all C sees; the cause goes to the log.
+                log::debug!("{name}: {e}");
+            }
+            e.code()
+        }
         Err(p) => {
             let msg = p
                 .downcast_ref::<&str>()

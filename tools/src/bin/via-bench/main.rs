@@ -296,7 +296,7 @@ fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
         let t0 = Instant::now();
         loop {
             match if recv { vi.recv_done() } else { vi.send_done() } {
-                Err(via::Error::NotDone) => {
+                Err(e) if e.kind() == via::ErrorKind::NotDone => {
                     if t0.elapsed() > Duration::from_secs(30) {
                         panic!("no completion in 30 s");
                     }

@@ -347,6 +347,8 @@ impl std::fmt::Display for LayoutError {
     }
 }
 
+impl std::error::Error for LayoutError {}
+
 /// Typed, bounds-checked access to a NIC segment mapping.
 pub struct NicView<'a> {
     map: &'a Mapping,

@@ -156,22 +156,23 @@ pub(crate) fn open(process: &Arc<Process>, id: u32, _name: &str) -> Result<Arc<d
     let (fd, map) =
         Mapping::create(&format!("via-nic:{session}:{id}"), OFFSETS.len).map_err(|e| {
             log::error!("cannot create the NIC segment: {e}");
-            Error::Resource
+            Error::failed("creating the NIC segment", e)
         })?;
-    NicView::init(&map, session, id, process.pid as u32).map_err(|_| Error::Resource)?;
+    NicView::init(&map, session, id, process.pid as u32)
+        .map_err(|e| Error::failed("formatting the NIC segment", e))?;
     let map = Arc::new(map);
     let (eoff, elen) = NicView::trusted(&map).errors_range();
     let errors = MappedRing::init(map.clone(), eoff, elen, ERROR_RING).map_err(|e| {
         log::error!("cannot format the error ring: {e}");
-        Error::Resource
+        Error::failed("formatting the error ring", e)
     })?;
     errors
         .get()
         .set_limit(ERROR_RING as usize)
-        .map_err(|_| Error::Resource)?;
+        .map_err(|e| Error::failed("sizing the error ring", e))?;
     agent.publish(nic_key(id), &fd).map_err(|e| {
         log::error!("cannot publish the NIC segment: {e}");
-        Error::Resource
+        Error::failed("publishing the NIC segment", e)
     })?;
     drop(fd);
     let engine = Engine::new(process.config, session, id)?;
@@ -442,14 +443,15 @@ impl Device for SoftNic {
             &format!("via-cq:{}:{}:{slot}:{generation}", agent.session, self.id),
             len,
         )
-        .map_err(|_| Error::Resource)?;
-        let ring = MappedRing::init(Arc::new(map), 0, len, cap).map_err(|_| Error::Resource)?;
+        .map_err(|e| Error::failed("creating a CQ ring", e))?;
+        let ring = MappedRing::init(Arc::new(map), 0, len, cap)
+            .map_err(|e| Error::failed("formatting a CQ ring", e))?;
         ring.get()
             .set_limit(entries as usize)
-            .map_err(|_| Error::Resource)?;
+            .map_err(|e| Error::failed("sizing a CQ ring", e))?;
         agent
             .publish(ring_key(self.id, slot, generation), &fd)
-            .map_err(|_| Error::Resource)?;
+            .map_err(|e| Error::failed("publishing a CQ ring", e))?;
         Ok(Arc::new(ring))
     }
 
@@ -484,7 +486,7 @@ impl Device for SoftNic {
         };
         let link = PeerLink::open(self, peer, rq_pos, mtu).map_err(|e| {
             log::error!("cannot map the peer's NIC: {e}");
-            Error::Resource
+            Error::failed("mapping the peer's NIC", e)
         })?;
         self.links[vi.slot as usize].set(Some(Arc::new(link)));
         Ok(())

@@ -83,7 +83,7 @@ impl Engine {
             DoorbellMode::Central => {
                 Some(MappedDoorbell::create(&name, DOORBELL_SLOTS).map_err(|e| {
                     log::error!("cannot create the doorbell: {e}");
-                    Error::Resource
+                    Error::failed("creating the doorbell", e)
                 })?)
             }
             DoorbellMode::PerVi => None,
@@ -390,7 +390,7 @@ impl Engine {
         )
         .map_err(|e| {
             log::error!("cannot create a VI doorbell: {e}");
-            Error::Resource
+            Error::failed("creating a VI doorbell", e)
         })?;
         self.per_vi.write().unwrap().insert(slot, Arc::new(d));
         Ok(())
