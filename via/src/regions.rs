@@ -104,35 +104,52 @@ impl RegionTable {
     }
 }
 
-/// A small cache of regions for one user of the table (a work queue, an
-/// engine): valid while the table's version is unchanged, so a hit costs one
-/// load instead of a lock.
+/// A small cache of regions for one user of the table (a work queue):
+/// valid while the table's version is unchanged, so a hit costs one load
+/// and a scan of a few handles instead of a lock.
 #[derive(Default)]
 pub(crate) struct RegionCache {
     version: u64,
-    entries: Vec<Arc<Resolved>>,
+    handles: [u32; RegionCache::SIZE],
+    regions: [Option<Arc<Resolved>>; RegionCache::SIZE],
+    /// Next entry to replace (round robin).
+    next: usize,
 }
 
 impl RegionCache {
     /// Entries kept.
     const SIZE: usize = 4;
 
+    fn find(&self, handle: u32) -> Option<usize> {
+        // Handle 0 is never a region's (every kind reserves it), so an empty
+        // entry never matches.
+        (0..Self::SIZE).find(|&i| self.handles[i] == handle && handle != 0)
+    }
+
+    /// The region of `handle` if the cache holds it (no validation: for a
+    /// lookup right after [`RegionCache::get`] under the same lock).
+    pub fn peek(&self, handle: u32) -> Option<&Resolved> {
+        self.find(handle).and_then(|i| self.regions[i].as_deref())
+    }
+
     /// The region of `handle`, from the cache or the table.
     pub fn get(&mut self, t: &RegionTable, handle: u32) -> Option<&Arc<Resolved>> {
         let v = t.version();
         if v != self.version {
-            self.entries.clear();
-            self.version = v;
+            *self = RegionCache {
+                version: v,
+                ..Default::default()
+            };
         }
-        if let Some(i) = self.entries.iter().position(|r| r.handle == handle) {
-            return Some(&self.entries[i]);
+        if let Some(i) = self.find(handle) {
+            return self.regions[i].as_ref();
         }
         let r = t.get(handle)?;
-        if self.entries.len() >= Self::SIZE {
-            self.entries.remove(0);
-        }
-        self.entries.push(r);
-        self.entries.last()
+        let i = self.next;
+        self.next = (i + 1) % Self::SIZE;
+        self.handles[i] = handle;
+        self.regions[i] = Some(r);
+        self.regions[i].as_ref()
     }
 }
 

@@ -13,6 +13,7 @@
 use crate::completion::StatusLoc;
 use crate::descriptor::{MAX_SEGMENTS as MAX_SEGS, SEGMENT_SIZE, control, offsets, status};
 use crate::error::{Error, Result};
+use crate::mem::region::Resolved;
 use crate::regions::{RegionCache, RegionTable};
 
 /// One local data segment of a work request: `len` bytes at virtual address
@@ -128,6 +129,7 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 /// misaligned descriptor, one outside the region or of another protection
 /// tag, more than [`MAX_SEGS`] segments, or a reserved control bit or
 /// operation.
+#[inline(always)]
 pub(crate) fn read_desc(
     table: &RegionTable,
     va: u64,
@@ -213,6 +215,7 @@ pub(crate) fn read_desc(
 }
 
 /// Checks a local data segment; the error status if it is not allowed.
+#[inline(always)]
 fn check_local(
     table: &RegionTable,
     s: &RawSeg,
@@ -224,6 +227,25 @@ fn check_local(
         return Err(status::PROTECTION_ERROR);
     }
     Ok(r.va)
+}
+
+/// The regions translation found for a request: the one holding its
+/// descriptor and the one holding its first local segment, for a device
+/// that runs the request at once (it need not look them up again).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct WrRegions<'a> {
+    pub desc: Option<&'a Resolved>,
+    pub seg: Option<&'a Resolved>,
+}
+
+impl<'a> WrRegions<'a> {
+    /// The regions of `wr` in `cache` (just filled by translating it).
+    pub fn of(wr: &SendWr, cache: &'a RegionCache) -> WrRegions<'a> {
+        WrRegions {
+            desc: cache.peek(wr.desc_handle),
+            seg: wr.local().first().and_then(|s| cache.peek(s.handle)),
+        }
+    }
 }
 
 /// What [`send_wr`] needs to know about the VI and the post.
@@ -243,6 +265,7 @@ pub(crate) struct SendCtx {
 /// # Errors
 /// `DescriptorError` for an RDMA descriptor without address segment, RDMA
 /// read with immediate data, or RDMA read on an unreliable VI.
+#[inline(always)]
 pub(crate) fn send_wr(
     table: &RegionTable,
     d: &UserDesc,
@@ -309,6 +332,7 @@ pub(crate) struct RecvWr {
 }
 
 /// Builds the work request of a receive descriptor.
+#[inline(always)]
 pub(crate) fn recv_wr(
     table: &RegionTable,
     d: &UserDesc,

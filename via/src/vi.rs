@@ -305,7 +305,6 @@ impl ViCore {
             ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
-        nic.dev.prepare_send(self);
         {
             let mut q = self.send.lock().unwrap();
             if q.fifo.len() >= nic.limits.queue_depth as usize {
@@ -345,7 +344,8 @@ impl ViCore {
             });
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
-            nic.dev.post_send(nic, self, &wr)?;
+            nic.dev
+                .post_send(nic, self, &wr, translate::WrRegions::of(&wr, regions))?;
         }
         nic.dev.kick(nic, Some(self));
         Ok(())

@@ -27,7 +27,7 @@ use crate::process::Process;
 use crate::proto::Endpoint;
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
-use crate::translate::{RecvWr, SendWr};
+use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
 
 const MAX_VI: u32 = 64;
@@ -399,7 +399,13 @@ impl Device for Loopback {
         }
     }
 
-    fn post_send(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr) -> Result<()> {
+    fn post_send(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        wr: &SendWr,
+        _regions: WrRegions<'_>,
+    ) -> Result<()> {
         let op_status = match wr.op() {
             control::OP_RDMAWRITE => status::OP_RDMA_WRITE,
             control::OP_RDMAREAD => status::OP_RDMA_READ,

@@ -36,7 +36,7 @@ use crate::nic::{AsyncError, NicInner};
 use crate::process::Process;
 use crate::proto::Endpoint;
 use crate::shm::rings::MappedRing;
-use crate::translate::{RecvWr, SendWr};
+use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
 
 /// What a kind of NIC supports (`VipQueryNic` reports these).
@@ -269,13 +269,16 @@ pub(crate) trait Device: Send + Sync {
 
     // ---- work ----
 
-    /// A send is about to be translated for `vi` (a chance to start
-    /// fetching what running it will need).
-    fn prepare_send(&self, _vi: &ViCore) {}
-
-    /// Runs or queues a validated send, RDMA write or read. The caller
-    /// holds the VI's send-queue lock, so one VI's requests arrive in order.
-    fn post_send(&self, _nic: &NicInner, _vi: &ViCore, _wr: &SendWr) -> Result<()> {
+    /// Runs or queues a validated send, RDMA write or read; `regions` are
+    /// what translation resolved for it. The caller holds the VI's
+    /// send-queue lock, so one VI's requests arrive in order.
+    fn post_send(
+        &self,
+        _nic: &NicInner,
+        _vi: &ViCore,
+        _wr: &SendWr,
+        _regions: WrRegions<'_>,
+    ) -> Result<()> {
         Err(Error::Resource)
     }
 

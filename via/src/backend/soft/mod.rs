@@ -51,7 +51,7 @@ use crate::process::Process;
 use crate::proto::{Endpoint, ObjKey, ObjKind, Request};
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
-use crate::translate::{RecvWr, SendWr};
+use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::ViCore;
 
 use engine::Engine;
@@ -529,15 +529,14 @@ impl Device for SoftNic {
             .retain(|(s, _), _| *s != session);
     }
 
-    fn prepare_send(&self, vi: &ViCore) {
-        if let Some(l) = self.links[vi.slot as usize].link.read().unwrap().as_deref() {
-            // Overlaps the miss on the peer's receive slot with translation.
-            l.prefetch_next_receive();
-        }
-    }
-
-    fn post_send(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr) -> Result<()> {
-        self.engine.post(self, nic, vi, wr)
+    fn post_send(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        wr: &SendWr,
+        regions: WrRegions<'_>,
+    ) -> Result<()> {
+        self.engine.post(self, nic, vi, wr, regions)
     }
 
     fn kick(&self, nic: &NicInner, vi: Option<&ViCore>) {

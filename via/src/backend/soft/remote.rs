@@ -257,16 +257,6 @@ impl PeerLink {
         });
     }
 
-    /// Starts fetching the peer's next receive slot: the engine will claim
-    /// it a few hundred nanoseconds later, and the line is usually in the
-    /// peer's cache (it just posted the receive).
-    pub fn prefetch_next_receive(&self) {
-        let pos = self.rq_pos.load(Ordering::Relaxed);
-        if let Some(s) = self.remote.view().rq_slot(self.vi, pos) {
-            crate::shm::mapping::prefetch(s);
-        }
-    }
-
     /// Raises the peer VI's access epoch (odd: inside an operation on its
     /// memory); returns the raised value for [`PeerLink::end_access`].
     pub fn begin_access(&self) -> u32 {

@@ -132,15 +132,6 @@ impl TranslationCache {
         }
     }
 
-    /// Whether a valid entry for `(owner, handle)` with stamp `now` exists.
-    fn holds(&self, owner: (u64, u32), handle: u32, now: u64) -> bool {
-        let base = self.set_of(owner, handle) * self.ways;
-        self.slots[base..base + self.ways].iter().any(|s| {
-            s.as_ref()
-                .is_some_and(|e| e.owner == owner && e.handle == handle && e.stamp == now)
-        })
-    }
-
     /// Drops every entry of the peer `r` whose region changed, if the peer
     /// retired arenas since the last look: the mappings of retired arenas
     /// go as soon as this side translates anything of that peer again.
@@ -160,6 +151,29 @@ impl TranslationCache {
                 *s = None;
             }
         }
+    }
+
+    /// The entry of `(owner, handle)` if it is valid (stamp `current`): a
+    /// hit, counted. `None` counts nothing (the caller then looks up).
+    fn hit(
+        &mut self,
+        owner: (u64, u32),
+        handle: u32,
+        current: u64,
+        u: Use,
+    ) -> Option<Arc<Resolved>> {
+        let base = self.set_of(owner, handle) * self.ways;
+        self.clock += 1;
+        let clock = self.clock;
+        for e in self.slots[base..base + self.ways].iter_mut().flatten() {
+            if e.handle == handle && e.owner == owner && e.stamp == current {
+                e.used = clock;
+                let r = e.region.clone();
+                self.counts(u).hits += 1;
+                return Some(r);
+            }
+        }
+        None
     }
 
     /// Looks `(owner, handle)` up; `current` is the stamp the entry must
@@ -269,9 +283,12 @@ impl Regions {
             return Some(i);
         }
         let v = t.version();
-        let r = self.cache.lookup(LOCAL, None, handle, v, v, u, || {
-            t.get(handle).map(|r| (r, v))
-        })?;
+        let r = match self.cache.hit(LOCAL, handle, v, u) {
+            Some(r) => r,
+            None => self.cache.lookup(LOCAL, None, handle, v, v, u, || {
+                t.get(handle).map(|r| (r, v))
+            })?,
+        };
         self.work.push((LOCAL.0, LOCAL.1, handle, r));
         Some(self.work.len() - 1)
     }
@@ -290,14 +307,16 @@ impl Regions {
             return Some(i);
         }
         let now = tpt::seq(&r.view(), handle)? as u64;
-        if !self.cache.holds(owner, handle, now) {
-            self.cache.sweep_retired(r);
-        }
-        let region = self
-            .cache
-            .lookup(owner, Some(r), handle, now, local_version, u, || {
-                r.resolve(handle).map(|(reg, stamp)| (reg, stamp as u64))
-            })?;
+        let region = match self.cache.hit(owner, handle, now, u) {
+            Some(region) => region,
+            None => {
+                self.cache.sweep_retired(r);
+                self.cache
+                    .lookup(owner, Some(r), handle, now, local_version, u, || {
+                        r.resolve(handle).map(|(reg, stamp)| (reg, stamp as u64))
+                    })?
+            }
+        };
         self.work.push((owner.0, owner.1, handle, region));
         Some(self.work.len() - 1)
     }

@@ -38,14 +38,14 @@ use crate::config::{Config, DoorbellMode, Progress};
 use crate::error::{Error, Result};
 use crate::nic::NicInner;
 use crate::shm::rings::MappedDoorbell;
-use crate::translate::SendWr;
+use crate::translate::{SendWr, WrRegions};
 use crate::vi::ViCore;
 
 use super::SoftNic;
 use super::layout::{DOORBELL_SLOTS, MAX_INLINE, SendPd, VI_DOORBELL_SLOTS};
 use super::tcache::Regions;
 use links::Links;
-use op::{Break, execute, settle};
+use op::{Break, Known, execute, settle};
 
 /// What the engine keeps between requests; guarded by the engine lock.
 pub(crate) struct EngineState {
@@ -147,7 +147,14 @@ impl Engine {
     }
 
     /// Runs or queues `wr` (the caller holds the VI's send lock).
-    pub fn post(&self, soft: &SoftNic, nic: &NicInner, vi: &ViCore, wr: &SendWr) -> Result<()> {
+    pub fn post(
+        &self,
+        soft: &SoftNic,
+        nic: &NicInner,
+        vi: &ViCore,
+        wr: &SendWr,
+        regions: WrRegions<'_>,
+    ) -> Result<()> {
         // Inline progress with nothing queued: run the request here, no
         // round trip through the doorbell ring (ordering holds: the VI's
         // send lock is held and nothing of it waits in a doorbell). The
@@ -155,7 +162,11 @@ impl Engine {
         if !self.threaded() && !self.pending() {
             if let Some(mut g) = self.try_lock() {
                 if !self.pending() {
-                    execute(soft, nic, &mut g, wr, &[], Some(vi));
+                    let known = Known {
+                        desc: regions.desc,
+                        seg: regions.seg,
+                    };
+                    execute(soft, nic, &mut g, wr, &[], known, Some(vi));
                     if !g.breaks.is_empty() {
                         self.breaks_waiting.store(true, Ordering::Release);
                     }
@@ -358,7 +369,7 @@ impl Engine {
     fn drain(&self, soft: &SoftNic, nic: &NicInner, st: &mut EngineState, hint: Option<&ViCore>) {
         if let Some(db) = self.central() {
             while let Some(pd) = db.poll() {
-                execute(soft, nic, st, &pd.wr, pd.payload(), hint);
+                execute(soft, nic, st, &pd.wr, pd.payload(), Known::default(), hint);
             }
             return;
         }
@@ -369,7 +380,7 @@ impl Engine {
             let mut any = false;
             for d in &dbs {
                 while let Some(pd) = d.get().poll() {
-                    execute(soft, nic, st, &pd.wr, pd.payload(), hint);
+                    execute(soft, nic, st, &pd.wr, pd.payload(), Known::default(), hint);
                     any = true;
                 }
             }

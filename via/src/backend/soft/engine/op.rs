@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use crate::completion;
 use crate::descriptor::{control, status};
-use crate::mem::region::{self, Cursor, Fault, Seg};
+use crate::mem::region::{self, Cursor, Fault, Resolved, Seg};
 use crate::nic::{ErrorCode, NicInner};
 use crate::translate::SendWr;
 use crate::vi::ViCore;
@@ -29,6 +29,17 @@ pub(crate) struct Break {
     tell_peer: bool,
 }
 
+/// Regions of the request the poster already resolved (direct execution):
+/// the one holding its descriptor, and the one holding its first local
+/// segment. They were registered when the request was posted; a
+/// deregistration since waits for the engine lock this request runs under
+/// (`Device::quiesce_region_users`), so they stay valid until it is done.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Known<'a> {
+    pub desc: Option<&'a Resolved>,
+    pub seg: Option<&'a Resolved>,
+}
+
 /// One request being run.
 struct Op<'a> {
     soft: &'a SoftNic,
@@ -38,6 +49,7 @@ struct Op<'a> {
     wr: &'a SendWr,
     /// The payload when it came inline in the doorbell entry (else empty).
     inline: &'a [u8],
+    known: Known<'a>,
     regions: &'a mut Regions,
     breaks: &'a mut Vec<Break>,
     /// The initiator's status when a transfer stopped because a region was
@@ -266,6 +278,90 @@ impl Op<'_> {
         if fault == 0 { Ok(()) } else { Err(fault) }
     }
 
+    /// [`Op::deliver`] for the common case, straight through: at most one
+    /// local segment whose region the poster resolved, a receive of at most
+    /// one segment with room, each side in one mapped extent. `None` (and
+    /// nothing done yet) when the case does not apply: the general path
+    /// then runs, and finds the same errors.
+    #[inline(never)]
+    fn deliver_one(
+        &mut self,
+        pos: u64,
+        recv_op: u32,
+        len: u32,
+    ) -> Option<std::result::Result<(), u32>> {
+        let (link, wr) = (self.link, self.wr);
+        if wr.seg_count > 1 || !self.inline.is_empty() || len as u64 > region::CHUNK {
+            return None;
+        }
+        let src = match wr.seg_count {
+            0 => None,
+            _ => {
+                let r = self.known.seg.filter(|r| r.handle == wr.segs[0].handle)?;
+                Some(r.span(wr.segs[0].va, len as u64)?)
+            }
+        };
+        let view = link.remote.view();
+        let s = view.rq_slot(link.vi, pos)?;
+        let n = s.seg_count.load(Ordering::Relaxed);
+        if n > 1 || (n == 0 && len > 0) {
+            return None;
+        }
+        let desc_handle = s.desc_handle.load(Ordering::Relaxed);
+        let desc_off = s.desc_off.load(Ordering::Relaxed);
+        let lv = self.nic.regions.version();
+        let di = self
+            .regions
+            .remote(&link.remote, desc_handle, lv, Use::Recv)?;
+        let dst = if n == 1 {
+            let h = s.segs[0].handle.load(Ordering::Relaxed);
+            let j = if self.regions.get(di).handle == h {
+                di
+            } else {
+                self.regions.remote(&link.remote, h, lv, Use::Recv)?
+            };
+            let off = s.segs[0].off.load(Ordering::Relaxed);
+            let cap = s.segs[0].len.load(Ordering::Relaxed);
+            let r = self.regions.get(j);
+            if len > cap || off.checked_add(cap as u64)? > r.len {
+                return None;
+            }
+            Some(r.span(r.va + off, len as u64)?)
+        } else {
+            None
+        };
+        let d = self.regions.get(di);
+        let desc_va = d.va.checked_add(desc_off)?;
+        if !d.covers(desc_va, 32) {
+            return None;
+        }
+        // From here on the receive is ours to finish.
+        let mut fault = 0;
+        if let (Some((sm, sat)), Some((dm, dat))) = (src, dst) {
+            if !crate::shm::mapping::Mapping::copy(sm, sat, dm, dat, len as usize) {
+                fault = status::PROTECTION_ERROR;
+            }
+        }
+        let live = tpt::is_live(&view, d.handle);
+        // The slot is finished before the status becomes visible.
+        s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
+        if live {
+            let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
+            let st =
+                status::DONE | recv_op | fault | if imm.is_some() { status::IMMEDIATE } else { 0 };
+            complete::remote_recv(
+                &link.remote,
+                (link.vi, link.vi_gen as u16),
+                d,
+                desc_va,
+                st,
+                if fault == 0 { len } else { 0 },
+                imm,
+            );
+        }
+        Some(if fault == 0 { Ok(()) } else { Err(fault) })
+    }
+
     fn send(&mut self) -> u32 {
         if self.wr.length > self.link.mtu {
             return status::LENGTH_ERROR;
@@ -273,7 +369,11 @@ impl Op<'_> {
         let Some(pos) = self.take_receive() else {
             return self.remote_failure(ErrorCode::RecvqEmpty);
         };
-        match self.deliver(pos, status::OP_RECEIVE, true, self.wr.length) {
+        let r = match self.deliver_one(pos, status::OP_RECEIVE, self.wr.length) {
+            Some(r) => r,
+            None => self.deliver(pos, status::OP_RECEIVE, true, self.wr.length),
+        };
+        match r {
             Ok(()) => 0,
             Err(_) => {
                 let st = self.remote_failure(ErrorCode::ConnLost);
@@ -392,11 +492,21 @@ impl Op<'_> {
 
 /// Completes the send descriptor of `wr` (its region looked up through the
 /// engine's cache).
-fn complete_send(nic: &NicInner, regions: &mut Regions, vi: &ViCore, wr: &SendWr, status: u32) {
-    let r = regions
-        .local(&nic.regions, wr.desc_handle, Use::Send)
-        .map(|i| regions.get(i))
-        .filter(|r| r.covers(wr.desc_va, 32));
+fn complete_send(
+    nic: &NicInner,
+    regions: &mut Regions,
+    known: Option<&Resolved>,
+    vi: &ViCore,
+    wr: &SendWr,
+    status: u32,
+) {
+    let r = match known.filter(|r| r.handle == wr.desc_handle) {
+        Some(r) => Some(r),
+        None => regions
+            .local(&nic.regions, wr.desc_handle, Use::Send)
+            .map(|i| regions.get(i)),
+    };
+    let r = r.filter(|r| r.covers(wr.desc_va, 32));
     completion::send(nic, vi, r, wr.desc_va, status);
 }
 
@@ -407,6 +517,7 @@ pub(crate) fn execute(
     st: &mut EngineState,
     wr: &SendWr,
     inline: &[u8],
+    known: Known<'_>,
     hint: Option<&ViCore>,
 ) {
     let found;
@@ -440,6 +551,7 @@ pub(crate) fn execute(
             complete_send(
                 nic,
                 regions,
+                known.desc,
                 vi,
                 wr,
                 status::DONE | status::DESC_FLUSHED_ERROR | op_status,
@@ -455,6 +567,7 @@ pub(crate) fn execute(
         link,
         wr,
         inline,
+        known,
         regions,
         breaks,
         cut: None,
@@ -478,7 +591,14 @@ pub(crate) fn execute(
         }
     };
     link.end_access(access);
-    complete_send(nic, o.regions, vi, wr, status::DONE | r | op_status);
+    complete_send(
+        nic,
+        o.regions,
+        known.desc,
+        vi,
+        wr,
+        status::DONE | r | op_status,
+    );
     o.regions.trim();
 }
 
