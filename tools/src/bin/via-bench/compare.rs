@@ -350,10 +350,14 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
     // contender -> size -> (latencies, bandwidths)
     let mut res: BTreeMap<String, BTreeMap<usize, (Vec<f64>, Vec<f64>)>> = BTreeMap::new();
     let mut absent: Vec<(String, String, String)> = Vec::new();
+    let order = std::cell::RefCell::new(Vec::<String>::new());
     let add = |res: &mut BTreeMap<String, BTreeMap<usize, (Vec<f64>, Vec<f64>)>>,
                who: &str,
                size: usize,
                r: Res| {
+        if !order.borrow().iter().any(|o| o == who) {
+            order.borrow_mut().push(who.to_string());
+        }
         let e = res
             .entry(who.to_string())
             .or_default()
@@ -526,7 +530,8 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
         })
         .unwrap_or_default();
     let mut summary = serde_json::Map::new();
-    for (who, by) in &res {
+    for who in order.borrow().iter() {
+        let by = &res[who];
         for (&size, (l, b)) in by {
             let mut row = Row::new("compare", who).bytes(size);
             row.iters = reps as u64;

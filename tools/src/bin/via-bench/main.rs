@@ -110,22 +110,17 @@ pub struct Common {
     /// Do not pin the processes to cores
     #[arg(long = "no-pin", global = true)]
     pub no_pin: bool,
+    /// Repetitions of report and compare (interleaved; the median is reported; default 5 and 3)
+    #[arg(long, global = true)]
+    pub reps: Option<usize>,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
     /// The main comparison (the default): VIA against the floor and memcpy
-    Report {
-        /// Repetitions (interleaved), the median is reported
-        #[arg(long, default_value_t = 5)]
-        reps: usize,
-    },
+    Report,
     /// VIA against baselines outside this project: the floor, memcpy, TCP, and where installed UCX, libfabric, Open MPI
-    Compare {
-        /// Repetitions (interleaved), the median is reported
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
-    },
+    Compare,
     /// The complete VIBe suite, every benchmark with its defaults
     Suite,
     /// Non-data-transfer: VI, connection, memory registration, CQ
@@ -354,7 +349,7 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let c = cli.common;
-    match cli.cmd.unwrap_or(Cmd::Report { reps: 5 }) {
+    match cli.cmd.unwrap_or(Cmd::Report) {
         Cmd::Point { spec, host, disc } => {
             let spec: xfer::Spec = serde_json::from_str(&spec).expect("a spec");
             let peer = match (host, disc) {
@@ -383,9 +378,9 @@ fn main() {
         Cmd::Regscale(a) => run_reg("regscale", &c, a),
         Cmd::Reuse(a) => run_reg("reuse", &c, a),
         Cmd::Regbig(a) => run_reg("regbig", &c, a),
-        Cmd::Report { reps } => {
+        Cmd::Report => {
             let mut ctx = start(c, Remote::Local, "report");
-            let reps = if ctx.c.quick { reps.min(3) } else { reps };
+            let reps = ctx.c.reps.unwrap_or(if ctx.c.quick { 3 } else { 5 });
             compare::compare(&mut ctx, reps, false);
             suite::finish(
                 ctx,
@@ -393,8 +388,9 @@ fn main() {
                 Some("via-bench.json"),
             );
         }
-        Cmd::Compare { reps } => {
+        Cmd::Compare => {
             let mut ctx = start(c, Remote::Local, "compare");
+            let reps = ctx.c.reps.unwrap_or(3);
             compare::compare(&mut ctx, reps, true);
             suite::finish(ctx, "VIA against other stacks", None);
         }

@@ -299,9 +299,8 @@ pub fn print_tables(rows: &[Row]) {
             }
             note += &r.note;
             if !r.unit.is_empty() {
-                note = format!("{note}(value: {}) ", r.unit);
+                note = format!("{} (value: {})", note.trim_end(), r.unit);
             }
-            note += "";
             if !note.is_empty() {
                 line += &format!("  {}", note.trim_end());
             }

@@ -113,12 +113,15 @@ impl Ctx {
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
-            let why = err
-                .lines()
-                .filter(|l| !l.trim().is_empty() && !l.contains("RUST_BACKTRACE"))
-                .next_back()
-                .unwrap_or("")
-                .to_string();
+            // The panic message: the line after "panicked at".
+            let lines: Vec<&str> = err.lines().collect();
+            let why = lines
+                .iter()
+                .position(|l| l.contains("panicked at"))
+                .and_then(|i| lines.get(i + 1))
+                .or_else(|| lines.iter().rfind(|l| !l.trim().is_empty()))
+                .map(|l| l.trim().to_string())
+                .unwrap_or_default();
             log::warn!("point {spec:?} {env:?} failed: {err}");
             return Err(format!("measuring process failed ({}): {why}", out.status));
         }
@@ -317,7 +320,7 @@ pub fn mvis(ctx: &mut Ctx, vis: &[usize], one: bool, all: bool) {
                 s.size = size;
                 s.reply = size;
                 ctx.progress.grow(1);
-                let row = Row::new("mvis", &format!("{active}, {} B", size))
+                let row = Row::new("mvis", &format!("{active}, {}", out::fmt_size(size as u64)))
                     .bytes(size)
                     .x("VIs", n as f64);
                 if let Some(m) = ctx.measured(row, &s, &[]) {

@@ -16,6 +16,10 @@ use crate::suite::Ctx;
 /// Runs `f` for about `budget` (at least 100 times, in batches); returns
 /// per-call microseconds of the batches.
 fn bench(budget: Duration, batch: u64, mut f: impl FnMut()) -> (f64, Vec<f64>) {
+    // A warm-up batch, not counted.
+    for _ in 0..batch {
+        f();
+    }
     let t0 = Instant::now();
     let mut samples = Vec::new();
     let mut total = Duration::ZERO;
@@ -110,7 +114,7 @@ pub fn sys_costs(ctx: &mut Ctx) {
             }
         },
     );
-    let line_us = m;
+    let line_us = crate::out::stats(m, &mut s.clone()).2;
     ctx.push(row(
         "cache-line transfer between cores (one way)",
         "analogue of a PIO word to the NIC; half of a flag ping-pong",
@@ -223,7 +227,7 @@ pub fn sys_costs(ctx: &mut Ctx) {
                         .expect("process_vm_writev");
                 });
                 if n == 8 {
-                    cma8 = Some(m);
+                    cma8 = Some(crate::out::stats(m, &mut s.clone()).2);
                 }
                 ctx.push(row(
                     &format!("cross-process copy {n} B (process_vm_writev)"),
@@ -245,7 +249,7 @@ pub fn sys_costs(ctx: &mut Ctx) {
     if let Some(c) = cma8 {
         let words = c / (line_us / 8.0);
         ctx.push(
-            Row::new("sys-costs", "derived: copy start-up / (cache-line transfer / 8 words)")
+            Row::new("sys-costs", "derived: copy start-up / (cache-line transfer / 8 words), medians")
                 .value(words, "words")
                 .note("the thesis's PIO-vs-DMA crossover (5 words SP-NT, 10 Myrinet), computed the same way from this machine's costs"),
         );

@@ -684,7 +684,17 @@ pub fn server(device: &str, disc: &str, count: Option<u64>, ready: bool, cpu: Op
                 std::process::exit(1)
             }
         };
-        serve_point(&nic, &local, req);
+        // A point that goes wrong (a client that died, say) costs that
+        // point, not the server.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve_point(&nic, &local, req)
+        }));
+        if r.is_err() {
+            if count.is_some() {
+                std::process::exit(101);
+            }
+            eprintln!("via-bench server: the point failed; serving the next");
+        }
         served += 1;
     }
 }
