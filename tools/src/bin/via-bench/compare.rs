@@ -17,6 +17,9 @@ use crate::{KIB, MIB};
 /// (half round trip us, bandwidth MB/s) of one contender at one size.
 type Res = (Option<f64>, Option<f64>);
 
+/// Contender -> size -> (latencies, bandwidths) of the repetitions.
+type Results = BTreeMap<String, BTreeMap<usize, (Vec<f64>, Vec<f64>)>>;
+
 fn which(p: &str) -> Option<String> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -348,13 +351,10 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
     let mut sizes = vec![lat_size];
     sizes.extend(bw_sizes.iter().copied().filter(|&s| s != lat_size));
     // contender -> size -> (latencies, bandwidths)
-    let mut res: BTreeMap<String, BTreeMap<usize, (Vec<f64>, Vec<f64>)>> = BTreeMap::new();
+    let mut res: Results = BTreeMap::new();
     let mut absent: Vec<(String, String, String)> = Vec::new();
     let order = std::cell::RefCell::new(Vec::<String>::new());
-    let add = |res: &mut BTreeMap<String, BTreeMap<usize, (Vec<f64>, Vec<f64>)>>,
-               who: &str,
-               size: usize,
-               r: Res| {
+    let add = |res: &mut Results, who: &str, size: usize, r: Res| {
         if !order.borrow().iter().any(|o| o == who) {
             order.borrow_mut().push(who.to_string());
         }

@@ -349,9 +349,9 @@ pub fn plot_series(rows: &[Row]) -> (Series, Series) {
         }
     };
     let xval = |r: &Row| -> Option<f64> {
-        r.bytes
-            .map(|b| (b.max(1)) as f64)
-            .or(r.x.map(|x| x.max(1e-3)))
+        // The swept parameter if there is one, else the size.
+        r.x.map(|x| x.max(1e-3))
+            .or(r.bytes.map(|b| (b.max(1)) as f64))
     };
     for r in rows.iter().filter(|r| r.status == OK) {
         let Some(x) = xval(r) else { continue };
@@ -389,13 +389,14 @@ pub fn write_plot(path: &str, title: &str, rows: &[Row]) -> Result<(), String> {
         .titled(title, ("sans-serif", 20))
         .map_err(|e| e.to_string())?;
     let panels = root.split_evenly((1, 2));
-    let x_label = if rows.iter().any(|r| r.bytes.is_some()) {
-        "message size, bytes".to_string()
-    } else {
-        rows.iter()
-            .find(|r| r.x.is_some())
-            .map(|r| r.x_name.clone())
-            .unwrap_or_default()
+    let x_name = rows
+        .iter()
+        .find(|r| r.x.is_some())
+        .map(|r| r.x_name.clone());
+    let x_label = match x_name {
+        None => "message size, bytes".to_string(),
+        Some(n) if rows.iter().all(|r| r.x.is_some()) => n,
+        Some(n) => format!("message size, bytes; {n}"),
     };
     for (i, (series, ylab)) in [
         (&lat, "latency, us (median; half round trip)"),

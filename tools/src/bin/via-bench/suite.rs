@@ -740,10 +740,6 @@ pub fn alt_cq(ctx: &mut Ctx, queues: &[usize]) {
     ctx.summary.insert("alt-cq".into(), v);
     if let Some(n) = even {
         ctx.push(Row::new("alt-cq", "break-even").value(n as f64, "work queues"));
-    } else {
-        ctx.push(
-            Row::new("alt-cq", "break-even").note("CQ2 not slower than CQ1 anywhere in the sweep"),
-        );
     }
 }
 

@@ -1478,6 +1478,6 @@ fn client_conn(s: &Side, local: &NetAddr, remote: &NetAddr, peer: bool, n: usize
         mbps: None,
         cpu_pct: Some(cpu.as_secs_f64() / wall.as_secs_f64() * 100.0),
         rate: None,
-        extra: json!({ "teardown": { "mean_us": dm, "min_us": dmin, "median_us": dmed, "p99_us": dp99 } }),
+        extra: json!({ "second": { "mean_us": dm, "min_us": dmin, "median_us": dmed, "p99_us": dp99 } }),
     }
 }
