@@ -562,6 +562,61 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
             ctx.push(row);
         }
     }
+    // Side by side: one line per stack, the ratios in parentheses.
+    let mut t = format!(
+        "side by side (median of {reps}; latency: half round trip, x the floor; bandwidth: MB/s, x memcpy)\n{:<38} {:>18}",
+        "",
+        format!("{lat_size} B us")
+    );
+    for s in &bw_sizes {
+        t += &format!(
+            " {:>18}",
+            format!("{} MB/s", crate::out::fmt_size(*s as u64))
+        );
+    }
+    for r in ctx.rows.iter().filter(|r| r.bench == "compare") {
+        if r.bytes != Some(lat_size as u64)
+            && ctx.rows.iter().any(|x| {
+                x.bench == "compare" && x.config == r.config && x.bytes == Some(lat_size as u64)
+            })
+        {
+            continue;
+        }
+        if t.contains(&format!("\n{:<38}", r.config)) {
+            continue;
+        }
+        let cell = |size: usize| -> String {
+            ctx.rows
+                .iter()
+                .find(|x| {
+                    x.bench == "compare" && x.config == r.config && x.bytes == Some(size as u64)
+                })
+                .and_then(|x| {
+                    let v = if size == lat_size && !bw_sizes.contains(&size) {
+                        x.mean_us
+                    } else {
+                        x.mbps
+                    };
+                    v.map(|v| {
+                        let v = if v >= 100.0 {
+                            format!("{v:.0}")
+                        } else {
+                            format!("{v:.3}")
+                        };
+                        match x.ratio {
+                            Some(q) => format!("{v} ({q:.2}x)"),
+                            None => v,
+                        }
+                    })
+                })
+                .unwrap_or_else(|| "-".into())
+        };
+        t += &format!("\n{:<38} {:>18}", r.config, cell(lat_size));
+        for s in &bw_sizes {
+            t += &format!(" {:>18}", cell(*s));
+        }
+    }
+    ctx.epilogue.push(t);
     for (who, st, why) in absent {
         ctx.push(Row::absent("compare", &who, &st, &why));
     }

@@ -25,6 +25,8 @@ pub struct Ctx {
     pub rows: Vec<Row>,
     pub summary: BTreeMap<String, Value>,
     pub progress: Progress,
+    /// Text printed after the tables (compact views).
+    pub epilogue: Vec<String>,
     /// Base (polling) results of this run, per size: the baseline of the
     /// ratios of the other data-transfer benchmarks.
     base: HashMap<usize, Measure>,
@@ -48,6 +50,7 @@ impl Ctx {
             rows: Vec::new(),
             summary: BTreeMap::new(),
             progress: Progress::new(0, "via-bench"),
+            epilogue: Vec::new(),
             base: HashMap::new(),
         }
     }
@@ -926,9 +929,17 @@ pub fn alt_tcache(ctx: &mut Ctx, reuse: u32, pool: usize, entries: &[usize], way
 
 pub fn finish(ctx: Ctx, title: &str, default_json: Option<&str>) {
     ctx.progress.finish();
+    let mut title = format!(
+        "{title}: via-bench {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
+    title.truncate(120);
     out::print_tables(&ctx.rows);
     for (k, v) in &ctx.summary {
         println!("\nsummary {k}: {v}");
+    }
+    for t in &ctx.epilogue {
+        println!("\n{t}");
     }
     let (client_cpu, server_cpu) = ctx.cpus();
     let doc = out::Doc {
@@ -962,7 +973,7 @@ pub fn finish(ctx: Ctx, title: &str, default_json: Option<&str>) {
         }
     }
     if let Some(p) = &ctx.c.plot {
-        if let Err(e) = out::write_plot(p, title, &doc.rows) {
+        if let Err(e) = out::write_plot(p, &title, &doc.rows) {
             eprintln!("cannot draw {p}: {e}");
         }
     }
