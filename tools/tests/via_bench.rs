@@ -303,7 +303,7 @@ fn data_transfer_variants() {
         ),
         ("mds", &["mds", "--segs", "1,4", "--sizes", "8,4K"], "mds"),
         ("cq", &["cq", "--sizes", "8,4K"], "cq"),
-        ("mvis", &["mvis", "--vis", "1,3", "--sizes", "8"], "mvis"),
+        ("mvis", &["mvis", "--vis", "1,1024", "--sizes", "8"], "mvis"),
         ("rdma", &["rdma", "--sizes", "4,64,4K"], "rdma"),
         ("mts", &["mts", "--mts", "1K", "--sizes", "8,4K"], "mts"),
         ("rl", &["rl", "--sizes", "8,64"], "rl"),

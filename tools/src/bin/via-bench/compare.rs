@@ -214,7 +214,6 @@ fn mpi(ctx: &Ctx, exe: &str, size: usize) -> Result<Res, String> {
         .args([exe, &size.to_string(), &n])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         .stdin(Stdio::null())
         .output()
         .map_err(|e| e.to_string())?;
@@ -515,6 +514,11 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
                 ext("Open MPI ping-pong", mpi(ctx, exe, size), &mut res);
                 ctx.progress.inc();
             }
+        }
+    }
+    if let Some(Ok(exe)) = &mpi_exe {
+        if let Some(dir) = std::path::Path::new(exe).parent() {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
     let floor = res

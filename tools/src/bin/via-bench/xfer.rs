@@ -294,7 +294,10 @@ pub struct Side {
     bufs: Vec<Region>,
     /// Bytes of a buffer's area (an RDMA buffer has two: source, target).
     blen: usize,
+    /// The data VIs, made by [`Side::create_vis`] once the control VI is
+    /// gone (a NIC has 1,024 VIs, and `mvis` may want them all).
     pub vis: Vec<Vi>,
+    attrs: ViAttributes,
     by_slot: HashMap<u32, usize>,
     cq: Option<Cq>,
     /// CQ entries seen but not consumed, per (VI, queue).
@@ -356,18 +359,8 @@ impl Side {
                 .unwrap_or(nic.attributes().max_transfer_size as usize) as u32;
         a.enable_rdma_write = rdma;
         a.enable_rdma_read = rdma && spec.rel != Rel::U;
-        let vis: Vec<Vi> = (0..spec.vis)
-            .map(|_| {
-                let (s, r) = match cq_use {
-                    CqUse::None => (None, None),
-                    CqUse::Recv => (None, cq.as_ref()),
-                    CqUse::Both => (cq.as_ref(), cq.as_ref()),
-                };
-                nic.create_vi(&a, s, r).expect("create VI")
-            })
-            .collect();
-        let by_slot = vis.iter().enumerate().map(|(i, v)| (v.slot(), i)).collect();
         Side {
+            attrs: a,
             pending: Mutex::new(vec![0; spec.vis * 2]),
             written: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             nic,
@@ -375,8 +368,8 @@ impl Side {
             ctl,
             bufs,
             blen,
-            vis,
-            by_slot,
+            vis: Vec::new(),
+            by_slot: HashMap::new(),
             cq,
             spec: Spec {
                 cq: cq_use,
@@ -384,6 +377,24 @@ impl Side {
             },
             server,
         }
+    }
+
+    /// Creates the data VIs (with their CQs).
+    pub fn create_vis(&mut self) {
+        let (s, r) = match self.spec.cq {
+            CqUse::None => (None, None),
+            CqUse::Recv => (None, self.cq.as_ref()),
+            CqUse::Both => (self.cq.as_ref(), self.cq.as_ref()),
+        };
+        self.vis = (0..self.spec.vis)
+            .map(|_| self.nic.create_vi(&self.attrs, s, r).expect("create VI"))
+            .collect();
+        self.by_slot = self
+            .vis
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.slot(), i))
+            .collect();
     }
 
     /// The buffer of message `k`.
@@ -731,7 +742,31 @@ fn serve_point(nic: &Nic, local: &NetAddr, req: via::ConnRequest) {
     let mut b = vec![0u8; ctl.word(24) as usize];
     ctl.read(CTL_BUF, &mut b).unwrap();
     let spec: Spec = serde_json::from_slice(&b).expect("a spec");
-    let side = Side::new(&spec, true, Some(nic));
+    let mut side = Side::new(&spec, true, Some(nic));
+    let answer = json!({ "rdma": side.rdma_target() }).to_string();
+    // The answer goes from the control side's memory.
+    ctl.write(CTL_BUF, answer.as_bytes()).unwrap();
+    let sd = DescBuilder::send()
+        .segment(&ctl, CTL_BUF, answer.len() as u32)
+        .write(&ctl, 128)
+        .unwrap();
+    let rd = DescBuilder::recv().write(&ctl, 256).unwrap();
+    vi.post_recv(&ctl, rd).unwrap();
+    vi.post_send(&ctl, sd).unwrap();
+    vi.send_wait(Some(TIMEOUT)).expect("answer");
+    // The client disconnects the control VI once it has the answer.
+    let c = vi.recv_wait(Some(TIMEOUT)).expect("control tear-down");
+    assert!(
+        c.status & status::DESC_FLUSHED_ERROR != 0,
+        "control VI: {:#x}",
+        c.status
+    );
+    let _ = vi.disconnect();
+    let _ = vi.destroy();
+    drop(ctl);
+    let _ = nic.destroy_ptag(ptag);
+    // Data phase.
+    side.create_vis();
     // Receives first: the client may send as soon as it is connected.
     match spec.mode {
         Mode::PingPong | Mode::Async(_) | Mode::Server { .. } => {
@@ -756,29 +791,6 @@ fn serve_point(nic: &Nic, local: &NetAddr, req: via::ConnRequest) {
         }
         _ => {}
     }
-    let answer = json!({ "rdma": side.rdma_target() }).to_string();
-    // The answer goes from the control side's memory.
-    ctl.write(CTL_BUF, answer.as_bytes()).unwrap();
-    let sd = DescBuilder::send()
-        .segment(&ctl, CTL_BUF, answer.len() as u32)
-        .write(&ctl, 128)
-        .unwrap();
-    let rd = DescBuilder::recv().write(&ctl, 256).unwrap();
-    vi.post_recv(&ctl, rd).unwrap();
-    vi.post_send(&ctl, sd).unwrap();
-    vi.send_wait(Some(TIMEOUT)).expect("answer");
-    // The client disconnects the control VI once it has the answer.
-    let c = vi.recv_wait(Some(TIMEOUT)).expect("control tear-down");
-    assert!(
-        c.status & status::DESC_FLUSHED_ERROR != 0,
-        "control VI: {:#x}",
-        c.status
-    );
-    let _ = vi.disconnect();
-    let _ = vi.destroy();
-    drop(ctl);
-    let _ = nic.destroy_ptag(ptag);
-    // Data phase.
     if let Mode::Conn { peer, n } = spec.mode {
         return serve_conn(&side, local, &client_host, peer, n);
     }
@@ -1168,7 +1180,7 @@ pub fn run_point(mut spec: Spec, peer: &Peer) -> Measure {
         Peer::Remote(h, d) => (None, d.clone(), Some(h.clone())),
     };
     spec.disc = disc.clone();
-    let side = Side::new(&spec, false, None);
+    let mut side = Side::new(&spec, false, None);
     let host = match host {
         None => side.nic.host_address(),
         Some(h) => side.nic.resolve(&h).unwrap_or_else(|e| {
@@ -1194,6 +1206,7 @@ pub fn run_point(mut spec: Spec, peer: &Peer) -> Measure {
     cvi.disconnect().unwrap();
     let _ = cvi.destroy();
     let srv_rdma: Option<(u64, u32)> = serde_json::from_value(answer["rdma"].clone()).ok();
+    side.create_vis();
     // Data phase.
     let m = match spec.mode {
         Mode::Conn { peer, n } => client_conn(&side, &local, &remote, peer, n),
