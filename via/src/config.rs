@@ -22,6 +22,9 @@ use std::time::Duration;
 
 use crate::mem::arena::Policy;
 
+/// Most bytes of a send `VIA_INLINE` may carry inside its doorbell entry.
+pub const MAX_INLINE: usize = 64;
+
 /// How posts reach the soft NIC's engine when they cannot run at once: two
 /// uses of the same `doorbell::Doorbell` type, the two designs the thesis
 /// compares.

@@ -1,63 +1,46 @@
-//! via-bench: measurements of the provider against baselines run in the same
-//! invocation.
+//! via-bench: the VIBe micro-benchmark suite over this provider, the
+//! thesis's design alternatives, and comparisons against baselines
+//! measured in the same run.
 //!
-//! `via-bench` (or `via-bench report`) runs the main comparison: 8-byte
-//! polling ping-pong latency against a bare shared-memory ping-pong (the
-//! floor), and ping-pong and streaming bandwidth at 64 KiB, 1 MiB and 4 MiB
-//! against `memcpy`. It starts its own peer process (this binary, in a
-//! server role), prints a table, and writes JSON.
+//! `via-bench` with no command runs `report`: 8-byte polling ping-pong
+//! latency against a bare shared-memory ping-pong (the floor), and
+//! ping-pong and streaming bandwidth at 64 KiB, 1 MiB and 4 MiB against
+//! `memcpy`, and writes `via-bench.json`. `via-bench --help` lists the
+//! rest; every command has `--help`.
 //!
-//! Like fabtests, one binary is both client and server: the client spawns
-//! `via-bench serve ...` and talks to it over VIA.
+//! Like fabtests, one binary plays every role: each measurement point runs
+//! in a child process (`__point`, with the environment of its
+//! configuration: `VIA_*` variables are read once per process), which
+//! starts its server (`via-bench server`) or connects to one running
+//! elsewhere (`via-bench client`).
 
+mod compare;
+mod nd;
+mod out;
 mod reg;
+mod suite;
+mod syscost;
+mod tcache;
+mod xfer;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use via::descriptor::status;
 use via::shm::mapping::Mapping;
-use via::{DescBuilder, Nic, Region, Reliability, Vi, ViAttributes};
+use via::{DescBuilder, Region, Reliability, Vi, ViAttributes};
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * 1024;
+use crate::suite::{Ctx, Remote};
+use crate::xfer::{Model, Notify, Op, Rel, Wait};
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: via-bench [report] [--quick] [--json FILE] [--reps N]\n\
-         \x20      via-bench pingpong [--sizes a,b,..] [--iters N] [--wait poll|block] [--reliability u|rd|rr]\n\
-         \x20      via-bench bw [--sizes a,b,..] [--iters N] [--window W]\n\
-         \x20      via-bench reg|regpp|regcost|regscale|reuse|regbig [--quick] [--json FILE] [--size S]\n\
-         \n\
-         report: 8-byte latency vs a bare shared-memory ping-pong (the floor), and\n\
-         ping-pong / streaming bandwidth at 64 KiB, 1 MiB, 4 MiB vs memcpy, all in one run.\n\
-         Sizes accept K and M suffixes. Results: a table on stdout, JSON in --json (default\n\
-         via-bench.json). Environment knobs of the provider (VIA_DOORBELL, VIA_CQ, VIA_INLINE,\n\
-         VIA_SPIN_US, VIA_REGISTER) apply to both processes.\n\
-         \n\
-         reg: the registration benchmarks: regpp (register around every message vs once),\n\
-         regcost (4K..256M, cache on and off), regscale (1..50,000 live registrations),\n\
-         reuse (buffer reuse 0..100%), regbig (4 GiB: time and peak extra memory)."
-    );
-    std::process::exit(2)
-}
+pub const KIB: usize = 1024;
+pub const MIB: usize = 1024 * 1024;
 
-#[derive(Clone)]
-struct Opts {
-    quick: bool,
-    json: String,
-    reps: usize,
-    sizes: Option<Vec<usize>>,
-    iters: Option<usize>,
-    block: bool,
-    rel: Reliability,
-    window: usize,
-}
-
-fn parse_size(s: &str) -> usize {
+/// Sizes with K and M suffixes (`4K`, `1M`).
+fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let (n, m) = if let Some(v) = s.strip_suffix(['K', 'k']) {
         (v, KIB)
@@ -66,134 +49,504 @@ fn parse_size(s: &str) -> usize {
     } else {
         (s, 1)
     };
-    n.parse::<usize>().unwrap_or_else(|_| usage()) * m
+    n.parse::<usize>()
+        .map(|n| n * m)
+        .map_err(|e| format!("{s:?}: {e}"))
 }
 
-fn parse_opts(args: &[String]) -> Opts {
-    let mut o = Opts {
-        quick: false,
-        json: "via-bench.json".into(),
-        reps: 5,
-        sizes: None,
-        iters: None,
-        block: false,
-        rel: Reliability::ReliableDelivery,
-        window: 16,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().unwrap_or_else(|| usage());
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--json" => o.json = val(),
-            "--reps" => o.reps = val().parse().unwrap_or_else(|_| usage()),
-            "--sizes" => o.sizes = Some(val().split(',').map(parse_size).collect()),
-            "--iters" => o.iters = Some(val().parse().unwrap_or_else(|_| usage())),
-            "--wait" => {
-                o.block = match val().as_str() {
-                    "poll" => false,
-                    "block" => true,
-                    _ => usage(),
-                }
-            }
-            "--reliability" => {
-                o.rel = match val().as_str() {
-                    "u" => Reliability::Unreliable,
-                    "rd" => Reliability::ReliableDelivery,
-                    "rr" => Reliability::ReliableReception,
-                    _ => usage(),
-                }
-            }
-            "--window" => o.window = val().parse().unwrap_or_else(|_| usage()),
-            _ => usage(),
-        }
-    }
-    o
+#[derive(Parser)]
+#[command(
+    name = "via-bench",
+    version,
+    about = "VIBe benchmarks, the thesis's design alternatives and side-by-side comparisons for via-rs",
+    long_about = "VIBe benchmarks, the thesis's design alternatives and side-by-side comparisons for via-rs.\n\n\
+        With no command: `report` (8-byte latency vs a bare shared-memory ping-pong, ping-pong and \
+        streaming bandwidth vs memcpy; JSON in via-bench.json).\n\n\
+        Every measurement point runs in its own pair of processes (client pinned to the first of \
+        --cpus, server to the second). Results: a table on stdout, --json, --csv, --plot (SVG). \
+        A progress bar is drawn on a terminal (stderr) only. The provider's VIA_* variables apply \
+        to every process; the design-alternative commands set them per configuration."
+)]
+struct Cli {
+    #[command(flatten)]
+    common: Common,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+/// Options of every command.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Common {
+    /// The NIC, as `VipOpenNic` names it: via_lo, /dev/via_lo, via_<interface>, /dev/via_<interface>
+    #[arg(long, global = true, default_value = "via_lo")]
+    pub device: String,
+    /// Short runs: fewer sizes, iterations and configurations
+    #[arg(long, global = true)]
+    pub quick: bool,
+    /// Write the results as JSON
+    #[arg(long, global = true, value_name = "FILE")]
+    pub json: Option<String>,
+    /// Write the results as CSV
+    #[arg(long, global = true, value_name = "FILE")]
+    pub csv: Option<String>,
+    /// Draw latency and bandwidth against size, one line per configuration (SVG)
+    #[arg(long, global = true, value_name = "FILE.svg")]
+    pub plot: Option<String>,
+    /// Message sizes, comma-separated, K/M suffixes (default: 0 and 1 B..4 MiB in powers of two)
+    #[arg(long, global = true, value_delimiter = ',', value_parser = parse_size)]
+    pub sizes: Option<Vec<usize>>,
+    /// Completion modes (default: all three where the benchmark sweeps them)
+    #[arg(long, global = true, value_delimiter = ',', value_enum)]
+    pub wait: Option<Vec<Wait>>,
+    /// Time budget of one measurement point, ms (default 200; 20 with --quick)
+    #[arg(long = "time-ms", global = true)]
+    pub time_ms: Option<u64>,
+    /// A fixed number of iterations per point instead of the time budget
+    #[arg(long, global = true)]
+    pub iters: Option<u64>,
+    /// Cores of the client and the server side (default 0,1)
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub cpus: Option<Vec<usize>>,
+    /// Do not pin the processes to cores
+    #[arg(long = "no-pin", global = true)]
+    pub no_pin: bool,
+    /// Repetitions of report and compare (interleaved; the median is reported; default 5 and 3)
+    #[arg(long, global = true)]
+    pub reps: Option<usize>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The main comparison (the default): VIA against the floor and memcpy
+    Report,
+    /// VIA against baselines outside this project: the floor, memcpy, TCP, and where installed UCX, libfabric, Open MPI
+    Compare,
+    /// The complete VIBe suite, every benchmark with its defaults
+    Suite,
+    /// Non-data-transfer: VI, connection, memory registration, CQ
+    Nd {
+        /// Which (comma-separated)
+        #[arg(value_enum, value_delimiter = ',', default_value = "all")]
+        what: Vec<NdWhat>,
+    },
+    #[command(flatten)]
+    Bench(Bench),
+    /// The thesis's design alternatives, each as a table (and --plot)
+    Alt {
+        #[command(subcommand)]
+        what: Alt,
+    },
+    /// This machine's analogue of the thesis's table of system costs
+    SysCosts,
+    /// All registration benchmarks (regpp, regcost, regscale, reuse, regbig)
+    Reg(RegArgs),
+    /// Registering around every message vs once, cache on and off
+    Regpp(RegArgs),
+    /// Register + deregister 4 KiB..256 MiB, first time and again, cache on and off
+    Regcost(RegArgs),
+    /// Registration cost with 1..50,000 registrations live
+    Regscale(RegArgs),
+    /// Buffer reuse 0..100% with registration around each message
+    Reuse(RegArgs),
+    /// Registering 4 GiB: time and peak extra memory
+    Regbig(RegArgs),
+    /// Serve benchmark points to `via-bench client` (across hosts)
+    Server {
+        /// The discriminator to listen on
+        #[arg(long, default_value = "via-bench")]
+        disc: String,
+        /// Serve this many points, then exit (default: for ever)
+        #[arg(long)]
+        count: Option<u64>,
+        /// Print READY once listening (for the local client)
+        #[arg(long, hide = true)]
+        ready: bool,
+        /// The core to pin to
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
+    /// Run a data-transfer benchmark against a `via-bench server` elsewhere
+    Client {
+        /// The server's host (name service: localhost, this host's name, $VIA_HOSTS)
+        #[arg(long)]
+        host: String,
+        /// The server's discriminator
+        #[arg(long, default_value = "via-bench")]
+        disc: String,
+        #[command(subcommand)]
+        bench: Bench,
+    },
+    #[command(name = "__point", hide = true)]
+    Point {
+        spec: String,
+        #[arg(long)]
+        host: Option<String>,
+        #[arg(long)]
+        disc: Option<String>,
+    },
+    /// Internal roles of the registration benchmarks.
+    #[command(hide = true)]
+    Serve {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    #[command(hide = true)]
+    Loopback { iters: Option<usize> },
+    #[command(name = "__sink", hide = true)]
+    Sink,
+    #[command(name = "__tcp", hide = true)]
+    Tcp {
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
+}
+
+#[derive(Subcommand, Clone)]
+enum Bench {
+    /// Base: ping-pong latency and CPU, streaming bandwidth; one buffer, one segment, no CQ, one VI
+    #[command(alias = "pingpong")]
+    Base,
+    /// Address translation: a different buffer (pre-registered pool) for a share of the messages
+    At {
+        /// Reuse percentages
+        #[arg(long, value_delimiter = ',', default_values_t = [0u32, 25, 50, 75, 100])]
+        reuse: Vec<u32>,
+        /// Buffers in the pool (capped at 256 MiB in all)
+        #[arg(long, default_value_t = 2048)]
+        pool: usize,
+    },
+    /// Multiple data segments per descriptor
+    Mds {
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16])]
+        segs: Vec<usize>,
+    },
+    /// Completions through a CQ (receives, or sends and receives)
+    Cq,
+    /// Multiple VIs: n created, one or all active
+    Mvis {
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 128, 1024])]
+        vis: Vec<usize>,
+        #[arg(long, value_enum, default_value = "both")]
+        active: Active,
+    },
+    /// Asynchronous: the server answers while it computes
+    Async {
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Notify::Event, Notify::Thread, Notify::Poll, Notify::Timer])]
+        notify: Vec<Notify>,
+    },
+    /// RDMA write, write with immediate data, read
+    Rdma {
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Op::Write, Op::WriteImm, Op::Read])]
+        op: Vec<Op>,
+    },
+    /// MaxTransferSize: messages above it go as several descriptors
+    Mts {
+        #[arg(long, value_delimiter = ',', value_parser = parse_size, default_values_t = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB])]
+        mts: Vec<usize>,
+    },
+    /// Each reliability level
+    Rl {
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Rel::U, Rel::Rd, Rel::Rr])]
+        levels: Vec<Rel>,
+    },
+    /// Sender pipeline depth (streaming bandwidth)
+    Spl {
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64, 128])]
+        depth: Vec<usize>,
+    },
+    /// Message rate: small messages streamed 64 deep
+    Rate,
+    /// Client/server: transactions, multi-threaded server
+    Cs {
+        #[command(subcommand)]
+        what: Cs,
+    },
+}
+
+#[derive(Subcommand, Clone)]
+enum Cs {
+    /// Request/reply transactions per second: fixed request, reply swept over --sizes
+    Txn {
+        #[arg(long, value_parser = parse_size, default_value = "64")]
+        req: usize,
+    },
+    /// A multi-threaded server (master/worker, worker pool) with several clients
+    Server {
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Model::Master, Model::Pool])]
+        model: Vec<Model>,
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8])]
+        clients: Vec<usize>,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Request and reply bytes
+        #[arg(long, value_parser = parse_size, default_value = "64")]
+        size: usize,
+    },
+}
+
+#[derive(Subcommand, Clone)]
+enum Alt {
+    /// Central send queue vs per-VI doorbells, 1..1,024 active VIs (VIA_DOORBELL)
+    Doorbell {
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16, 64, 256, 1024])]
+        vis: Vec<usize>,
+    },
+    /// CQ1 entry ring vs CQ2 work-queue scan, 1..64 queues per CQ: the break-even (VIA_CQ)
+    Cq {
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 12, 16, 20, 24, 32, 48, 64])]
+        queues: Vec<usize>,
+    },
+    /// Inline payload threshold 0..256 B (VIA_INLINE): PIO vs DMA
+    Inline {
+        #[arg(long, value_delimiter = ',', default_values_t = [0usize, 8, 16, 32, 64, 128, 256])]
+        thresholds: Vec<usize>,
+    },
+    /// Fragment size of the sockets kind of NIC
+    Fragment,
+    /// Translation cache size and associativity against a recorded trace (VIA_TCACHE_*)
+    Tcache {
+        #[arg(long, default_value_t = 50)]
+        reuse: u32,
+        #[arg(long, default_value_t = 2048)]
+        pool: usize,
+        #[arg(long, value_delimiter = ',', default_values_t = [64usize, 128, 256, 512, 1024, 2048, 4096])]
+        entries: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 8])]
+        ways: Vec<usize>,
+    },
+    /// Notify by thread vs event wake-up vs polling vs a 10 ms timer
+    Notify,
+    /// Every alternative
+    All,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum NdWhat {
+    Vi,
+    Conn,
+    Mem,
+    Cq,
+    All,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Active {
+    One,
+    All,
+    Both,
+}
+
+#[derive(Args, Clone)]
+struct RegArgs {
+    #[arg(long, hide = true)]
+    inner: bool,
+    /// Bytes (regbig)
+    #[arg(long, value_parser = parse_size)]
+    size: Option<usize>,
 }
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cmd, rest) = match args.first().map(String::as_str) {
-        None => ("report", &args[..]),
-        Some(c) if !c.starts_with("--") => (c, &args[1..]),
-        Some(_) => ("report", &args[..]),
-    };
-    match cmd {
-        "serve" => serve(rest),
-        "loopback" => loopback(rest.first().and_then(|v| v.parse().ok()).unwrap_or(100_000)),
-        "report" => report(&parse_opts(rest)),
-        "regpp" | "regcost" | "regscale" | "reuse" | "regbig" | "reg" => reg::main(cmd, rest),
-        "pingpong" => {
-            let o = parse_opts(rest);
-            let sizes = o
-                .sizes
-                .clone()
-                .unwrap_or_else(|| (0..=22).step_by(2).map(|p| 1 << p).collect());
-            println!(
-                "{:>10} {:>12} {:>10} {:>10} {:>12} {:>8}",
-                "bytes", "half-RTT us", "median", "p99", "MB/s", "cpu %"
+    let cli = Cli::parse();
+    let c = cli.common;
+    match cli.cmd.unwrap_or(Cmd::Report) {
+        Cmd::Point { spec, host, disc } => {
+            let spec: xfer::Spec = serde_json::from_str(&spec).expect("a spec");
+            let peer = match (host, disc) {
+                (Some(h), Some(d)) => xfer::Peer::Remote(h, d),
+                _ => xfer::Peer::Local,
+            };
+            let m = xfer::run_point(spec, &peer);
+            println!("{}", serde_json::to_string(&m).unwrap());
+        }
+        Cmd::Server {
+            disc,
+            count,
+            ready,
+            cpu,
+        } => {
+            let cpu = if c.no_pin { None } else { cpu };
+            xfer::server(&c.device, &disc, count, ready, cpu)
+        }
+        Cmd::Serve { args } => serve(&args),
+        Cmd::Loopback { iters } => loopback(iters.unwrap_or(100_000)),
+        Cmd::Sink => syscost::sink(),
+        Cmd::Tcp { cpu } => compare::tcp_server(cpu),
+        Cmd::Reg(a) => run_reg("reg", &c, a),
+        Cmd::Regpp(a) => run_reg("regpp", &c, a),
+        Cmd::Regcost(a) => run_reg("regcost", &c, a),
+        Cmd::Regscale(a) => run_reg("regscale", &c, a),
+        Cmd::Reuse(a) => run_reg("reuse", &c, a),
+        Cmd::Regbig(a) => run_reg("regbig", &c, a),
+        Cmd::Report => {
+            let mut ctx = start(c, Remote::Local, "report");
+            let reps = ctx.c.reps.unwrap_or(if ctx.c.quick { 3 } else { 5 });
+            compare::compare(&mut ctx, reps, false);
+            suite::finish(
+                ctx,
+                "VIA against the floor and memcpy",
+                Some("via-bench.json"),
             );
-            let mut rows = Vec::new();
-            for s in sizes {
-                eprintln!("  {s} bytes...");
-                let r = via_pingpong(&o, s, o.iters.unwrap_or(iters_for(s, o.quick)));
-                println!(
-                    "{:>10} {:>12.3} {:>10.3} {:>10.3} {:>12.1} {:>8.0}",
-                    s,
-                    r.half_rtt_us,
-                    r.median_us,
-                    r.p99_us,
-                    r.mbps(s),
-                    r.cpu_pct
+        }
+        Cmd::Compare => {
+            let mut ctx = start(c, Remote::Local, "compare");
+            let reps = ctx.c.reps.unwrap_or(3);
+            compare::compare(&mut ctx, reps, true);
+            suite::finish(ctx, "VIA against other stacks", None);
+        }
+        Cmd::Suite => {
+            let mut ctx = start(c, Remote::Local, "suite");
+            suite::suite(&mut ctx);
+            suite::finish(ctx, "VIBe suite", None);
+        }
+        Cmd::Nd { what } => {
+            let mut ctx = start(c, Remote::Local, "nd");
+            let has = |w: NdWhat| what.contains(&w) || what.contains(&NdWhat::All);
+            suite::nd(
+                &mut ctx,
+                has(NdWhat::Vi),
+                has(NdWhat::Conn),
+                has(NdWhat::Mem),
+                has(NdWhat::Cq),
+            );
+            suite::finish(ctx, "non-data-transfer", None);
+        }
+        Cmd::Bench(b) => {
+            let mut ctx = start(c, Remote::Local, "bench");
+            run_bench(&mut ctx, &b);
+            suite::finish(ctx, "via-bench", None);
+        }
+        Cmd::Client { host, disc, bench } => {
+            let mut ctx = start(c, Remote::Host { host, disc }, "client");
+            run_bench(&mut ctx, &bench);
+            suite::finish(ctx, "via-bench (client)", None);
+        }
+        Cmd::Alt { what } => {
+            let mut ctx = start(c, Remote::Local, "alt");
+            let q = ctx.c.quick;
+            let all = matches!(what, Alt::All);
+            if let Alt::Doorbell { vis } = &what {
+                suite::alt_doorbell(&mut ctx, vis);
+            } else if all {
+                suite::alt_doorbell(
+                    &mut ctx,
+                    if q {
+                        &[1, 16]
+                    } else {
+                        &[1, 4, 16, 64, 256, 1024]
+                    },
                 );
-                rows.push(json!({
-                    "bytes": s, "half_rtt_us": r.half_rtt_us, "median_us": r.median_us,
-                    "p99_us": r.p99_us, "mbps": r.mbps(s), "cpu_pct": r.cpu_pct,
-                }));
             }
-            write_json(
-                &o.json,
-                json!({
-                    "tool": "via-bench pingpong",
-                    "wait": if o.block { "block" } else { "poll" },
-                    "reliability": rel_name(o.rel),
-                    "rows": rows,
-                }),
-            );
-        }
-        "bw" => {
-            let o = parse_opts(rest);
-            let sizes = o
-                .sizes
-                .clone()
-                .unwrap_or_else(|| vec![4 * KIB, 64 * KIB, MIB, 4 * MIB]);
-            println!("{:>10} {:>12}", "bytes", "MB/s");
-            let mut rows = Vec::new();
-            for s in sizes {
-                eprintln!("  {s} bytes...");
-                let gbps = via_stream(&o, s, o.iters.unwrap_or(iters_for(s, o.quick)));
-                println!("{:>10} {:>12.1}", s, gbps * 1000.0);
-                rows.push(json!({"bytes": s, "gbps": gbps}));
+            if let Alt::Cq { queues } = &what {
+                suite::alt_cq(&mut ctx, queues);
+            } else if all {
+                suite::alt_cq(
+                    &mut ctx,
+                    if q {
+                        &[1, 16, 64]
+                    } else {
+                        &[1, 2, 4, 8, 12, 16, 20, 24, 32, 48, 64]
+                    },
+                );
             }
-            write_json(
-                &o.json,
-                json!({
-                    "tool": "via-bench bw",
-                    "window": o.window,
-                    "reliability": rel_name(o.rel),
-                    "rows": rows,
-                }),
-            );
+            if let Alt::Inline { thresholds } = &what {
+                suite::alt_inline(&mut ctx, thresholds);
+            } else if all {
+                suite::alt_inline(
+                    &mut ctx,
+                    if q {
+                        &[0, 64, 128]
+                    } else {
+                        &[0, 8, 16, 32, 64, 128, 256]
+                    },
+                );
+            }
+            if matches!(what, Alt::Fragment) || all {
+                suite::alt_fragment(&mut ctx);
+            }
+            if let Alt::Tcache {
+                reuse,
+                pool,
+                entries,
+                ways,
+            } = &what
+            {
+                suite::alt_tcache(&mut ctx, *reuse, *pool, entries, ways);
+            } else if all {
+                let e: &[usize] = if q {
+                    &[128, 1024]
+                } else {
+                    &[64, 128, 256, 512, 1024, 2048, 4096]
+                };
+                suite::alt_tcache(&mut ctx, 50, if q { 256 } else { 2048 }, e, &[1, 2, 8]);
+            }
+            if matches!(what, Alt::Notify) || all {
+                suite::alt_notify(&mut ctx);
+            }
+            suite::finish(ctx, "design alternatives", None);
         }
-        _ => usage(),
+        Cmd::SysCosts => {
+            let mut ctx = start(c, Remote::Local, "sys-costs");
+            syscost::sys_costs(&mut ctx);
+            suite::finish(ctx, "system costs", None);
+        }
     }
 }
 
-/// Rounds timed one by one for the percentiles.
-fn sample_count(iters: usize) -> usize {
-    (iters / 4).max(iters.min(1000))
+/// Checks the device, then the context of an orchestrating command.
+fn start(c: Common, remote: Remote, what: &str) -> Ctx {
+    if let Remote::Local = remote {
+        if let Err(e) = xfer::open_nic(&c.device) {
+            eprintln!("via-bench {what}: {e}");
+            std::process::exit(2);
+        }
+    }
+    Ctx::new(c, remote)
 }
+
+fn run_bench(ctx: &mut Ctx, b: &Bench) {
+    match b {
+        Bench::Base => suite::base(ctx),
+        Bench::At { reuse, pool } => suite::at(ctx, reuse, *pool),
+        Bench::Mds { segs } => suite::mds(ctx, segs),
+        Bench::Cq => suite::cq(ctx),
+        Bench::Mvis { vis, active } => {
+            suite::mvis(ctx, vis, *active != Active::All, *active != Active::One)
+        }
+        Bench::Async { notify } => suite::async_(ctx, notify, "async"),
+        Bench::Rdma { op } => suite::rdma(ctx, op),
+        Bench::Mts { mts } => suite::mts(ctx, mts),
+        Bench::Rl { levels } => suite::rl(ctx, levels),
+        Bench::Spl { depth } => suite::spl(ctx, depth, "spl"),
+        Bench::Rate => suite::rate(ctx),
+        Bench::Cs {
+            what: Cs::Txn { req },
+        } => suite::txn(ctx, *req),
+        Bench::Cs {
+            what:
+                Cs::Server {
+                    model,
+                    clients,
+                    workers,
+                    size,
+                },
+        } => suite::threads(ctx, model, clients, *workers, *size),
+    }
+}
+
+fn run_reg(cmd: &str, c: &Common, a: RegArgs) {
+    reg::main(
+        cmd,
+        reg::RegOpts {
+            quick: c.quick,
+            inner: a.inner,
+            json: c.json.clone(),
+            size: a.size,
+        },
+    )
+}
+
+// ---------------------------------------------------------------- shared helpers of reg.rs
 
 fn write_json(path: &str, v: serde_json::Value) {
     match std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()) {
@@ -202,87 +555,34 @@ fn write_json(path: &str, v: serde_json::Value) {
     }
 }
 
-fn iters_for(size: usize, quick: bool) -> usize {
-    let n = match size {
-        0..=4096 => 100_000,
-        4097..=65536 => 10_000,
-        65537..=1048576 => 1_000,
-        _ => 250,
-    };
-    if quick { (n / 10).max(20) } else { n }
-}
-
 fn pin(cpu: usize) {
-    if via::sys::cpu_count() > cpu && std::env::var_os("VIA_BENCH_NOPIN").is_none() {
-        let _ = via::sys::pin_to_cpu(cpu);
+    if std::env::var_os("VIA_BENCH_NOPIN").is_none() {
+        xfer::pin(Some(cpu));
     }
 }
 
-// ---------------------------------------------------------------- server side
-
-/// `via-bench serve via <disc> <max> <rel> <block> | serve shm <pid> <fd> <iters> | serve stream <disc> <max> <window> <rel>`
+/// `via-bench serve shm <pid> <fd> <iters>` | `serve regpp <disc> <max> <each|fixed>`
 fn serve(args: &[String]) {
-    pin(1);
     match args.first().map(String::as_str) {
-        Some("via") => serve_echo(
-            &args[1],
-            args[2].parse().unwrap(),
-            rel_of(&args[3]),
-            args[4] == "block",
-        ),
-        Some("shm") => serve_shm(
-            args[1].parse().unwrap(),
-            args[2].parse().unwrap(),
-            args[3].parse().unwrap(),
-        ),
-        Some("regpp") => reg::serve_regpp(&args[1], args[2].parse().unwrap(), args[3] == "each"),
-        Some("stream") => serve_stream(
-            &args[1],
-            args[2].parse().unwrap(),
-            args[3].parse().unwrap(),
-            rel_of(&args[4]),
-        ),
-        _ => usage(),
-    }
-}
-
-fn rel_of(s: &str) -> Reliability {
-    match s {
-        "u" => Reliability::Unreliable,
-        "rr" => Reliability::ReliableReception,
-        _ => Reliability::ReliableDelivery,
-    }
-}
-
-fn rel_name(r: Reliability) -> &'static str {
-    match r {
-        Reliability::Unreliable => "u",
-        Reliability::ReliableDelivery => "rd",
-        Reliability::ReliableReception => "rr",
-    }
-}
-
-struct Ends {
-    nic: Nic,
-    mem: Region,
-    vi: Vi,
-}
-
-fn ends(bytes: usize, rel: Reliability) -> Ends {
-    let nic = Nic::open(None).expect("open NIC");
-    // The end of a run is a disconnect, which the peer sees as a lost
-    // connection: expected here, not worth an error line.
-    nic.set_error_callback(|e| {
-        if e.code != via::ErrorCode::ConnLost {
-            log::error!("asynchronous error {:?}", e.code);
+        Some("shm") => {
+            if let Some(c) = args.get(4).and_then(|c| c.parse().ok()) {
+                xfer::pin(Some(c));
+            }
+            serve_shm(
+                args[1].parse().unwrap(),
+                args[2].parse().unwrap(),
+                args[3].parse().unwrap(),
+            )
         }
-    });
-    let ptag = nic.create_ptag().unwrap();
-    let mem = Region::new(&nic, bytes, ptag, false, false).expect("register");
-    let mut a = ViAttributes::new(rel, ptag);
-    a.max_transfer_size = nic.attributes().max_transfer_size as u32;
-    let vi = nic.create_vi(&a, None, None).expect("create VI");
-    Ends { nic, mem, vi }
+        Some("regpp") => {
+            pin(1);
+            reg::serve_regpp(&args[1], args[2].parse().unwrap(), args[3] == "each")
+        }
+        _ => {
+            eprintln!("via-bench serve: unknown role {args:?}");
+            std::process::exit(2)
+        }
+    }
 }
 
 fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
@@ -316,88 +616,6 @@ fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
     c.status
 }
 
-fn serve_echo(disc: &str, max: usize, rel: Reliability, block: bool) {
-    let e = ends(2 * max + 8192, rel);
-    let (rbuf, sbuf) = (4096, 4096 + max);
-    let rd = DescBuilder::recv()
-        .segment(&e.mem, rbuf, max as u32)
-        .write(&e.mem, 0)
-        .unwrap();
-    e.vi.post_recv(&e.mem, rd).unwrap();
-    println!("READY");
-    std::io::stdout().flush().unwrap();
-    let req = e
-        .nic
-        .connect_wait(
-            &e.nic.address(disc.as_bytes()),
-            Some(Duration::from_secs(30)),
-        )
-        .expect("wait");
-    req.accept(&e.vi).expect("accept");
-    // The reply has the request's length; rebuild its descriptor when it changes.
-    let mut sd_len = u32::MAX;
-    loop {
-        if done_or_wait(&e.vi, true, block) & status::DESC_FLUSHED_ERROR != 0 {
-            // The client disconnected.
-            break;
-        }
-        let len = e.mem.word(rd + 24);
-        e.vi.post_recv(&e.mem, rd).unwrap();
-        if len != sd_len {
-            DescBuilder::send()
-                .segment(&e.mem, sbuf, len)
-                .write(&e.mem, 128)
-                .unwrap();
-            sd_len = len;
-        }
-        e.vi.post_send(&e.mem, 128).unwrap();
-        done_or_wait(&e.vi, false, block);
-    }
-}
-
-fn serve_stream(disc: &str, max: usize, window: usize, rel: Reliability) {
-    let e = ends(max + 8192 + window * 64, rel);
-    let rbuf = 4096 + window * 64;
-    let descs: Vec<usize> = (0..window)
-        .map(|i| {
-            DescBuilder::recv()
-                .segment(&e.mem, rbuf, max as u32)
-                .write(&e.mem, i * 64)
-                .unwrap()
-        })
-        .collect();
-    let ack = 4096 + window * 64 - 64;
-    let ack = DescBuilder::send().write(&e.mem, ack - (ack % 64)).unwrap();
-    for d in &descs {
-        e.vi.post_recv(&e.mem, *d).unwrap();
-    }
-    println!("READY");
-    std::io::stdout().flush().unwrap();
-    let req = e
-        .nic
-        .connect_wait(
-            &e.nic.address(disc.as_bytes()),
-            Some(Duration::from_secs(30)),
-        )
-        .expect("wait");
-    req.accept(&e.vi).expect("accept");
-    loop {
-        let mut last = 0;
-        for d in &descs {
-            done_or_wait(&e.vi, true, false);
-            last = e.mem.word(d + 24);
-        }
-        for d in &descs {
-            e.vi.post_recv(&e.mem, *d).unwrap();
-        }
-        e.vi.post_send(&e.mem, ack).unwrap();
-        done_or_wait(&e.vi, false, false);
-        if last == 0 {
-            break;
-        }
-    }
-}
-
 fn serve_shm(pid: u32, fd: i32, iters: u64) {
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -420,8 +638,6 @@ fn serve_shm(pid: u32, fd: i32, iters: u64) {
         pong.store(i, Ordering::Release);
     }
 }
-
-// ---------------------------------------------------------------- client side
 
 struct Child {
     child: std::process::Child,
@@ -450,28 +666,6 @@ impl Child {
     }
 }
 
-struct Lat {
-    half_rtt_us: f64,
-    median_us: f64,
-    p99_us: f64,
-    cpu_pct: f64,
-}
-
-impl Lat {
-    fn mbps(&self, size: usize) -> f64 {
-        if self.half_rtt_us == 0.0 {
-            0.0
-        } else {
-            size as f64 / self.half_rtt_us
-        }
-    }
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * p) as usize]
-}
-
 fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
@@ -481,371 +675,94 @@ fn unique(tag: &str) -> String {
     )
 }
 
-fn via_pingpong(o: &Opts, size: usize, iters: usize) -> Lat {
-    pin(0);
-    let max = size.max(8);
-    let disc = unique("pp");
-    let child = Child::start(&[
-        "via".into(),
-        disc.clone(),
-        max.to_string(),
-        rel_name(o.rel).into(),
-        if o.block { "block" } else { "poll" }.into(),
-    ]);
-    let e = ends(2 * max + 8192, o.rel);
-    e.vi.connect(
-        &e.nic.address(b"client"),
-        &e.nic.address(disc.as_bytes()),
-        Some(Duration::from_secs(30)),
-    )
-    .expect("connect");
-    let (rbuf, sbuf) = (4096, 4096 + max);
-    let rd = DescBuilder::recv()
-        .segment(&e.mem, rbuf, max as u32)
-        .write(&e.mem, 0)
-        .unwrap();
-    let sd = DescBuilder::send()
-        .segment(&e.mem, sbuf, size as u32)
-        .write(&e.mem, 128)
-        .unwrap();
-    let prof = std::env::var_os("VIA_BENCH_PROFILE").is_some();
-    let acc = std::cell::Cell::new([0u128; 4]);
-    let hist = std::cell::RefCell::new(Vec::<(u32, u32, u32)>::new());
-    let round = || {
-        let t0 = Instant::now();
-        e.vi.post_recv(&e.mem, rd).unwrap();
-        let t1 = Instant::now();
-        e.vi.post_send(&e.mem, sd).unwrap();
-        let t2 = Instant::now();
-        done_or_wait(&e.vi, true, o.block);
-        let t3 = Instant::now();
-        done_or_wait(&e.vi, false, o.block);
-        if prof {
-            let mut a = acc.get();
-            a[0] += (t1 - t0).as_nanos();
-            a[1] += (t2 - t1).as_nanos();
-            a[2] += (t3 - t2).as_nanos();
-            a[3] += 1;
-            acc.set(a);
-            hist.borrow_mut().push((
-                (t1 - t0).as_nanos() as u32,
-                (t2 - t1).as_nanos() as u32,
-                (t3 - t2).as_nanos() as u32,
-            ));
-        }
-    };
-    for _ in 0..(iters / 10).max(10) {
-        round();
-    }
-    // The mean comes from a run with no clock read per round; the
-    // percentiles from a shorter run that times each round.
-    let cpu0 = via::sys::rusage_cpu();
-    let t0 = Instant::now();
-    for _ in 0..iters {
-        round();
-    }
-    let total = t0.elapsed();
-    let cpu = via::sys::rusage_cpu() - cpu0;
-    let sampled = sample_count(iters);
-    let mut samples = Vec::with_capacity(sampled);
-    for _ in 0..sampled {
-        let t = Instant::now();
-        round();
-        samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-    }
-    if prof {
-        let a = acc.get();
-        eprintln!(
-            "profile: post_recv {} ns, post_send {} ns, wait {} ns (per round)",
-            a[0] / a[3].max(1),
-            a[1] / a[3].max(1),
-            a[2] / a[3].max(1)
-        );
-        let h = hist.borrow();
-        for k in 0..3 {
-            let mut v: Vec<u32> = h.iter().map(|x| [x.0, x.1, x.2][k]).collect();
-            v.sort();
-            eprintln!(
-                "  part {k}: min {} p50 {} p90 {} p99 {} max {}",
-                v[0],
-                v[v.len() / 2],
-                v[v.len() * 9 / 10],
-                v[v.len() * 99 / 100],
-                v[v.len() - 1]
-            );
-        }
-    }
-    // Disconnecting flushes the server's receive: its signal to stop.
-    e.vi.disconnect().expect("disconnect");
-    child.finish();
-    Lat {
-        half_rtt_us: total.as_secs_f64() * 1e6 / iters as f64 / 2.0,
-        median_us: percentile(&mut samples.clone(), 0.5),
-        p99_us: percentile(&mut samples, 0.99),
-        cpu_pct: cpu.as_secs_f64() / total.as_secs_f64() * 100.0,
-    }
-}
-
-fn via_stream(o: &Opts, size: usize, iters: usize) -> f64 {
-    pin(0);
-    let w = o.window.max(1);
-    let rounds = (iters / w).max(2);
-    let disc = unique("bw");
-    let child = Child::start(&[
-        "stream".into(),
-        disc.clone(),
-        size.max(8).to_string(),
-        w.to_string(),
-        rel_name(o.rel).into(),
-    ]);
-    let e = ends(size.max(8) + 8192, o.rel);
-    e.vi.connect(
-        &e.nic.address(b"client"),
-        &e.nic.address(disc.as_bytes()),
-        Some(Duration::from_secs(30)),
-    )
-    .expect("connect");
-    let sbuf = 4096;
-    let sd = DescBuilder::send()
-        .segment(&e.mem, sbuf, size as u32)
-        .write(&e.mem, 0)
-        .unwrap();
-    let last = DescBuilder::send()
-        .segment(&e.mem, sbuf, 0)
-        .write(&e.mem, 64)
-        .unwrap();
-    let ack = DescBuilder::recv().write(&e.mem, 128).unwrap();
-    let run = |n: usize, stop: bool| {
-        let t0 = Instant::now();
-        for r in 0..n {
-            e.vi.post_recv(&e.mem, ack).unwrap();
-            for i in 0..w {
-                let d = if stop && r == n - 1 && i == w - 1 {
-                    last
-                } else {
-                    sd
-                };
-                e.vi.post_send(&e.mem, d).unwrap();
-            }
-            for _ in 0..w {
-                done_or_wait(&e.vi, false, false);
-            }
-            done_or_wait(&e.vi, true, false);
-        }
-        t0.elapsed()
-    };
-    run(1, false);
-    let t = run(rounds, true);
-    child.finish();
-    (size * w * rounds) as f64 / t.as_secs_f64() / 1e9
-}
-
-fn shm_floor(iters: u64) -> Lat {
-    pin(0);
+/// The floor: a bare shared-memory ping-pong of one 8-byte word between
+/// two processes; mean half round trip, microseconds.
+pub fn shm_floor(iters: u64, (a, b): (Option<usize>, Option<usize>)) -> f64 {
+    xfer::pin(a);
     let (fd, map) = Mapping::create("via-bench-floor", 4096).expect("memfd");
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     via::sys::clear_cloexec(raw).ok();
-    let child = Child::start(&[
-        "shm".into(),
+    let mut args = vec![
+        "shm".to_string(),
         std::process::id().to_string(),
         raw.to_string(),
-        (iters + sample_count(iters as usize) as u64).to_string(),
-    ]);
+        iters.to_string(),
+    ];
+    if let Some(b) = b {
+        args.push(b.to_string());
+    }
+    let child = Child::start(&args);
     let ping = map.view::<AtomicU64>(0).unwrap();
     let ping_data = map.view::<AtomicU64>(8).unwrap();
     let pong = map.view::<AtomicU64>(128).unwrap();
     let pong_data = map.view::<AtomicU64>(136).unwrap();
-    let sampled = sample_count(iters as usize) as u64;
-    let mut samples = Vec::with_capacity(sampled as usize);
     let mut sum = 0u64;
-    let mut round = |i: u64| {
+    let warm = iters / 10;
+    let mut t0 = Instant::now();
+    for i in 1..=iters {
+        if i == warm + 1 {
+            t0 = Instant::now();
+        }
         ping_data.store(i * 3, Ordering::Relaxed);
         ping.store(i, Ordering::Release);
         while pong.load(Ordering::Acquire) != i {
             std::hint::spin_loop();
         }
         sum = sum.wrapping_add(pong_data.load(Ordering::Relaxed));
-    };
-    // As for VIA: the mean without clock reads, then timed rounds.
-    let t0 = Instant::now();
-    for i in 1..=iters {
-        round(i);
     }
     let total = t0.elapsed();
-    for i in iters + 1..=iters + sampled {
-        let t = Instant::now();
-        round(i);
-        samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-    }
     assert_eq!(
         sum,
-        (1..=iters + sampled).map(|i| i * 3).sum::<u64>(),
+        (1..=iters).map(|i| i * 3).sum::<u64>(),
         "payload check"
     );
     child.finish();
-    Lat {
-        half_rtt_us: total.as_secs_f64() * 1e6 / iters as f64 / 2.0,
-        median_us: percentile(&mut samples.clone(), 0.5),
-        p99_us: percentile(&mut samples, 0.99),
-        cpu_pct: 0.0,
-    }
+    total.as_secs_f64() * 1e6 / (iters - warm) as f64 / 2.0
 }
 
-fn memcpy_gbps(size: usize, iters: usize) -> f64 {
-    pin(0);
-    let a = vec![1u8; size];
-    let mut b = vec![2u8; size];
+/// `memcpy` bandwidth (10^6 bytes/s) of `size` bytes in this process,
+/// between page-aligned buffers as VIA's are (on AMD Zen with FSRM, glibc's
+/// `rep movsb` copies 16-byte-misaligned destinations at about a tenth of
+/// the speed: 3 GB/s instead of 30-90 at 4 KiB..256 KiB on this machine).
+pub fn memcpy_mbps(size: usize, iters: usize, cpu: Option<usize>) -> f64 {
+    xfer::pin(cpu);
+    let n = size.max(1);
+    let a = vec![1u8; n + 4096];
+    let mut b = vec![2u8; n + 4096];
+    let (ao, bo) = (a.as_ptr().align_offset(4096), b.as_ptr().align_offset(4096));
+    let src = &a[ao..ao + n];
     for _ in 0..iters.min(10) {
-        b.copy_from_slice(&a);
+        b[bo..bo + n].copy_from_slice(src);
     }
     let t0 = Instant::now();
     for _ in 0..iters {
-        b.copy_from_slice(std::hint::black_box(&a));
+        b[bo..bo + n].copy_from_slice(std::hint::black_box(src));
         std::hint::black_box(&mut b);
     }
-    (size * iters) as f64 / t0.elapsed().as_secs_f64() / 1e9
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-fn report(o: &Opts) {
-    let reps = if o.quick { o.reps.min(3) } else { o.reps };
-    let lat_iters = if o.quick { 20_000 } else { 100_000 };
-    let sizes = [64 * KIB, MIB, 4 * MIB];
-    eprintln!("via-bench report: {reps} repetitions, interleaved; progress on stderr");
-    let mut floor = Vec::new();
-    let mut via_lat = Vec::new();
-    let mut via_med = Vec::new();
-    let mut floor_med = Vec::new();
-    for r in 0..reps {
-        eprintln!("  [{}/{}] latency: floor, VIA", r + 1, reps);
-        let f = shm_floor(lat_iters as u64);
-        floor.push(f.half_rtt_us);
-        floor_med.push(f.median_us);
-        let v = via_pingpong(o, 8, lat_iters);
-        via_lat.push(v.half_rtt_us);
-        via_med.push(v.median_us);
-    }
-    let mut rows = Vec::new();
-    for &s in &sizes {
-        let it = iters_for(s, o.quick);
-        let (mut m, mut pp, mut st) = (Vec::new(), Vec::new(), Vec::new());
-        for r in 0..reps {
-            eprintln!(
-                "  [{}/{}] {} KiB: memcpy, ping-pong, stream",
-                r + 1,
-                reps,
-                s / KIB
-            );
-            m.push(memcpy_gbps(s, it));
-            pp.push(via_pingpong(o, s, it).mbps(s) / 1000.0);
-            st.push(via_stream(o, s, it));
-        }
-        rows.push((s, median(m), median(pp), median(st)));
-    }
-    let (fl, vl) = (median(floor.clone()), median(via_lat.clone()));
-    println!();
-    println!("8-byte half round trip (polling), median of {reps} runs of {lat_iters} iterations");
-    println!("{:<32} {:>10} {:>10}", "", "mean us", "median us");
-    println!(
-        "{:<32} {:>10.3} {:>10.3}",
-        "bare shared-memory ping-pong",
-        fl,
-        median(floor_med)
-    );
-    println!(
-        "{:<32} {:>10.3} {:>10.3}",
-        "VIA send/recv",
-        vl,
-        median(via_med)
-    );
-    println!(
-        "{:<32} {:>10.2}   (goal <= 1.5)",
-        "ratio VIA / floor",
-        vl / fl
-    );
-    println!();
-    println!("bandwidth, GB/s (10^9 bytes/s), median of {reps} runs");
-    println!(
-        "{:>8} {:>10} {:>12} {:>10} {:>10} {:>10}",
-        "size", "memcpy", "VIA pp", "VIA stream", "pp/memcpy", "st/memcpy"
-    );
-    for (s, m, pp, st) in &rows {
-        println!(
-            "{:>8} {:>10.2} {:>12.2} {:>10.2} {:>10.2} {:>10.2}",
-            format!("{}K", s / KIB),
-            m,
-            pp,
-            st,
-            pp / m,
-            st / m
-        );
-    }
-    let one_mib = rows.iter().find(|r| r.0 == MIB).unwrap();
-    println!(
-        "\ngoals: 8-byte latency <= 1.5x floor: {}; 1 MiB ping-pong >= 0.45x memcpy: {}",
-        if vl / fl <= 1.5 { "met" } else { "NOT met" },
-        if one_mib.2 / one_mib.1 >= 0.45 {
-            "met"
-        } else {
-            "NOT met"
-        }
-    );
-    let j = json!({
-        "tool": "via-bench report",
-        "reps": reps,
-        "cpus": via::sys::cpu_count(),
-        "config": {
-            "doorbell": std::env::var("VIA_DOORBELL").unwrap_or_else(|_| "central".into()),
-            "cq": std::env::var("VIA_CQ").unwrap_or_else(|_| "ring".into()),
-            "inline": std::env::var("VIA_INLINE").unwrap_or_else(|_| "0".into()),
-            "register": std::env::var("VIA_REGISTER").unwrap_or_else(|_| "remap".into()),
-        },
-        "latency_8b": {
-            "floor_us": fl, "via_us": vl, "ratio": vl / fl, "goal_max_ratio": 1.5,
-            "floor_runs_us": floor, "via_runs_us": via_lat,
-        },
-        "bandwidth": rows.iter().map(|(s, m, pp, st)| json!({
-            "bytes": s, "memcpy_gbps": m, "pingpong_gbps": pp, "stream_gbps": st,
-            "pingpong_ratio": pp / m, "stream_ratio": st / m,
-        })).collect::<Vec<_>>(),
-        "goal_bw_min_ratio_1mib": 0.45,
-    });
-    write_json(&o.json, j);
+    (size * iters) as f64 / t0.elapsed().as_secs_f64() / 1e6
 }
 
 /// One process, two connected VIs, one thread: the cost of the calls
 /// without any cross-core traffic (`via-bench loopback [iters]`).
 fn loopback(iters: usize) {
-    let a = ends(1 << 20, Reliability::ReliableDelivery);
-    let ptag = a.nic.create_ptag().unwrap();
-    let mem_b = Region::new(&a.nic, 1 << 20, ptag, false, false).unwrap();
-    let vi_b = a
-        .nic
-        .create_vi(
-            &ViAttributes::new(Reliability::ReliableDelivery, ptag),
-            None,
-            None,
-        )
-        .unwrap();
+    let nic = xfer::open_nic("via_lo").expect("NIC");
+    let ptag = nic.create_ptag().unwrap();
+    let mem_a = Region::new(&nic, 1 << 20, ptag, false, false).unwrap();
+    let mem_b = Region::new(&nic, 1 << 20, ptag, false, false).unwrap();
+    let attrs = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    let vi_a = nic.create_vi(&attrs, None, None).unwrap();
+    let vi_b = nic.create_vi(&attrs, None, None).unwrap();
     let disc = unique("lo");
     std::thread::scope(|sc| {
         let h = sc.spawn(|| {
-            let req = a
-                .nic
-                .connect_wait(
-                    &a.nic.address(disc.as_bytes()),
-                    Some(Duration::from_secs(10)),
-                )
+            let req = nic
+                .connect_wait(&nic.address(disc.as_bytes()), Some(Duration::from_secs(10)))
                 .unwrap();
             req.accept(&vi_b).unwrap();
         });
-        a.vi.connect(
-            &a.nic.address(b"c"),
-            &a.nic.address(disc.as_bytes()),
+        vi_a.connect(
+            &nic.address(b"c"),
+            &nic.address(disc.as_bytes()),
             Some(Duration::from_secs(10)),
         )
         .unwrap();
@@ -856,19 +773,19 @@ fn loopback(iters: usize) {
         .write(&mem_b, 0)
         .unwrap();
     let sd = DescBuilder::send()
-        .segment(&a.mem, 4096, 8)
-        .write(&a.mem, 0)
+        .segment(&mem_a, 4096, 8)
+        .write(&mem_a, 0)
         .unwrap();
     let mut t = [Duration::ZERO; 4];
     for i in 0..iters + 1000 {
         let t0 = Instant::now();
         vi_b.post_recv(&mem_b, rd).unwrap();
         let t1 = Instant::now();
-        a.vi.post_send(&a.mem, sd).unwrap();
+        vi_a.post_send(&mem_a, sd).unwrap();
         let t2 = Instant::now();
         vi_b.recv_done().unwrap();
         let t3 = Instant::now();
-        a.vi.send_done().unwrap();
+        vi_a.send_done().unwrap();
         let t4 = Instant::now();
         if i >= 1000 {
             t[0] += t1 - t0;

@@ -28,31 +28,11 @@ use via::{DescBuilder, Memory, Nic, Ptag, Region, Reliability, Vi, ViAttributes}
 use super::{Child, KIB, MIB, done_or_wait, pin, unique, write_json};
 
 /// Options of the registration benchmarks.
-struct RegOpts {
-    quick: bool,
-    inner: bool,
-    json: Option<String>,
-    size: Option<usize>,
-}
-
-fn parse(args: &[String]) -> RegOpts {
-    let mut o = RegOpts {
-        quick: false,
-        inner: false,
-        json: None,
-        size: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--inner" => o.inner = true,
-            "--json" => o.json = it.next().cloned(),
-            "--size" => o.size = it.next().map(|s| super::parse_size(s)),
-            _ => super::usage(),
-        }
-    }
-    o
+pub struct RegOpts {
+    pub quick: bool,
+    pub inner: bool,
+    pub json: Option<String>,
+    pub size: Option<usize>,
 }
 
 /// Runs `via-bench <cmd> --inner [args]` with `env`; returns its JSON line.
@@ -593,15 +573,14 @@ fn reuse(o: &RegOpts) -> Value {
 }
 
 /// `via-bench <regpp|regcost|regscale|reuse|regbig|reg> [--quick] [--json FILE]`.
-pub fn main(cmd: &str, args: &[String]) {
-    let o = parse(args);
+pub fn main(cmd: &str, o: RegOpts) {
     if o.inner {
         match cmd {
             "regcost" => regcost_inner(&o),
             "regscale" => regscale_inner(&o),
             "regpp" => regpp_inner(&o),
             "reuse" => reuse_inner(&o),
-            _ => super::usage(),
+            _ => unreachable!("unknown registration benchmark {cmd}"),
         }
         return;
     }
@@ -618,7 +597,7 @@ pub fn main(cmd: &str, args: &[String]) {
             "reuse": reuse(&o),
             "regbig": regbig(&o),
         }),
-        _ => super::usage(),
+        _ => unreachable!("unknown registration benchmark {cmd}"),
     };
     write_json(o.json.as_deref().unwrap_or("via-bench-reg.json"), v);
 }

@@ -47,7 +47,7 @@ pub const MAX_CQ: u32 = 1024;
 /// Capacity of the asynchronous error ring.
 pub const ERROR_RING: u32 = 1024;
 /// Largest payload a send may carry inside its doorbell entry.
-pub const MAX_INLINE: usize = 64;
+pub const MAX_INLINE: usize = crate::config::MAX_INLINE;
 /// Capacity of the central doorbell.
 pub const DOORBELL_SLOTS: u32 = 4096;
 /// Capacity of each per-VI doorbell.
