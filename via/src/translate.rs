@@ -106,7 +106,9 @@ pub(crate) struct RawSeg {
     pub len: u32,
 }
 
-/// A user descriptor read from memory.
+/// A user descriptor read from memory (each work queue keeps one to read
+/// into, so no post builds or moves one).
+#[derive(Default)]
 pub(crate) struct UserDesc {
     pub control: u16,
     pub imm: u32,
@@ -136,7 +138,8 @@ pub(crate) fn read_desc(
     handle: u32,
     ptag: u32,
     cache: &mut RegionCache,
-) -> Result<UserDesc> {
+    out: &mut UserDesc,
+) -> Result<()> {
     let region = cache.get(table, handle).ok_or(Error::InvalidParameter)?;
     if va % crate::descriptor::ALIGNMENT as u64 != 0
         || !region.covers(va, 32)
@@ -144,9 +147,9 @@ pub(crate) fn read_desc(
     {
         return Err(Error::DescriptorError);
     }
-    let mut segs = [RawSeg::default(); MAX_SEGS];
-    let (n, control, imm, length);
-    if let Some((m, at)) = region.span(va, 32) {
+    let segs = &mut out.segs;
+    let (n, control, imm, length, status);
+    if let Some((m, at, room)) = region.locate(va, 32) {
         // Fast path: the descriptor lies in one arena; read its words.
         let w = m.load_u32(at + offsets::SEG_COUNT);
         let (first, second) = if cfg!(target_endian = "little") {
@@ -157,6 +160,25 @@ pub(crate) fn read_desc(
         (n, control) = (first as usize, second);
         imm = m.load_u32(at + offsets::IMMEDIATE_DATA);
         length = m.load_u32(at + offsets::LENGTH);
+        check_head(n, control)?;
+        let end = offsets::SEGMENTS + n * SEGMENT_SIZE;
+        if !region.covers(va, end as u64) {
+            return Err(Error::DescriptorError);
+        }
+        if room >= end as u64 {
+            for (i, s) in segs.iter_mut().enumerate().take(n) {
+                let o = at + offsets::SEGMENTS + i * SEGMENT_SIZE;
+                let w = m.load_u64(o + 8);
+                *s = RawSeg {
+                    addr: m.load_u64(o),
+                    handle: w as u32,
+                    len: (w >> 32) as u32,
+                };
+            }
+        } else {
+            read_segs(region, va, n, segs)?;
+        }
+        status = StatusLoc::Map(m.clone(), at);
     } else {
         let mut cs = [0u8; 32];
         region
@@ -167,51 +189,52 @@ pub(crate) fn read_desc(
         control = u16::from_ne_bytes(at(offsets::CONTROL));
         imm = u32_at(&cs, offsets::IMMEDIATE_DATA);
         length = u32_at(&cs, offsets::LENGTH);
+        check_head(n, control)?;
+        let end = offsets::SEGMENTS + n * SEGMENT_SIZE;
+        if !region.covers(va, end as u64) {
+            return Err(Error::DescriptorError);
+        }
+        read_segs(region, va, n, segs)?;
+        status = StatusLoc::of(region, va);
     }
+    out.control = control;
+    out.imm = imm;
+    out.length = length;
+    out.n = n;
+    out.region_va = region.va;
+    out.status = status;
+    Ok(())
+}
+
+/// Refuses a segment count or control word no descriptor may have.
+#[inline(always)]
+fn check_head(n: usize, control: u16) -> Result<()> {
     if n > MAX_SEGS
         || control & control::RESERVED != 0
         || control & control::OP_MASK == control::OP_RESERVED
     {
         return Err(Error::DescriptorError);
     }
-    let end = offsets::SEGMENTS + n * SEGMENT_SIZE;
-    if !region.covers(va, end as u64) {
-        return Err(Error::DescriptorError);
+    Ok(())
+}
+
+/// Reads the `n` segments of the descriptor at `va` by copy (they straddle
+/// extents, or the region is reached by cross-memory attach).
+#[cold]
+fn read_segs(region: &Resolved, va: u64, n: usize, segs: &mut [RawSeg; MAX_SEGS]) -> Result<()> {
+    let mut buf = [0u8; MAX_SEGS * SEGMENT_SIZE];
+    region
+        .read(va + offsets::SEGMENTS as u64, &mut buf[..n * SEGMENT_SIZE])
+        .map_err(|_| Error::DescriptorError)?;
+    for (i, s) in segs.iter_mut().enumerate().take(n) {
+        let b = &buf[i * SEGMENT_SIZE..];
+        *s = RawSeg {
+            addr: u64::from_ne_bytes(b[0..8].try_into().unwrap()),
+            handle: u32_at(b, 8),
+            len: u32_at(b, 12),
+        };
     }
-    if let Some((m, at)) = region.span(va + 32, (n * SEGMENT_SIZE) as u64) {
-        for (i, s) in segs.iter_mut().enumerate().take(n) {
-            let o = at + i * SEGMENT_SIZE;
-            let w = m.load_u64(o + 8);
-            *s = RawSeg {
-                addr: m.load_u64(o),
-                handle: w as u32,
-                len: (w >> 32) as u32,
-            };
-        }
-    } else if n > 0 {
-        let mut buf = [0u8; MAX_SEGS * SEGMENT_SIZE];
-        region
-            .read(va + 32, &mut buf[..n * SEGMENT_SIZE])
-            .map_err(|_| Error::DescriptorError)?;
-        for (i, s) in segs.iter_mut().enumerate().take(n) {
-            let b = &buf[i * SEGMENT_SIZE..];
-            *s = RawSeg {
-                addr: u64::from_ne_bytes(b[0..8].try_into().unwrap()),
-                handle: u32_at(b, 8),
-                len: u32_at(b, 12),
-            };
-        }
-    }
-    let status = StatusLoc::of(region, va);
-    Ok(UserDesc {
-        control,
-        imm,
-        length,
-        n,
-        segs,
-        region_va: region.va,
-        status,
-    })
+    Ok(())
 }
 
 /// Checks a local data segment; the error status if it is not allowed.
@@ -321,7 +344,7 @@ pub(crate) fn send_wr(
 }
 
 /// A validated receive: what every kind of NIC gets from `VipPostRecv`.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct RecvWr {
     pub desc_off: u64,
     pub desc_handle: u32,
@@ -331,7 +354,7 @@ pub(crate) struct RecvWr {
     pub fault: u32,
 }
 
-/// Builds the work request of a receive descriptor.
+/// Builds the work request of a receive descriptor into `pd`.
 #[inline(always)]
 pub(crate) fn recv_wr(
     table: &RegionTable,
@@ -340,14 +363,12 @@ pub(crate) fn recv_wr(
     desc_handle: u32,
     ptag: u32,
     cache: &mut RegionCache,
-) -> RecvWr {
-    let mut pd = RecvWr {
-        desc_off: desc_va - d.region_va,
-        desc_handle,
-        n: 0,
-        segs: [(0, 0, 0); MAX_SEGS],
-        fault: 0,
-    };
+    pd: &mut RecvWr,
+) {
+    pd.desc_off = desc_va - d.region_va;
+    pd.desc_handle = desc_handle;
+    pd.n = 0;
+    pd.fault = 0;
     if d.control & control::OP_MASK != control::OP_SENDRECV {
         pd.fault |= status::FORMAT_ERROR;
     }
@@ -360,5 +381,4 @@ pub(crate) fn recv_wr(
             Err(st) => pd.fault |= st,
         }
     }
-    pd
 }

@@ -49,6 +49,12 @@ pub(crate) struct Queue {
     pub consumer_pos: u64,
     /// Translations of the regions this queue's descriptors use.
     pub regions: crate::regions::RegionCache,
+    /// The descriptor being posted, read from memory.
+    desc: translate::UserDesc,
+    /// The work request being posted (send queue).
+    wr: translate::SendWr,
+    /// The work request being posted (receive queue).
+    rwr: translate::RecvWr,
 }
 
 /// A completed descriptor, dequeued.
@@ -102,6 +108,9 @@ pub(crate) struct ViCore {
     /// Set (before the state changes) when the connection breaks, so the
     /// device stops using it at once.
     pub broken: AtomicBool,
+    /// Set once `VipDestroyVi` succeeded (handles cached by the C layer
+    /// check it).
+    pub destroyed: AtomicBool,
     pub send: Mutex<Queue>,
     pub recv: Mutex<Queue>,
     pub send_cq: Option<Arc<CqCore>>,
@@ -152,6 +161,7 @@ impl ViCore {
                         peer_request: None,
                     }),
                     broken: AtomicBool::new(false),
+                    destroyed: AtomicBool::new(false),
                     send: Mutex::new(Queue::default()),
                     recv: Mutex::new(Queue::default()),
                     send_cq,
@@ -265,6 +275,8 @@ impl ViCore {
             return Err(Error::InvalidState);
         }
         drop(st);
+        // Release: a thread that sees the flag sees the VI gone.
+        self.destroyed.store(true, Ordering::Release);
         nic.dev.remove_vi(nic, self);
         nic.vis.write().unwrap().remove(self.slot, self.generation);
         for cq in [&self.send_cq, &self.recv_cq].into_iter().flatten() {
@@ -314,13 +326,14 @@ impl ViCore {
                 fifo,
                 tail,
                 regions,
+                desc: d,
+                wr,
                 ..
             } = &mut *q;
-            let d = translate::read_desc(&nic.regions, desc_va, handle, ptag, regions)?;
-            let mut wr = translate::SendWr::default();
+            translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
             translate::send_wr(
                 &nic.regions,
-                &d,
+                d,
                 &translate::SendCtx {
                     vi: (self.slot, self.generation),
                     ptag,
@@ -330,7 +343,7 @@ impl ViCore {
                     desc_handle: handle,
                     seq: *tail as u32,
                 },
-                &mut wr,
+                wr,
                 regions,
             )?;
             // Clear the status so that polling the descriptor in memory is
@@ -339,13 +352,13 @@ impl ViCore {
             *tail += 1;
             fifo.push_back(Posted {
                 desc_va,
-                status: d.status,
+                status: std::mem::take(&mut d.status),
                 pos: wr.seq as u64,
             });
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
             nic.dev
-                .post_send(nic, self, &wr, translate::WrRegions::of(&wr, regions))?;
+                .post_send(nic, self, wr, translate::WrRegions::of(wr, regions))?;
         }
         nic.dev.kick(nic, Some(self));
         Ok(())
@@ -359,11 +372,20 @@ impl ViCore {
         if q.fifo.len() >= nic.limits.queue_depth as usize {
             return Err(Error::Resource);
         }
-        let d = translate::read_desc(&nic.regions, desc_va, handle, ptag, &mut q.regions)?;
-        let pd = translate::recv_wr(&nic.regions, &d, desc_va, handle, ptag, &mut q.regions);
-        let pos = q.tail;
-        q.tail += 1;
+        let Queue {
+            regions,
+            desc: d,
+            rwr: pd,
+            fifo,
+            tail,
+            ..
+        } = &mut *q;
+        translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
+        translate::recv_wr(&nic.regions, d, desc_va, handle, ptag, regions, pd);
         d.status.complete(0, None, None);
+        let status = std::mem::take(&mut d.status);
+        let pos = *tail;
+        *tail += 1;
         let immediate = if pd.fault != 0 {
             Some(status::DONE | status::OP_RECEIVE | pd.fault)
         } else if state == ViState::Error {
@@ -371,19 +393,26 @@ impl ViCore {
         } else {
             None
         };
-        q.fifo.push_back(Posted {
-            desc_va,
-            status: d.status.clone(),
-            pos,
-        });
         match immediate {
             Some(st) => {
+                fifo.push_back(Posted {
+                    desc_va,
+                    status: status.clone(),
+                    pos,
+                });
                 // Never offered to the peer: its engine skips finished slots.
                 nic.dev.skip_recv(nic, self, pos);
                 drop(q);
-                completion::local(nic, self, Which::Recv, &d.status, st, None, None);
+                completion::local(nic, self, Which::Recv, &status, st, None, None);
             }
-            None => nic.dev.post_recv(nic, self, pos, &pd)?,
+            None => {
+                fifo.push_back(Posted {
+                    desc_va,
+                    status,
+                    pos,
+                });
+                nic.dev.post_recv(nic, self, pos, pd)?;
+            }
         }
         Ok(())
     }

@@ -104,13 +104,62 @@ pub(crate) fn nic_from(h: VIP_NIC_HANDLE) -> Result<Arc<NicInner>> {
     decode(h, Kind::Nic).map(|(nic, _, _)| nic)
 }
 
+/// A VI handle this thread used lately, with what it names.
+struct CachedVi {
+    bits: u64,
+    pid: i32,
+    nic: Arc<NicInner>,
+    vi: Arc<ViCore>,
+}
+
+/// VI handles a thread used lately (a ping-pong uses one, a server a few):
+/// the common path of `Vip*` on a VI takes no process-wide lock.
+const VI_CACHE: usize = 4;
+
+thread_local! {
+    static RECENT_VIS: std::cell::RefCell<([Option<CachedVi>; VI_CACHE], usize)> =
+        const { std::cell::RefCell::new(([const { None }; VI_CACHE], 0)) };
+}
+
 /// The VI named by `h`, with its NIC.
+///
+/// A handle this thread used lately is answered from its cache: the same
+/// handle bits name the same VI for as long as the VI lives (generations
+/// never repeat in a slot before 65,536 reuses), so the entry stands while
+/// the VI is not destroyed, its NIC not closed, and the process the same
+/// (handles do not survive `fork`).
 ///
 /// # Errors
 /// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC.
 pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> {
+    let bits = opaque_value(h);
+    let pid = crate::sys::getpid();
+    let hit = RECENT_VIS.with(|c| {
+        let c = c.borrow();
+        c.0.iter().flatten().find_map(|e| {
+            (e.bits == bits
+                && e.pid == pid
+                && !e.vi.destroyed.load(Ordering::Acquire)
+                && !e.nic.closed.load(Ordering::Acquire))
+            .then(|| (e.nic.clone(), e.vi.clone()))
+        })
+    });
+    if let Some(found) = hit {
+        return Ok(found);
+    }
     let (nic, slot, generation) = decode(h, Kind::Vi)?;
     let vi = nic.vi(slot, generation).ok_or(Error::InvalidParameter)?;
+    RECENT_VIS.with(|c| {
+        let mut c = c.borrow_mut();
+        let i = c.1;
+        c.1 = (i + 1) % VI_CACHE;
+        c.0[i] = Some(CachedVi {
+            bits,
+            pid,
+            nic: nic.clone(),
+            vi: vi.clone(),
+        });
+    });
     Ok((nic, vi))
 }
 

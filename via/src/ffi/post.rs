@@ -46,9 +46,9 @@ pub(crate) unsafe fn done(
     out: *mut *mut VIP_DESCRIPTOR,
     w: Which,
 ) -> Result<()> {
-    let (_nic, vi) = vi_from(vi_h)?;
     // SAFETY: the caller's contract for `out`.
     let out = unsafe { Out::new(out) }?;
+    let (_nic, vi) = vi_from(vi_h)?;
     out.write(descriptor(vi.done(w)?));
     Ok(())
 }

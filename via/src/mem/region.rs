@@ -111,6 +111,21 @@ impl Resolved {
         }
     }
 
+    /// The mapping (shared), offset and length of `va..va+len` if it lies
+    /// in one mapped extent, with how many bytes of the extent follow `va`.
+    pub fn locate(&self, va: u64, len: u64) -> Option<(&Arc<Mapping>, usize, u64)> {
+        for e in &self.extents {
+            if va >= e.va && va - e.va < e.len {
+                let m = e.map.as_ref()?;
+                let within = va - e.va;
+                let at = usize::try_from(e.map_off + within).ok()?;
+                let room = (e.len - within).min(m.len().saturating_sub(at) as u64);
+                return (room >= len).then_some((m, at, room));
+            }
+        }
+        None
+    }
+
     /// The mapping and offset of `va..va+len` if it lies in one mapped
     /// extent (the common case: one arena per region).
     pub fn span(&self, va: u64, len: u64) -> Option<(&Mapping, usize)> {

@@ -22,18 +22,24 @@ pub(crate) struct Links {
 
 impl Links {
     /// The current link of `vi`, if it is connected.
+    #[inline]
     pub fn get(&mut self, soft: &SoftNic, vi: &ViCore) -> Option<&PeerLink> {
         let slot = soft.vi_link(vi.slot)?;
         let epoch = slot.epoch();
         let i = vi.slot as usize;
+        let fresh = matches!(self.slots.get(i), Some(Some((g, e, _))) if *g == vi.generation && *e == epoch);
+        if !fresh {
+            self.refresh(i, vi.generation, epoch, slot.link());
+        }
+        self.slots[i].as_ref().and_then(|(_, _, l)| l.as_deref())
+    }
+
+    #[cold]
+    fn refresh(&mut self, i: usize, generation: u16, epoch: u32, link: Option<Arc<PeerLink>>) {
         if self.slots.len() <= i {
             self.slots.resize(i + 1, None);
         }
-        let fresh = matches!(&self.slots[i], Some((g, e, _)) if *g == vi.generation && *e == epoch);
-        if !fresh {
-            self.slots[i] = Some((vi.generation, epoch, slot.link()));
-        }
-        self.slots[i].as_ref().and_then(|(_, _, l)| l.as_deref())
+        self.slots[i] = Some((generation, epoch, link));
     }
 
     /// Forgets the links to `session` (it died).

@@ -31,7 +31,7 @@ pub(crate) mod op;
 pub(crate) mod transfer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 
 use crate::config::{Config, DoorbellMode, Progress};
@@ -73,6 +73,9 @@ pub(crate) struct Engine {
     name: String,
     /// A direct execution (in `post_send`) left connection breaks to settle.
     breaks_waiting: AtomicBool,
+    /// Entries pushed into the doorbells and not yet taken out: what
+    /// [`Engine::pending`] reads (one load, not the rings' shared indices).
+    queued: AtomicU32,
 }
 
 impl Engine {
@@ -104,6 +107,7 @@ impl Engine {
             thread: Mutex::new(None),
             name,
             breaks_waiting: AtomicBool::new(false),
+            queued: AtomicU32::new(0),
         })
     }
 
@@ -134,16 +138,11 @@ impl Engine {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a doorbell holds work.
+    /// Whether a doorbell holds work. SeqCst: the pusher's increment and
+    /// this load are the two sides of the handshake with the engine lock
+    /// (see the module doc).
     pub fn pending(&self) -> bool {
-        if let Some(db) = self.central() {
-            return !db.ring_view().is_empty();
-        }
-        self.per_vi
-            .read()
-            .unwrap()
-            .values()
-            .any(|d| !d.get().ring_view().is_empty())
+        self.queued.load(Ordering::SeqCst) != 0
     }
 
     /// Runs or queues `wr` (the caller holds the VI's send lock).
@@ -241,6 +240,8 @@ impl Engine {
         for _ in 0..1_000_000 {
             // Reserve + fill + commit happen inside push (Release on the
             // slot stamp); a failed push publishes nothing.
+            // Counted before the push: a drainer may take the entry at once.
+            self.queued.fetch_add(1, Ordering::SeqCst);
             match db.push_quiet(pd) {
                 Ok(_) => {
                     if self.threaded() {
@@ -252,6 +253,7 @@ impl Engine {
                 Err(full) => {
                     // Full: drain it ourselves (inline), or let the engine
                     // thread catch up (backpressure).
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
                     pd = full.into_inner();
                     if self.threaded() {
                         self.wake_engine();
@@ -369,6 +371,7 @@ impl Engine {
     fn drain(&self, soft: &SoftNic, nic: &NicInner, st: &mut EngineState, hint: Option<&ViCore>) {
         if let Some(db) = self.central() {
             while let Some(pd) = db.poll() {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
                 execute(soft, nic, st, &pd.wr, pd.payload(), Known::default(), hint);
             }
             return;
@@ -380,6 +383,7 @@ impl Engine {
             let mut any = false;
             for d in &dbs {
                 while let Some(pd) = d.get().poll() {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
                     execute(soft, nic, st, &pd.wr, pd.payload(), Known::default(), hint);
                     any = true;
                 }

@@ -492,7 +492,9 @@ impl Op<'_> {
 
 /// Completes the send descriptor of `wr` (its region looked up through the
 /// engine's cache).
+#[allow(clippy::too_many_arguments)]
 fn complete_send(
+    soft: &SoftNic,
     nic: &NicInner,
     regions: &mut Regions,
     known: Option<&Resolved>,
@@ -507,7 +509,17 @@ fn complete_send(
             .map(|i| regions.get(i)),
     };
     let r = r.filter(|r| r.covers(wr.desc_va, 32));
-    completion::send(nic, vi, r, wr.desc_va, status);
+    let view = soft.view();
+    let Some(sh) = view.vi(vi.slot) else { return };
+    completion::send_with(
+        nic,
+        vi,
+        r,
+        wr.desc_va,
+        status,
+        &complete::vi_signals(sh),
+        &view.header().notify,
+    );
 }
 
 /// Runs one request; `inline` is its payload if it came inline.
@@ -549,6 +561,7 @@ pub(crate) fn execute(
         Some(l) if !vi.broken.load(Ordering::Acquire) => l,
         _ => {
             complete_send(
+                soft,
                 nic,
                 regions,
                 known.desc,
@@ -592,6 +605,7 @@ pub(crate) fn execute(
     };
     link.end_access(access);
     complete_send(
+        soft,
         nic,
         o.regions,
         known.desc,

@@ -1,0 +1,153 @@
+/*
+ * vipl_count.c: the VIPL calls of one 8-byte round trip, counted.
+ *
+ * One process, one thread, two VIs of one NIC connected to each other
+ * (peer-to-peer), a registered buffer each. Every round does what each
+ * side of a ping-pong does once per round trip: VipPostRecv on the
+ * receiver, VipPostSend on the sender (the engine runs the send in the
+ * posting thread: the copy and both completions happen here), then
+ * VipRecvDone and VipSendDone. Each call sits in its own non-inlined
+ * function, so that `tools/count.sh` (callgrind) attributes instructions
+ * to the call and, inside it, to the provider's source files.
+ *
+ *   vipl_count [rounds]      (default 20000, after 2000 warm-up rounds)
+ *
+ * Built and run by tools/count.sh against include/vipl.h and libvipl.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <vipl.h>
+
+#define OK(call)                                                              \
+    do {                                                                      \
+        VIP_RETURN r_ = (call);                                               \
+        if (r_ != VIP_SUCCESS) {                                              \
+            fprintf(stderr, "%s:%d: %s returned %d\n", __FILE__, __LINE__,    \
+                    #call, (int)r_);                                          \
+            exit(1);                                                          \
+        }                                                                     \
+    } while (0)
+
+static VIP_NET_ADDRESS *addr(VIP_NIC_ATTRIBUTES *a, const char *d)
+{
+    size_t dl = strlen(d);
+    VIP_NET_ADDRESS *x = malloc(sizeof *x + a->NicAddressLen + dl);
+    if (!x)
+        exit(1);
+    x->HostAddressLen = a->NicAddressLen;
+    x->DiscriminatorLen = (VIP_UINT16)dl;
+    memcpy(x->HostAddress, a->LocalNicAddress, a->NicAddressLen);
+    memcpy(x->HostAddress + a->NicAddressLen, d, dl);
+    return x;
+}
+
+static void *alloc_aligned(size_t n)
+{
+    void *p;
+    if (posix_memalign(&p, 4096, n))
+        exit(1);
+    memset(p, 0, n);
+    return p;
+}
+
+static VIP_VI_HANDLE va, vb;
+static VIP_DESCRIPTOR *sd, *rd;
+static VIP_MEM_HANDLE ma, mb;
+
+__attribute__((noinline)) void step_post_recv(void) { OK(VipPostRecv(vb, rd, mb)); }
+__attribute__((noinline)) void step_post_send(void) { OK(VipPostSend(va, sd, ma)); }
+__attribute__((noinline)) void step_recv_done(void)
+{
+    VIP_DESCRIPTOR *d;
+    while (VipRecvDone(vb, &d) == VIP_NOT_DONE)
+        ;
+    if (d != rd || (d->CS.Status & VIP_STATUS_ERROR_MASK)) {
+        fprintf(stderr, "receive: status 0x%x\n", (unsigned)d->CS.Status);
+        exit(1);
+    }
+}
+__attribute__((noinline)) void step_send_done(void)
+{
+    VIP_DESCRIPTOR *d;
+    while (VipSendDone(va, &d) == VIP_NOT_DONE)
+        ;
+    if (d != sd || (d->CS.Status & VIP_STATUS_ERROR_MASK)) {
+        fprintf(stderr, "send: status 0x%x\n", (unsigned)d->CS.Status);
+        exit(1);
+    }
+}
+__attribute__((noinline)) void round_trip(void)
+{
+    step_post_recv();
+    step_post_send();
+    step_recv_done();
+    step_send_done();
+}
+
+int main(int argc, char **argv)
+{
+    long rounds = argc > 1 ? atol(argv[1]) : 20000;
+    VIP_NIC_HANDLE nic;
+    VIP_PROTECTION_HANDLE tag;
+    VIP_NIC_ATTRIBUTES na;
+    VIP_VI_ATTRIBUTES at;
+    VIP_VI_ATTRIBUTES ra;
+    VIP_MEM_ATTRIBUTES mat;
+    char da[64], db[64];
+    unsigned char *bufa = alloc_aligned(8192), *bufb = alloc_aligned(8192);
+
+    OK(VipOpenNic(NULL, &nic));
+    OK(VipQueryNic(nic, &na));
+    OK(VipCreatePtag(nic, &tag));
+    memset(&at, 0, sizeof at);
+    at.ReliabilityLevel = VIP_SERVICE_RELIABLE_DELIVERY;
+    at.Ptag = tag;
+    at.MaxTransferSize = 65536;
+    OK(VipCreateVi(nic, &at, NULL, NULL, &va));
+    OK(VipCreateVi(nic, &at, NULL, NULL, &vb));
+    mat.Ptag = tag;
+    mat.EnableRdmaWrite = VIP_FALSE;
+    mat.EnableRdmaRead = VIP_FALSE;
+    OK(VipRegisterMem(nic, bufa, 8192, &mat, &ma));
+    OK(VipRegisterMem(nic, bufb, 8192, &mat, &mb));
+    snprintf(da, sizeof da, "count-a-%d", (int)getpid());
+    snprintf(db, sizeof db, "count-b-%d", (int)getpid());
+    OK(VipConnectPeerRequest(va, addr(&na, da), addr(&na, db), 10000));
+    OK(VipConnectPeerRequest(vb, addr(&na, db), addr(&na, da), 10000));
+    OK(VipConnectPeerWait(va, &ra));
+    OK(VipConnectPeerWait(vb, &ra));
+
+    /* Descriptors at the start of each buffer, the data 4 KiB in. */
+    sd = (VIP_DESCRIPTOR *)bufa;
+    rd = (VIP_DESCRIPTOR *)bufb;
+    sd->CS.SegCount = 1;
+    sd->CS.Control = VIP_CONTROL_OP_SENDRECV;
+    sd->CS.Length = 8;
+    sd->DS[0].Local.Data.Address = bufa + 4096;
+    sd->DS[0].Local.Handle = ma;
+    sd->DS[0].Local.Length = 8;
+    rd->CS.SegCount = 1;
+    rd->CS.Control = VIP_CONTROL_OP_SENDRECV;
+    rd->CS.Length = 64;
+    rd->DS[0].Local.Data.Address = bufb + 4096;
+    rd->DS[0].Local.Handle = mb;
+    rd->DS[0].Local.Length = 64;
+    memcpy(bufa + 4096, "8 bytes!", 8);
+
+    for (long i = 0; i < 2000; i++)
+        round_trip();
+    for (long i = 0; i < rounds; i++)
+        round_trip();
+    if (memcmp(bufb + 4096, "8 bytes!", 8) != 0) {
+        fprintf(stderr, "data did not arrive\n");
+        return 1;
+    }
+    OK(VipDisconnect(va));
+    OK(VipDisconnect(vb));
+    printf("%ld rounds\n", rounds + 2000);
+    return 0;
+}

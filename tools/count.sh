@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Instructions per 8-byte round trip on the default NIC, counted by
+# callgrind (this machine has no hardware performance counters), with the
+# breakdown by call and by step. Runs benches/c/vipl_count.c against the
+# release libvipl: one process and one thread doing, per round, what each
+# side of a ping-pong does once per round trip (post a receive, post a
+# send, dequeue both). Needs valgrind (apt-get install valgrind).
+#
+#   tools/count.sh [rounds]          default 20000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-20000}
+command -v valgrind >/dev/null || { echo "count.sh: valgrind is not installed (apt-get install valgrind)"; exit 1; }
+cargo build --release -q -p vipl -p via-tools
+out=$(mktemp -d)
+trap "rm -rf $out" EXIT
+# The library under its soname, as tools/install.sh lays it out.
+ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so.1"
+ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so"
+cc -O2 -g -Wall -Iinclude -o "$out/vipl_count" benches/c/vipl_count.c -L"$out" -lvipl -Wl,-rpath,"$out"
+# Its own daemon instance; valgrind cannot run the daemon's start-up
+# (pidfd, userfaultfd), so one plain run starts it first.
+export VIA_INSTANCE="count-$$" VIA_VIAD="$PWD/target/release/viad"
+"$out/vipl_count" 2000 >/dev/null
+valgrind --tool=callgrind --toggle-collect=round_trip --callgrind-out-file="$out/cg" \
+    "$out/vipl_count" "$rounds" >/dev/null 2>"$out/vg.log"
+total_rounds=$((rounds + 2000))
+callgrind_annotate --auto=no --threshold=100 --inclusive=yes "$out/cg" >"$out/incl.txt" 2>/dev/null
+callgrind_annotate --auto=no --threshold=100 "$out/cg" >"$out/self.txt" 2>/dev/null
+incl() { # inclusive instructions of the function matching $1, per round
+    awk -v pat="$1" -v n="$total_rounds" '$0 ~ pat { gsub(",","",$1); if ($1+0 > best) best=$1+0 } END { printf "%.0f", best/n }' "$out/incl.txt"
+}
+selfsum() { # self instructions in source files matching $1, per round
+    awk -v pat="$1" -v n="$total_rounds" '$0 ~ pat { c=$1; gsub(",","",c); s+=c } END { printf "%.0f", s/n }' "$out/self.txt"
+}
+total=$(incl ':round_trip ')
+printf '%-42s %8s\n' "per round trip (one side)" "instr"
+printf '%-42s %8s\n' "------------------------------------------" "--------"
+printf '%-42s %8d\n' "total" "$total"
+for s in post_send post_recv recv_done send_done; do
+    printf '%-42s %8d\n' "  Vip${s}" "$(incl ":step_$s ")"
+done
+printf '%-42s %8s\n' "by step (self instructions, source files)" ""
+printf '%-42s %8d\n' "  C boundary (via/src/ffi)" "$(selfsum ' via/src/ffi/')"
+printf '%-42s %8d\n' "  work queues, VI state (vi.rs, api.rs)" "$(selfsum ' via/src/(vi|api)\.rs')"
+printf '%-42s %8d\n' "  translation (translate.rs, regions.rs)" "$(selfsum ' via/src/(translate|regions)\.rs')"
+printf '%-42s %8d\n' "  engine (backend/soft/engine, tcache)" "$(selfsum ' via/src/backend/soft/(engine|tcache|remote|tpt|ring|mod)')"
+printf '%-42s %8d\n' "  completion (completion.rs, soft/complete)" "$(selfsum ' via/src/(completion|backend/soft/complete)\.rs')"
+printf '%-42s %8d\n' "  memory access (mem/region, shm/mapping)" "$(selfsum ' via/src/(mem/region|shm/mapping)\.rs')"
+printf '%-42s %8d\n' "  std and libc (locks, memcpy, ...)" "$(selfsum ' (/rustc/|\./string/|\./nptl/|\?\?\?:)')"
