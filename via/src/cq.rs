@@ -52,6 +52,9 @@ pub(crate) struct CqCore {
     members: Mutex<Vec<(Weak<ViCore>, bool)>>,
     scan: Mutex<cq::Scan>,
     pub notify: Mutex<VecDeque<CqHandler>>,
+    /// Set once `VipDestroyCQ` succeeded (handles cached by the C layer
+    /// check it).
+    pub destroyed: std::sync::atomic::AtomicBool,
 }
 
 impl CqCore {
@@ -76,6 +79,7 @@ impl CqCore {
                     members: Mutex::new(Vec::new()),
                     scan: Mutex::new(cq::Scan::new()),
                     notify: Mutex::new(VecDeque::new()),
+                    destroyed: std::sync::atomic::AtomicBool::new(false),
                 })
             })
             .cloned()
@@ -319,6 +323,8 @@ impl CqCore {
             return Err(Error::InvalidState);
         }
         drop(m);
+        // Release: a thread that sees the flag sees the CQ gone.
+        self.destroyed.store(true, Ordering::Release);
         self.retire(nic);
         nic.cqs.write().unwrap().remove(self.slot, self.generation);
         Ok(())

@@ -104,72 +104,100 @@ pub(crate) fn nic_from(h: VIP_NIC_HANDLE) -> Result<Arc<NicInner>> {
     decode(h, Kind::Nic).map(|(nic, _, _)| nic)
 }
 
-/// A VI handle this thread used lately, with what it names.
-struct CachedVi {
+/// An object handle this thread used lately, with what it names.
+struct Cached<T> {
     bits: u64,
     pid: i32,
     nic: Arc<NicInner>,
-    vi: Arc<ViCore>,
+    obj: Arc<T>,
 }
 
-/// VI handles a thread used lately (a ping-pong uses one, a server a few):
-/// the common path of `Vip*` on a VI takes no process-wide lock.
-const VI_CACHE: usize = 4;
+/// Handles of one kind a thread used lately (a ping-pong uses one VI, a
+/// server a few): the common path of `Vip*` takes no process-wide lock.
+/// The same handle bits name the same object for as long as it lives
+/// (generations never repeat in a slot before 65,536 reuses), so an entry
+/// stands while the object is not destroyed, its NIC not closed, and the
+/// process the same (handles do not survive `fork`).
+struct Recent<T> {
+    entries: [Option<Cached<T>>; RECENT],
+    next: usize,
+}
+
+const RECENT: usize = 4;
+
+impl<T> Recent<T> {
+    const EMPTY: Recent<T> = Recent {
+        entries: [const { None }; RECENT],
+        next: 0,
+    };
+
+    fn find(
+        &self,
+        bits: u64,
+        pid: i32,
+        live: impl Fn(&T) -> bool,
+    ) -> Option<(Arc<NicInner>, Arc<T>)> {
+        self.entries.iter().flatten().find_map(|e| {
+            (e.bits == bits
+                && e.pid == pid
+                && live(&e.obj)
+                && !e.nic.closed.load(Ordering::Acquire))
+            .then(|| (e.nic.clone(), e.obj.clone()))
+        })
+    }
+
+    fn remember(&mut self, bits: u64, pid: i32, nic: &Arc<NicInner>, obj: &Arc<T>) {
+        let i = self.next;
+        self.next = (i + 1) % RECENT;
+        self.entries[i] = Some(Cached {
+            bits,
+            pid,
+            nic: nic.clone(),
+            obj: obj.clone(),
+        });
+    }
+}
 
 thread_local! {
-    static RECENT_VIS: std::cell::RefCell<([Option<CachedVi>; VI_CACHE], usize)> =
-        const { std::cell::RefCell::new(([const { None }; VI_CACHE], 0)) };
+    static RECENT_VIS: std::cell::RefCell<Recent<ViCore>> =
+        const { std::cell::RefCell::new(Recent::EMPTY) };
+    static RECENT_CQS: std::cell::RefCell<Recent<CqCore>> =
+        const { std::cell::RefCell::new(Recent::EMPTY) };
 }
 
-/// The VI named by `h`, with its NIC.
-///
-/// A handle this thread used lately is answered from its cache: the same
-/// handle bits name the same VI for as long as the VI lives (generations
-/// never repeat in a slot before 65,536 reuses), so the entry stands while
-/// the VI is not destroyed, its NIC not closed, and the process the same
-/// (handles do not survive `fork`).
+/// The VI named by `h`, with its NIC (from this thread's recent handles
+/// when it can: see [`Recent`]).
 ///
 /// # Errors
 /// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC.
 pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> {
     let bits = opaque_value(h);
     let pid = crate::sys::getpid();
-    let hit = RECENT_VIS.with(|c| {
-        let c = c.borrow();
-        c.0.iter().flatten().find_map(|e| {
-            (e.bits == bits
-                && e.pid == pid
-                && !e.vi.destroyed.load(Ordering::Acquire)
-                && !e.nic.closed.load(Ordering::Acquire))
-            .then(|| (e.nic.clone(), e.vi.clone()))
-        })
-    });
-    if let Some(found) = hit {
+    let live = |v: &ViCore| !v.destroyed.load(Ordering::Acquire);
+    if let Some(found) = RECENT_VIS.with(|c| c.borrow().find(bits, pid, live)) {
         return Ok(found);
     }
     let (nic, slot, generation) = decode(h, Kind::Vi)?;
     let vi = nic.vi(slot, generation).ok_or(Error::InvalidParameter)?;
-    RECENT_VIS.with(|c| {
-        let mut c = c.borrow_mut();
-        let i = c.1;
-        c.1 = (i + 1) % VI_CACHE;
-        c.0[i] = Some(CachedVi {
-            bits,
-            pid,
-            nic: nic.clone(),
-            vi: vi.clone(),
-        });
-    });
+    RECENT_VIS.with(|c| c.borrow_mut().remember(bits, pid, &nic, &vi));
     Ok((nic, vi))
 }
 
-/// The CQ named by `h`, with its NIC.
+/// The CQ named by `h`, with its NIC (from this thread's recent handles
+/// when it can).
 ///
 /// # Errors
 /// `InvalidParameter` for NULL, another kind, or a destroyed CQ or NIC.
 pub(crate) fn cq_from(h: VIP_CQ_HANDLE) -> Result<(Arc<NicInner>, Arc<CqCore>)> {
+    let bits = opaque_value(h);
+    let pid = crate::sys::getpid();
+    let live = |c: &CqCore| !c.destroyed.load(Ordering::Acquire);
+    if let Some(found) = RECENT_CQS.with(|c| c.borrow().find(bits, pid, live)) {
+        return Ok(found);
+    }
     let (nic, slot, generation) = decode(h, Kind::Cq)?;
     let cq = nic.cq(slot, generation).ok_or(Error::InvalidParameter)?;
+    RECENT_CQS.with(|c| c.borrow_mut().remember(bits, pid, &nic, &cq));
     Ok((nic, cq))
 }
 
