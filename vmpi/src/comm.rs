@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use crate::buffer::UserBuf;
-use crate::datatype::{Datatype, Element};
+use crate::datatype::Element;
 use crate::engine::{Engine, ReqId, Status};
 use crate::error::{Error, Result};
 use crate::op::Op;
@@ -314,17 +314,5 @@ impl Comm {
     /// Seconds since an arbitrary time (`MPI_Wtime`).
     pub fn wtime(&self) -> f64 {
         self.world.start.elapsed().as_secs_f64()
-    }
-
-    /// Checks `count` elements of `dt` against a buffer of `len` bytes.
-    pub(crate) fn check_buf(len: usize, count: i32, dt: Datatype) -> Result<usize> {
-        let n = dt.bytes(count)?;
-        if n > len {
-            return Err(Error::Buffer(format!(
-                "{count} x {} do not fit in {len} bytes",
-                dt.name
-            )));
-        }
-        Ok(n)
     }
 }

@@ -439,6 +439,12 @@ impl Engine {
         self.reqs.get(&id).map(|r| r.done).ok_or(Error::Request)
     }
 
+    /// Progresses, then whether request `id` is complete.
+    pub fn test_done(&mut self, id: ReqId) -> Result<bool> {
+        self.progress()?;
+        self.is_done(id)
+    }
+
     /// Removes a complete request: its status, its buffer, and its error.
     fn take(&mut self, id: ReqId) -> Result<(Status, UserBuf, Option<Error>)> {
         let r = self.reqs.remove(&id).ok_or(Error::Request)?;

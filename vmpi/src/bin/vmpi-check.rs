@@ -3,6 +3,7 @@
 //! results itself and exits non-zero (panics) on the first wrong one.
 #![forbid(unsafe_code)]
 
+use vmpi::datatype::{Datatype, Kind};
 use vmpi::{Builtin, Comm, Op, World};
 
 fn pattern(seed: u64, n: usize) -> Vec<u8> {
@@ -116,6 +117,304 @@ fn matching(c: &Comm, seed: u64) {
     c.barrier().unwrap();
 }
 
+/// Element `j` of rank `r`'s contribution, for `dt`: small integers, so
+/// that every reduction is exact in every order (floats included).
+fn contribution(dt: Datatype, r: i32, j: usize, prod: bool) -> Vec<u8> {
+    let v: i64 = if prod {
+        1 + ((r as i64 + j as i64) % 2)
+    } else {
+        ((r as i64 * 31 + j as i64 * 7) % 11) - 5
+    };
+    match dt.kind {
+        Kind::Int(1) | Kind::Uint(1) | Kind::Byte => vec![v as u8],
+        Kind::Int(2) | Kind::Uint(2) => (v as i16).to_ne_bytes().to_vec(),
+        Kind::Int(4) | Kind::Uint(4) => (v as i32).to_ne_bytes().to_vec(),
+        Kind::Int(_) | Kind::Uint(_) => v.to_ne_bytes().to_vec(),
+        Kind::F32 => (v as f32).to_ne_bytes().to_vec(),
+        Kind::F64 => (v as f64).to_ne_bytes().to_vec(),
+        _ => unreachable!(),
+    }
+}
+
+fn vector(dt: Datatype, r: i32, count: usize, prod: bool) -> Vec<u8> {
+    (0..count)
+        .flat_map(|j| contribution(dt, r, j, prod))
+        .collect()
+}
+
+/// `v_0 ∘ v_1 ∘ … ∘ v_{last}` computed serially, in rank order.
+fn reference(dt: Datatype, op: &Op, last: i32, count: usize, prod: bool) -> Vec<u8> {
+    let mut acc = vector(dt, 0, count, prod);
+    for r in 1..=last {
+        op.apply_right(dt, &mut acc, &vector(dt, r, count, prod))
+            .unwrap();
+    }
+    acc
+}
+
+/// A non-commutative operation: 2×2 matrix product over i64 quadruples.
+fn matmul() -> Op {
+    Op::User {
+        f: std::sync::Arc::new(|a: &[u8], b: &mut [u8], _dt| {
+            let x: Vec<i64> = a
+                .chunks_exact(8)
+                .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                .collect();
+            for (m, y) in x.chunks_exact(4).zip(b.chunks_exact_mut(32)) {
+                let n: Vec<i64> = y
+                    .chunks_exact(8)
+                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                    .collect();
+                let r = [
+                    m[0].wrapping_mul(n[0])
+                        .wrapping_add(m[1].wrapping_mul(n[2])),
+                    m[0].wrapping_mul(n[1])
+                        .wrapping_add(m[1].wrapping_mul(n[3])),
+                    m[2].wrapping_mul(n[0])
+                        .wrapping_add(m[3].wrapping_mul(n[2])),
+                    m[2].wrapping_mul(n[1])
+                        .wrapping_add(m[3].wrapping_mul(n[3])),
+                ];
+                for (k, v) in r.iter().enumerate() {
+                    y[8 * k..8 * k + 8].copy_from_slice(&v.to_ne_bytes());
+                }
+            }
+        }),
+        commute: false,
+    }
+}
+
+/// Every collective against its serial reference: counts (0, small,
+/// around p, non-powers of two, large), roots, operations, datatypes, a
+/// non-commutative user operation. `quick`: fewer combinations (for many
+/// processes on 2 cores).
+fn collectives(c: &Comm, quick: bool) {
+    use vmpi::datatype::*;
+    let (r, p) = (c.rank(), c.size());
+    let pu = p as usize;
+    let mut counts = vec![0usize, 1, 2, 7, pu.saturating_sub(1), pu, pu + 1, 1031];
+    if !quick {
+        counts.extend([4096, 40_000, 300_000]);
+    }
+    let types = if quick {
+        vec![INT, DOUBLE]
+    } else {
+        vec![INT, DOUBLE, UNSIGNED_CHAR, LONG, FLOAT, SHORT]
+    };
+    let ops = [
+        Builtin::Sum,
+        Builtin::Max,
+        Builtin::Min,
+        Builtin::Prod,
+        Builtin::Band,
+        Builtin::Lxor,
+    ];
+    let roots: Vec<i32> = if quick {
+        vec![0, p - 1]
+    } else {
+        vec![0, p / 2, p - 1]
+    };
+    for &n in &counts {
+        for &dt in &types {
+            for &b in &ops {
+                let op = Op::Builtin(b);
+                if op.check(dt).is_err() {
+                    continue;
+                }
+                // Large vectors: two types and two operations are enough.
+                if n >= 40_000
+                    && !((dt == INT || dt == DOUBLE) && (b == Builtin::Sum || b == Builtin::Max))
+                {
+                    continue;
+                }
+                let prod = b == Builtin::Prod;
+                let mine = vector(dt, r, n, prod);
+                let want = reference(dt, &op, p - 1, n, prod);
+                let mut got = vec![0u8; mine.len()];
+                c.allreduce_bytes(&mine, &mut got, dt, &op).unwrap();
+                assert!(got == want, "allreduce {b:?} {} x{n}", dt.name);
+                for &root in &roots {
+                    let mut got = vec![0u8; mine.len()];
+                    let out = (r == root).then_some(&mut got[..]);
+                    c.reduce_bytes(&mine, out, dt, &op, root).unwrap();
+                    if r == root {
+                        assert!(got == want, "reduce {b:?} {} x{n} root {root}", dt.name);
+                    }
+                }
+                if b == Builtin::Sum || b == Builtin::Max {
+                    let mut got = vec![0u8; mine.len()];
+                    c.scan_bytes(&mine, &mut got, dt, &op).unwrap();
+                    assert!(
+                        got == reference(dt, &op, r, n, prod),
+                        "scan {b:?} {} x{n}",
+                        dt.name
+                    );
+                    // Reduce-scatter, uneven blocks (zeros included).
+                    let rc: Vec<i32> = (0..p)
+                        .map(|i| ((n + i as usize) % 3 * (n / pu.max(1) + 1)) as i32)
+                        .collect();
+                    let total: usize = rc.iter().map(|&x| x as usize).sum();
+                    let mine = vector(dt, r, total, prod);
+                    let want = reference(dt, &op, p - 1, total, prod);
+                    let mut got = vec![0u8; rc[r as usize] as usize * dt.size];
+                    c.reduce_scatter_bytes(&mine, &mut got, &rc, dt, &op)
+                        .unwrap();
+                    let at: usize =
+                        rc[..r as usize].iter().map(|&x| x as usize).sum::<usize>() * dt.size;
+                    assert!(
+                        got == want[at..at + got.len()],
+                        "reduce_scatter {b:?} {} x{total}",
+                        dt.name
+                    );
+                }
+            }
+        }
+        // Broadcast, allgather, alltoall of bytes.
+        for &root in &roots {
+            let mut buf = if r == root {
+                pattern(root as u64 + n as u64, n)
+            } else {
+                vec![0u8; n]
+            };
+            c.bcast_bytes(&mut buf, root).unwrap();
+            assert!(
+                buf == pattern(root as u64 + n as u64, n),
+                "bcast {n} from {root}"
+            );
+        }
+        let block = n.min(20_000);
+        let mine = pattern(r as u64 * 3 + 1, block);
+        let mut all = vec![0u8; block * pu];
+        c.allgather_bytes(&mine, &mut all).unwrap();
+        for q in 0..pu {
+            assert!(
+                all[q * block..(q + 1) * block] == pattern(q as u64 * 3 + 1, block),
+                "allgather {block}"
+            );
+        }
+        let send: Vec<u8> = (0..pu)
+            .flat_map(|q| pattern((r as u64) << 20 | q as u64, block))
+            .collect();
+        let mut recv = vec![0u8; send.len()];
+        c.alltoall_bytes(&send, &mut recv).unwrap();
+        for q in 0..pu {
+            assert!(
+                recv[q * block..(q + 1) * block] == pattern((q as u64) << 20 | r as u64, block),
+                "alltoall {block}"
+            );
+        }
+        // Non-commutative: the order of ranks is kept.
+        let mm = matmul();
+        let mat = |q: i32| -> Vec<u8> {
+            (0..n.min(5000))
+                .flat_map(|j| [1i64, q as i64 + j as i64 % 3, 0, 1 + (q as i64 % 2)])
+                .flat_map(i64::to_ne_bytes)
+                .collect()
+        };
+        let mut want = mat(0);
+        let mut prefix = Vec::new();
+        for q in 1..p {
+            if q == r + 1 {
+                prefix = want.clone();
+            }
+            mm.apply_right(LONG, &mut want, &mat(q)).unwrap();
+        }
+        if r == p - 1 {
+            prefix = want.clone();
+        }
+        let mine = mat(r);
+        let mut got = vec![0u8; mine.len()];
+        c.allreduce_bytes(&mine, &mut got, LONG, &mm).unwrap();
+        assert!(got == want, "non-commutative allreduce x{n}");
+        for &root in &roots {
+            let mut got = vec![0u8; mine.len()];
+            let out = (r == root).then_some(&mut got[..]);
+            c.reduce_bytes(&mine, out, LONG, &mm, root).unwrap();
+            if r == root {
+                assert!(got == want, "non-commutative reduce x{n} root {root}");
+            }
+        }
+        let mut got = vec![0u8; mine.len()];
+        c.scan_bytes(&mine, &mut got, LONG, &mm).unwrap();
+        assert!(got == prefix, "non-commutative scan x{n}");
+    }
+    // MAXLOC over (double, int) pairs.
+    let v = ((r + 3) % p) as f64;
+    let mine = [
+        v.to_ne_bytes().to_vec(),
+        r.to_ne_bytes().to_vec(),
+        vec![0u8; 4],
+    ]
+    .concat();
+    let mut got = vec![0u8; 16];
+    c.allreduce_bytes(&mine, &mut got, DOUBLE_INT, &Op::Builtin(Builtin::Maxloc))
+        .unwrap();
+    assert_eq!(
+        f64::from_ne_bytes(got[..8].try_into().unwrap()),
+        (p - 1) as f64
+    );
+    assert_eq!(
+        i32::from_ne_bytes(got[8..12].try_into().unwrap()),
+        (2 * p - 4) % p
+    );
+    // Communicators: split by parity, dup, collectives inside; a barrier
+    // on each.
+    let half = c.split(r % 2, -r).unwrap().unwrap();
+    let d = half.dup().unwrap();
+    let mut all = vec![0u8; 4 * d.size() as usize];
+    d.allgather_bytes(&r.to_ne_bytes(), &mut all).unwrap();
+    let members: Vec<i32> = all
+        .chunks_exact(4)
+        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+        .collect();
+    let mut want: Vec<i32> = (0..p).filter(|q| q % 2 == r % 2).collect();
+    want.reverse();
+    assert_eq!(members, want);
+    assert!(c.split(-1, 0).unwrap().is_none());
+    d.barrier().unwrap();
+    half.barrier().unwrap();
+    c.barrier().unwrap();
+}
+
+/// Barriers and small broadcasts many times (the offloaded operations),
+/// interleaved with point-to-point traffic and on a second communicator.
+fn offload(c: &Comm) {
+    let (r, p) = (c.rank(), c.size());
+    let d = c.dup().unwrap();
+    for i in 0..300usize {
+        let root = (i % p as usize) as i32;
+        let n = [0, 1, 8, 100, 4000][i % 5];
+        let mut buf = if r == root {
+            pattern(i as u64, n)
+        } else {
+            vec![0u8; n]
+        };
+        c.bcast_bytes(&mut buf, root).unwrap();
+        assert!(buf == pattern(i as u64, n), "bcast {i}");
+        if i % 3 == 0 {
+            c.barrier().unwrap();
+        }
+        if i % 7 == 0 {
+            d.bcast_bytes(&mut buf, (root + 1) % p).unwrap();
+            d.barrier().unwrap();
+            let right = (r + 1) % p;
+            let left = (r + p - 1) % p;
+            let mut got = [0u8; 4];
+            c.sendrecv_bytes(
+                &(i as u32).to_le_bytes(),
+                right,
+                1,
+                &mut got,
+                Some(left),
+                Some(1),
+            )
+            .unwrap();
+            assert_eq!(u32::from_le_bytes(got), i as u32);
+        }
+    }
+    c.barrier().unwrap();
+}
+
 fn main() {
     env_logger::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -124,6 +423,8 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("p2p") => p2p(&c),
         Some("matching") => matching(&c, args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1)),
+        Some("coll") => collectives(&c, args.get(1).is_some_and(|a| a == "quick")),
+        Some("offload") => offload(&c),
         Some("allreduce") => {
             let mut out = [0i64];
             c.allreduce(&[c.rank() as i64 + 1], &mut out, &Op::Builtin(Builtin::Sum))

@@ -460,13 +460,14 @@ pub fn alltoall_pairwise(net: &mut Net, send: &[u8], recv: &mut [u8], block: usi
 pub fn alltoall_linear(net: &mut Net, send: &[u8], recv: &mut [u8], block: usize) -> Result<()> {
     let (r, p) = (net.rank(), net.size());
     let mut ids = Vec::new();
-    for (i, chunk) in recv.chunks_mut(block.max(1)).enumerate().take(p as usize) {
-        let from = (r + p - i as u32) % p;
-        let _ = from;
+    let mut rest: &mut [u8] = recv;
+    for i in 0..p as usize {
+        let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(block);
+        rest = tail;
         if i as u32 != r {
-            ids.push(net.irecv(&mut chunk[..block], i as u32, tag::ALLTOALL)?);
+            ids.push(net.irecv(chunk, i as u32, tag::ALLTOALL)?);
         } else {
-            chunk[..block].copy_from_slice(&send[i * block..(i + 1) * block]);
+            chunk.copy_from_slice(&send[i * block..(i + 1) * block]);
         }
     }
     for i in 1..p {
