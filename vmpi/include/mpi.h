@@ -25,7 +25,7 @@ typedef struct MPI_Status {
     int MPI_TAG;
     int MPI_ERROR;
     int vmpi_reserved;
-    long long vmpi_bytes; /* bytes received (use MPI_Get_count) */
+    long vmpi_bytes; /* bytes received (use MPI_Get_count) */
 } MPI_Status;
 
 typedef void MPI_User_function(void *invec, void *inoutvec, int *len, MPI_Datatype *datatype);

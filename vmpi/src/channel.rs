@@ -39,6 +39,10 @@ const DESC: usize = 64;
 /// Largest transfer one descriptor carries (the provider's limit is 1 GiB).
 pub const MAX_TRANSFER: u32 = 1 << 30;
 
+fn via_err(what: &str, peer: u32, e: via::Error) -> Error {
+    Error::Transport(format!("{what} (rank {peer}): {e:?}"))
+}
+
 /// Sizes of a channel.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
@@ -233,7 +237,9 @@ impl Channel {
         let d =
             (self.shape.recv + self.shape.send) * self.shape.slot + (self.shape.recv + j) * DESC;
         self.region.write(d, img)?;
-        self.vi.post_send(&self.region, d)?;
+        self.vi
+            .post_send(&self.region, d)
+            .map_err(|e| via_err("post a message", self.peer, e))?;
         self.send_next = (j + 1) % self.shape.send;
         self.sent = self.sent.wrapping_add(1);
         self.inflight.push_back(SendOp::Message);
@@ -255,7 +261,9 @@ impl Channel {
         DescBuilder::rdma_read(remote.0, remote.1)
             .segment(local, off, len)
             .write(&self.region, d)?;
-        self.vi.post_send(&self.region, d)?;
+        self.vi
+            .post_send(&self.region, d)
+            .map_err(|e| via_err("post an RDMA read", self.peer, e))?;
         self.send_next = (j + 1) % self.shape.send;
         self.inflight.push_back(SendOp::Read(req));
         Ok(())
@@ -357,7 +365,9 @@ impl Channel {
     pub fn repost(&mut self, i: usize) -> Result<()> {
         let at = self.off_rdesc(i);
         self.region.write(at, &self.recv_images[i])?;
-        self.vi.post_recv(&self.region, at)?;
+        self.vi
+            .post_recv(&self.region, at)
+            .map_err(|e| via_err("re-post a receive", self.peer, e))?;
         self.freed = self.freed.wrapping_add(1);
         Ok(())
     }

@@ -79,6 +79,8 @@ struct Req {
     region: Option<Region>,
     reads_left: u32,
     fin_to: Option<(u32, u64)>,
+    /// The data was read into `region`, a copy, not into `buf`.
+    bounce: bool,
 }
 
 impl Req {
@@ -91,6 +93,7 @@ impl Req {
             region: None,
             reads_left: 0,
             fin_to: None,
+            bounce: false,
         }
     }
 }
@@ -359,7 +362,20 @@ impl Engine {
                 .buf
                 .user_range()
                 .ok_or_else(|| Error::Intern("empty RTS".into()))?;
-            let region = Region::of_user_range(&nic, range, ptag, false, true)?;
+            let region = match Region::of_user_range(&nic, range, ptag, false, true) {
+                Ok(region) => region,
+                Err(e) => {
+                    // A range the provider cannot register (one that
+                    // crosses a page boundary without a whole page): send
+                    // from a registered copy.
+                    log::debug!(
+                        "send buffer of {len} bytes not registered ({e:?}); sending a copy"
+                    );
+                    let region = Region::new(&nic, len, ptag, false, true)?;
+                    region.write(0, r.buf.slice(0, len))?;
+                    region
+                }
+            };
             h.addr = region.addr(0)?;
             h.handle = region.handle();
             r.region = Some(region);
@@ -559,6 +575,13 @@ impl Engine {
                 r.reads_left == 0
             };
             if last {
+                let r = self.reqs.get_mut(&id).ok_or(Error::Request)?;
+                if r.bounce {
+                    let n = r.status.bytes as usize;
+                    if let Some(region) = r.region.take() {
+                        region.read(0, r.buf.slice_mut(0, n))?;
+                    }
+                }
                 let (to, sreq) = self.reqs[&id].fin_to.expect("a read has a FIN");
                 self.complete(id);
                 self.send_fin(to, sreq)?;
@@ -710,7 +733,20 @@ impl Engine {
                     return self.send_fin(peer, sreq);
                 }
                 let range = r.buf.user_range().expect("not empty");
-                r.region = Some(Region::of_user_range(&nic, range, ptag, false, false)?);
+                r.region = Some(
+                    match Region::of_user_range(&nic, range, ptag, false, false) {
+                        Ok(region) => region,
+                        Err(e) => {
+                            // Not registrable (see `isend`): read into a
+                            // registered bounce buffer, copied out at the end.
+                            log::debug!(
+                                "receive buffer of {n} bytes not registered ({e:?}); reading into a copy"
+                            );
+                            r.bounce = true;
+                            Region::new(&nic, n, ptag, false, false)?
+                        }
+                    },
+                );
                 let chunks = n.div_ceil(MAX_TRANSFER as usize);
                 r.reads_left = chunks as u32;
                 for c in 0..chunks {

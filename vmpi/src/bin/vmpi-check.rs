@@ -423,6 +423,19 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("p2p") => p2p(&c),
         Some("matching") => matching(&c, args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1)),
+        Some("no-finalize") => {
+            // Rank 1 leaves without finalizing: the launcher ends the job.
+            if c.rank() == 1 {
+                std::process::exit(0);
+            }
+            // Rank 0 waits for a message that never comes (its receive
+            // fails when rank 1's connections go): the launcher must end it.
+            let mut b = [0u8; 1];
+            let _ = c.recv_bytes(&mut b, Some(1), Some(0));
+            loop {
+                std::thread::park();
+            }
+        }
         Some("coll") => collectives(&c, args.get(1).is_some_and(|a| a == "quick")),
         Some("offload") => offload(&c),
         Some("allreduce") => {

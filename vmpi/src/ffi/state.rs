@@ -26,7 +26,7 @@ pub struct MPI_Status {
     /// Padding.
     pub vmpi_reserved: i32,
     /// Bytes received.
-    pub vmpi_bytes: i64,
+    pub vmpi_bytes: std::ffi::c_long,
 }
 
 const _: () = assert!(std::mem::size_of::<MPI_Status>() == 24);
@@ -198,7 +198,7 @@ pub(crate) unsafe fn put_status(out: *mut MPI_Status, st: &Status, err: i32) {
         MPI_TAG: st.tag,
         MPI_ERROR: err,
         vmpi_reserved: 0,
-        vmpi_bytes: st.bytes as i64,
+        vmpi_bytes: st.bytes as std::ffi::c_long,
     };
     // SAFETY: not NULL, writable per the contract.
     unsafe { out.write_unaligned(s) };
