@@ -133,8 +133,10 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults and environment overrides.
-    pub fn from_env() -> Config {
+    /// Defaults and environment overrides (`size`: processes of the job;
+    /// large jobs get fewer slots per channel, the memory being
+    /// `2 × slots × eager limit` per peer).
+    pub fn from_env(size: u32) -> Config {
         let get = |k: &str, d: usize| {
             std::env::var(k)
                 .ok()
@@ -143,13 +145,13 @@ impl Config {
         };
         Config {
             eager_limit: get("VMPI_EAGER_LIMIT", DEFAULT_EAGER_LIMIT).clamp(0, 1 << 20),
-            slots: get("VMPI_SLOTS", 16).clamp(2, 256),
+            slots: get("VMPI_SLOTS", if size > 8 { 8 } else { 16 }).clamp(2, 256),
         }
     }
 }
 
 /// The default eager limit, chosen by measurement (docs/vmpi.md).
-pub const DEFAULT_EAGER_LIMIT: usize = 8192;
+pub const DEFAULT_EAGER_LIMIT: usize = 65536;
 
 /// The engine of one process.
 pub struct Engine {

@@ -195,11 +195,7 @@ impl Offload {
             .shared
             .done
             .wait_while(st, |st| {
-                st.error.is_none()
-                    && !st
-                        .ops
-                        .get(&(context, seq))
-                        .is_some_and(|o| o.data.is_some())
+                st.error.is_none() && st.ops.get(&(context, seq)).is_none_or(|o| o.data.is_none())
             })
             .unwrap_or_else(|e| e.into_inner());
         if let Some(e) = st.error.clone() {

@@ -288,7 +288,7 @@ mod tests {
         Builtin::Sum.apply(INT, &a, &mut b).unwrap();
         assert_eq!(bytemuck::cast_slice::<u8, i32>(&b), &[11, 22, 33]);
         // Misaligned buffers take the byte-wise path.
-        let mut x = vec![0u8; 9];
+        let mut x = [0u8; 9];
         x[1..9].copy_from_slice(&2.5f64.to_ne_bytes());
         let mut y = 4.0f64.to_ne_bytes().to_vec();
         Builtin::Max.apply(DOUBLE, &x[1..], &mut y).unwrap();

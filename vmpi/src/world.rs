@@ -40,7 +40,8 @@ impl World {
     /// `Transport`/`Intern` if the launcher or the provider fails.
     pub fn init() -> Result<World> {
         let mut pmi = Pmi::from_env()?;
-        let engine = Engine::new(&mut pmi, Config::from_env())?;
+        let cfg = Config::from_env(pmi.size());
+        let engine = Engine::new(&mut pmi, cfg)?;
         let offload = match crate::coll::Mode::from_env() {
             crate::coll::Mode::Offload if pmi.size() > 1 => Some(Offload::start(&mut pmi)?),
             _ => None,

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 use crate::coll::net::Net;
+use crate::coll::scratch;
 use crate::coll::tree;
 use crate::datatype::Datatype;
 use crate::error::{Error, Result};
@@ -155,13 +156,14 @@ pub fn reduce_knomial(
     op: &Op,
     root: u32,
     k: u32,
-) -> Result<Option<Vec<u8>>> {
+) -> Result<Option<scratch::Scratch>> {
     let p = net.size();
     let tree_root = if op.commutative() { root } else { 0 };
     let v = rel(net.rank(), tree_root, p);
-    let mut acc = send.to_vec();
+    let mut acc = scratch::take(send.len());
+    acc.copy_from_slice(send);
     let kids = tree::children(v, p, k);
-    let mut tmps: Vec<Vec<u8>> = kids.iter().map(|_| vec![0u8; send.len()]).collect();
+    let mut tmps: Vec<scratch::Scratch> = kids.iter().map(|_| scratch::take(send.len())).collect();
     let mut ids = Vec::with_capacity(kids.len());
     for (t, &(c, _)) in tmps.iter_mut().zip(&kids) {
         ids.push(net.irecv(t, abs(c, tree_root, p), tag::REDUCE)?);
@@ -205,11 +207,12 @@ pub fn reduce_pipeline(
     op: &Op,
     root: u32,
     seg: usize,
-) -> Result<Option<Vec<u8>>> {
+) -> Result<Option<scratch::Scratch>> {
     let (r, p) = (net.rank(), net.size());
     let seg = seg.max(dt.size) / dt.size * dt.size;
-    let mut acc = send.to_vec();
-    let mut tmp = vec![0u8; send.len()];
+    let mut acc = scratch::take(send.len());
+    acc.copy_from_slice(send);
+    let mut tmp = scratch::take(send.len());
     let n = send.len().div_ceil(seg).max(1);
     let mut rids = Vec::new();
     if r + 1 < p {
@@ -255,7 +258,7 @@ pub fn allreduce_recursive_doubling(
     let (r, p) = (net.rank(), net.size());
     let pof2 = 1u32 << (31 - p.leading_zeros());
     let rem = p - pof2;
-    let mut tmp = vec![0u8; buf.len()];
+    let mut tmp = scratch::take(buf.len());
     let newrank: Option<u32> = if r < 2 * rem {
         if r % 2 == 0 {
             net.send(buf, r + 1, tag::ALLREDUCE)?;
@@ -300,7 +303,7 @@ pub fn allreduce_rabenseifner(net: &mut Net, buf: &mut [u8], dt: Datatype, op: &
     let pof2 = 1u32 << (31 - p.leading_zeros());
     let rem = p - pof2;
     let count = buf.len() / dt.size;
-    let mut tmp = vec![0u8; buf.len()];
+    let mut tmp = scratch::take(buf.len());
     let newrank: Option<u32> = if r < 2 * rem {
         if r % 2 == 0 {
             net.send(buf, r + 1, tag::ALLREDUCE)?;
@@ -336,7 +339,7 @@ pub fn allreduce_rabenseifner(net: &mut Net, buf: &mut [u8], dt: Datatype, op: &
                 let (send, recv) = split_pair_bytes(buf, &mut tmp, (ga, gb), (ka, kb));
                 net.sendrecv(send, real(partner), recv, real(partner), tag::ALLREDUCE)?;
             }
-            op.apply(dt, &tmp[ka..kb].to_vec(), &mut buf[ka..kb])?;
+            op.apply(dt, &tmp[ka..kb], &mut buf[ka..kb])?;
             steps.push((partner, keep, give));
             lo = keep.0;
             hi = keep.1;
@@ -384,7 +387,7 @@ pub fn ring_reduce_scatter(
     let (r, p) = (net.rank(), net.size());
     let by = |b: (usize, usize)| (b.0 * dt.size, b.1 * dt.size);
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
-    let mut tmp = vec![0u8; bl.iter().map(|b| b.1).max().unwrap_or(0) * dt.size];
+    let mut tmp = scratch::take(bl.iter().map(|b| b.1).max().unwrap_or(0) * dt.size);
     for s in 0..p - 1 {
         let sb = by(bl[((r + 2 * p - s - 1) % p) as usize]);
         let rb = by(bl[((r + 2 * p - s - 2) % p) as usize]);
@@ -492,8 +495,9 @@ pub fn scan_recursive_doubling(
 ) -> Result<()> {
     let (r, p) = (net.rank(), net.size());
     recv.copy_from_slice(send);
-    let mut partial = send.to_vec();
-    let mut tmp = vec![0u8; send.len()];
+    let mut partial = scratch::take(send.len());
+    partial.copy_from_slice(send);
+    let mut tmp = scratch::take(send.len());
     let mut mask = 1;
     while mask < p {
         let dst = r ^ mask;
@@ -524,7 +528,7 @@ pub fn scan_pipeline(
     let (r, p) = (net.rank(), net.size());
     let seg = seg.max(dt.size) / dt.size * dt.size;
     recv.copy_from_slice(send);
-    let mut tmp = vec![0u8; send.len()];
+    let mut tmp = scratch::take(send.len());
     let mut rids = Vec::new();
     if r > 0 {
         for chunk in tmp.chunks_mut(seg) {

@@ -13,6 +13,7 @@
 pub mod algo;
 pub mod model;
 pub mod net;
+pub mod scratch;
 pub mod select;
 pub mod tree;
 
@@ -125,7 +126,6 @@ impl Comm {
         let root = check_root(self, root)?;
         check_count(send.len(), dt)?;
         op.check(dt)?;
-        let mut recv = recv;
         if self.rank == root {
             match recv.as_deref() {
                 Some(r) if r.len() == send.len() => {}
@@ -140,7 +140,9 @@ impl Comm {
         let mut net = Net::new(self);
         let p = net.size();
         let result = if p == 1 {
-            Some(send.to_vec())
+            let mut b = scratch::take(send.len());
+            b.copy_from_slice(send);
+            Some(b)
         } else {
             match select::reduce(&model, p, send.len(), op.commutative()) {
                 select::Reduce::Knomial(k) => {
@@ -152,7 +154,8 @@ impl Comm {
                 select::Reduce::Rabenseifner => {
                     // Reduce-scatter + gather: the allreduce's first half,
                     // then the blocks to the root.
-                    let mut buf = send.to_vec();
+                    let mut buf = scratch::take(send.len());
+                    buf.copy_from_slice(send);
                     let bl = algo::blocks(send.len() / dt.size, p as usize);
                     algo::ring_reduce_scatter(&mut net, &mut buf, dt, op, &bl, false)?;
                     gather_blocks(&mut net, &mut buf, &bl, dt, root)?;
@@ -160,7 +163,7 @@ impl Comm {
                 }
             }
         };
-        if let (Some(res), Some(r)) = (result, recv.as_deref_mut()) {
+        if let (Some(res), Some(r)) = (result, recv) {
             r.copy_from_slice(&res);
         }
         net.finish()
@@ -241,9 +244,9 @@ impl Comm {
         }
         op.check(dt)?;
         let mut net = Net::new(self);
-        let pipeline = match std::env::var("VMPI_SCAN").as_deref() {
-            Ok("pipeline") => true,
-            Ok("recursive_doubling") => false,
+        let pipeline = match select::env("VMPI_SCAN").as_deref() {
+            Some("pipeline") => true,
+            Some("recursive_doubling") => false,
             _ => send.len() >= 128 * 1024 && net.size() > 2,
         };
         if pipeline {
@@ -285,7 +288,8 @@ impl Comm {
             at += c as usize;
         }
         let mine = bl[self.rank as usize];
-        let mut buf = send[..total * dt.size].to_vec();
+        let mut buf = scratch::take(total * dt.size);
+        buf.copy_from_slice(&send[..total * dt.size]);
         let mut net = Net::new(self);
         if p == 1 {
         } else if op.commutative() {
@@ -318,9 +322,9 @@ impl Comm {
         let r = self.rank as usize;
         recv[r * n..(r + 1) * n].copy_from_slice(send);
         let mut net = Net::new(self);
-        let rd = match std::env::var("VMPI_ALLGATHER").as_deref() {
-            Ok("ring") => false,
-            Ok("recursive_doubling") => p.is_power_of_two(),
+        let rd = match select::env("VMPI_ALLGATHER").as_deref() {
+            Some("ring") => false,
+            Some("recursive_doubling") => p.is_power_of_two(),
             _ => p.is_power_of_two() && n * p <= 64 * 1024,
         };
         if rd {

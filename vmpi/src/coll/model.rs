@@ -47,9 +47,13 @@ impl Model {
     /// The fitted parameters, each overridable by `VMPI_MODEL_<NAME>`
     /// (`L`, `OS`, `OR`, `GAP`, `G`, `GAMMA`).
     pub fn from_env() -> Model {
+        static MODEL: std::sync::OnceLock<Model> = std::sync::OnceLock::new();
+        *MODEL.get_or_init(Model::read_env)
+    }
+
+    fn read_env() -> Model {
         let get = |k: &str, d: f64| {
-            std::env::var(format!("VMPI_MODEL_{k}"))
-                .ok()
+            crate::coll::select::env(&format!("VMPI_MODEL_{k}"))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(d)
         };

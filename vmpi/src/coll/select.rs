@@ -48,8 +48,18 @@ pub enum Barrier {
     Tree(u32),
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
+/// A `VMPI_*` variable, read once per process (the selector runs on
+/// every call).
+pub fn env(name: &str) -> Option<String> {
+    static VARS: std::sync::OnceLock<std::collections::HashMap<String, String>> =
+        std::sync::OnceLock::new();
+    VARS.get_or_init(|| {
+        std::env::vars()
+            .filter(|(k, v)| k.starts_with("VMPI_") && !v.is_empty())
+            .collect()
+    })
+    .get(name)
+    .cloned()
 }
 
 fn env_usize(name: &str) -> Option<usize> {

@@ -50,12 +50,12 @@ pub unsafe extern "C" fn MPI_Bcast(
 ///
 /// # Safety
 /// As the collective's contract.
-unsafe fn send_data<'a>(
+unsafe fn send_data(
     sendbuf: *const c_void,
     recvbuf: *mut c_void,
     n: usize,
-    owned: &'a mut Vec<u8>,
-) -> Result<&'a [u8]> {
+    owned: &mut Vec<u8>,
+) -> Result<&[u8]> {
     if in_place(sendbuf) {
         // SAFETY: the caller's contract for `recvbuf`.
         *owned = unsafe { state::slice(recvbuf, n) }?.to_vec();

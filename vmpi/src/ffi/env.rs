@@ -360,6 +360,7 @@ pub unsafe extern "C" fn MPI_Comm_free(comm: *mut c_int) -> c_int {
     let h = if comm.is_null() {
         0
     } else {
+        // SAFETY: not NULL, readable per the contract.
         unsafe { comm.read_unaligned() }
     };
     mpi_call!("MPI_Comm_free", h, {

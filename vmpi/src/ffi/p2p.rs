@@ -291,8 +291,8 @@ unsafe fn complete(request: *mut c_int, status: *mut MPI_Status, block: bool) ->
 /// `request` readable and writable; `status` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn MPI_Wait(request: *mut c_int, status: *mut MPI_Status) -> c_int {
-    // SAFETY: the caller's contract.
     mpi_call!("MPI_Wait", 1, {
+        // SAFETY: the caller's contract.
         unsafe { complete(request, status, true) }.map(|_| ())
     })
 }
