@@ -10,7 +10,10 @@
 //! * `g`: the gap between two messages of one sender (the seeds' fan-out:
 //!   on the software NIC the sender's thread does every send itself, so
 //!   `g ≈ o_s` and LogfP's `f` is 1);
-//! * `G`: time per byte moved; `γ`: time per byte reduced.
+//! * `G`: time per byte moved; `γ`: time per byte reduced;
+//! * `W`: the wake-up of a process that sleeps in its wait, added to `L`
+//!   when the job has more processes than cores (they sleep instead of
+//!   spinning, so each message on the critical path wakes one).
 #![forbid(unsafe_code)]
 
 use crate::coll::tree;
@@ -30,6 +33,8 @@ pub struct Model {
     pub big_g: f64,
     /// Time per byte reduced (µs/B).
     pub gamma: f64,
+    /// Wake-up of a sleeping process (µs), paid per hop when oversubscribed.
+    pub wake: f64,
 }
 
 /// The parameters measured on the reference machine (2 cores, software
@@ -41,6 +46,7 @@ pub const FITTED: Model = Model {
     g: 0.8,
     big_g: 0.000_12,
     gamma: 0.000_25,
+    wake: 30.0,
 };
 
 impl Model {
@@ -64,7 +70,19 @@ impl Model {
             g: get("GAP", FITTED.g),
             big_g: get("G", FITTED.big_g),
             gamma: get("GAMMA", FITTED.gamma),
+            wake: get("WAKE", FITTED.wake),
         }
+    }
+
+    /// The model for a job of `p` processes on this machine: `L + W` when
+    /// the processes outnumber the cores.
+    pub fn for_job(&self, p: u32) -> Model {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut m = *self;
+        if p as usize > cores {
+            m.l += m.wake;
+        }
+        m
     }
 
     /// One message of `m` bytes, end to end.
@@ -122,21 +140,52 @@ impl Model {
 
     /// The `k` in `2..=8` that the model says is fastest for a broadcast.
     pub fn best_k_bcast(&self, p: u32, m: f64) -> u32 {
+        let s = self.for_job(p);
         (2..=8.min(p.max(2)))
             .min_by(|&a, &b| {
-                self.bcast_knomial(p, m, a)
-                    .total_cmp(&self.bcast_knomial(p, m, b))
+                s.bcast_knomial(p, m, a)
+                    .total_cmp(&s.bcast_knomial(p, m, b))
             })
             .unwrap_or(2)
     }
 
     /// The `k` in `2..=8` that the model says is fastest for a reduce.
     pub fn best_k_reduce(&self, p: u32, m: f64) -> u32 {
+        let s = self.for_job(p);
         (2..=8.min(p.max(2)))
             .min_by(|&a, &b| {
-                self.reduce_knomial(p, m, a)
-                    .total_cmp(&self.reduce_knomial(p, m, b))
+                s.reduce_knomial(p, m, a)
+                    .total_cmp(&s.reduce_knomial(p, m, b))
             })
             .unwrap_or(2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fewer_rounds_win_when_each_round_costs_a_wake_up() {
+        let m = Model {
+            wake: 0.0,
+            ..FITTED
+        };
+        // f = 1 (every send by the sender's own thread): binomial or k = 3.
+        assert!(m.best_k_bcast(8, 8.0) <= 3);
+        let woken = Model {
+            wake: 30.0,
+            ..FITTED
+        };
+        let p = 4 * std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        assert!(
+            woken.best_k_bcast(p, 8.0) > 2,
+            "k {}",
+            woken.best_k_bcast(p, 8.0)
+        );
+        // Large messages: the per-byte term dominates, binomial.
+        assert_eq!(m.best_k_bcast(8, 1e6), 2);
+        assert!(m.rabenseifner(8, 4e6) < m.recursive_doubling(8, 4e6));
+        assert!(m.recursive_doubling(8, 8.0) < m.ring(8, 8.0));
     }
 }

@@ -129,6 +129,7 @@ pub fn allreduce(model: &Model, p: u32, m: usize, commutative: bool) -> Allreduc
         };
     }
     let m = m as f64;
+    let model = &model.for_job(p);
     let cands = [
         (Allreduce::RecursiveDoubling, model.recursive_doubling(p, m)),
         (Allreduce::Rabenseifner, model.rabenseifner(p, m)),

@@ -18,6 +18,8 @@ pub enum Event {
     Abort(u32, i32, String),
     /// It finished cleanly.
     Finalize(u32),
+    /// Its connection closed (after any `Finalize` it sent).
+    Closed(u32),
 }
 
 struct Store {
@@ -74,6 +76,9 @@ impl Kvs {
         loop {
             line.clear();
             if r.read_line(&mut line)? == 0 {
+                if rank != u32::MAX {
+                    send(Event::Closed(rank));
+                }
                 return Ok(());
             }
             let mut words = line.trim_end().splitn(3, ' ');

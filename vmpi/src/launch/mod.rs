@@ -44,6 +44,16 @@ struct Proc {
     exit: Option<Exit>,
     hello: bool,
     finalized: bool,
+    /// Its PMI connection closed: every event it sent has been seen.
+    closed: bool,
+}
+
+impl Proc {
+    /// Exited with 0 after MPI_Init, and whether it finalized is not known
+    /// yet (its `finalize` may still be in the socket).
+    fn undecided(&self) -> bool {
+        self.exit == Some(Exit::Code(0)) && self.hello && !self.finalized && !self.closed
+    }
 }
 
 /// A private directory for the job's socket, removed on drop.
@@ -117,6 +127,7 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
                     exit: None,
                     hello: false,
                     finalized: false,
+                    closed: false,
                 });
             }
             Err(e) => {
@@ -140,7 +151,7 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
         terminate(&procs, libc::SIGTERM);
         kill_at = Some(Instant::now() + GRACE);
     }
-    while procs.iter().any(|p| p.exit.is_none()) {
+    while procs.iter().any(|p| p.exit.is_none() || p.undecided()) {
         let timeout = kill_at.map_or(Duration::from_secs(3600), |t| {
             t.saturating_duration_since(Instant::now())
         });
@@ -173,6 +184,21 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
                         p.finalized = true;
                     }
                 }
+                kvs::Event::Closed(r) => {
+                    if let Some(p) = procs.iter_mut().find(|p| p.rank == r) {
+                        p.closed = true;
+                        if p.exit == Some(Exit::Code(0))
+                            && !p.finalized
+                            && failure.is_none()
+                            && signalled.is_none()
+                        {
+                            eprintln!("via-run: rank {r} exited without finalizing");
+                            failure = Some((r, Exit::Code(1)));
+                            terminate(&procs, libc::SIGTERM);
+                            kill_at = Some(Instant::now() + GRACE);
+                        }
+                    }
+                }
                 kvs::Event::Abort(r, code, msg) => {
                     eprintln!("via-run: rank {r} aborted the job (code {code}): {msg}");
                     if failure.is_none() {
@@ -187,8 +213,10 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
             let p = &mut procs[i];
             p.exit = Some(exit);
             p.child.take();
+            // An exit 0 without finalize is judged when the connection
+            // closes (the `finalize` line may still be on its way).
             let failed = match exit {
-                Exit::Code(0) => p.hello && !p.finalized && signalled.is_none(),
+                Exit::Code(0) => p.hello && !p.finalized && p.closed,
                 _ => true,
             };
             if failed && failure.is_none() && signalled.is_none() {
