@@ -256,8 +256,8 @@ fn main_k(a: &Args, s: &Setup) -> serde_json::Value {
     let model = vmpi::coll::model::Model::from_env();
     let mut rows = Vec::new();
     println!(
-        "{:<7} {:>3} {:>6} | {}",
-        "op", "np", "bytes", "us per k = 2..8 | best measured | model's k"
+        "{:<7} {:>3} {:>6} | us per k = 2..8 | best measured | model's k",
+        "op", "np", "bytes"
     );
     for &np in &a.np {
         for (op, var) in [("bcast", "VMPI_BCAST"), ("reduce", "VMPI_REDUCE")] {

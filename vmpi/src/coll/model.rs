@@ -77,7 +77,10 @@ impl Model {
     /// The model for a job of `p` processes on this machine: `L + W` when
     /// the processes outnumber the cores.
     pub fn for_job(&self, p: u32) -> Model {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Asked once: the query reads cgroup files (tens of µs).
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let mut m = *self;
         if p as usize > cores {
             m.l += m.wake;

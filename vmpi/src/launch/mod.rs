@@ -131,7 +131,7 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
                 });
             }
             Err(e) => {
-                eprintln!("via-run: cannot start {}: {e}", spec.argv[0]);
+                log::error!("cannot start {}: {e}", spec.argv[0]);
                 failure = Some((rank, Exit::Code(127)));
                 break;
             }
@@ -192,7 +192,7 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
                             && failure.is_none()
                             && signalled.is_none()
                         {
-                            eprintln!("via-run: rank {r} exited without finalizing");
+                            log::error!("rank {r} exited without finalizing");
                             failure = Some((r, Exit::Code(1)));
                             terminate(&procs, libc::SIGTERM);
                             kill_at = Some(Instant::now() + GRACE);
@@ -200,7 +200,7 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
                     }
                 }
                 kvs::Event::Abort(r, code, msg) => {
-                    eprintln!("via-run: rank {r} aborted the job (code {code}): {msg}");
+                    log::error!("rank {r} aborted the job (code {code}): {msg}");
                     if failure.is_none() {
                         failure = Some((r, Exit::Code(code)));
                         terminate(&procs, libc::SIGKILL);
@@ -221,10 +221,10 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
             };
             if failed && failure.is_none() && signalled.is_none() {
                 let exit = if exit == Exit::Code(0) {
-                    eprintln!("via-run: rank {} exited without finalizing", p.rank);
+                    log::error!("rank {} exited without finalizing", p.rank);
                     Exit::Code(1)
                 } else {
-                    eprintln!("via-run: rank {} failed ({exit:?}); ending the job", p.rank);
+                    log::error!("rank {} failed ({exit:?}); ending the job", p.rank);
                     exit
                 };
                 failure = Some((p.rank, exit));
