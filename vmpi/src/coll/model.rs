@@ -46,7 +46,10 @@ pub const FITTED: Model = Model {
     g: 0.8,
     big_g: 0.000_12,
     gamma: 0.000_25,
-    wake: 30.0,
+    // A wake-up is ~30 µs here, but `vmpi-bench k` measured binomial
+    // broadcasts fastest when oversubscribed all the same: children woken
+    // together compete for the two cores. So the term is off by default.
+    wake: 0.0,
 };
 
 impl Model {
