@@ -18,6 +18,13 @@
 
 use crate::coll::tree;
 
+/// Cores of this machine, asked once (the query reads cgroup files: tens
+/// of µs, too slow for every collective call).
+pub fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Fitted parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Model {
@@ -80,12 +87,8 @@ impl Model {
     /// The model for a job of `p` processes on this machine: `L + W` when
     /// the processes outnumber the cores.
     pub fn for_job(&self, p: u32) -> Model {
-        // Asked once: the query reads cgroup files (tens of µs).
-        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let cores =
-            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let mut m = *self;
-        if p as usize > cores {
+        if p as usize > cores() {
             m.l += m.wake;
         }
         m
