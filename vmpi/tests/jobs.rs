@@ -17,6 +17,12 @@ fn point_to_point() {
 }
 
 #[test]
+fn bad_input_gives_the_expected_error_classes() {
+    check("errors2", 2, &[], &["errors"]);
+    check("errors3", 3, &[], &["errors"]);
+}
+
+#[test]
 fn randomised_matching_with_wildcards() {
     check("match2", 2, &[], &["matching", "1"]);
     check("match4", 4, &[], &["matching", "2"]);

@@ -415,6 +415,62 @@ fn offload(c: &Comm) {
     c.barrier().unwrap();
 }
 
+/// Bad input through the Rust API gives the MPI error class a user
+/// expects, and the communicator keeps working afterwards.
+fn errors(c: &Comm) {
+    use vmpi::Error;
+    let (r, p) = (c.rank(), c.size());
+    assert!(matches!(c.send_bytes(&[1], p, 0), Err(Error::Rank(_))));
+    assert!(matches!(c.send_bytes(&[1], -1, 0), Err(Error::Rank(_))));
+    assert!(matches!(c.send_bytes(&[1], 0, -4), Err(Error::Tag(-4))));
+    assert!(matches!(
+        c.send_bytes(&[1], 0, vmpi::TAG_UB + 1),
+        Err(Error::Tag(_))
+    ));
+    assert!(matches!(
+        c.recv_bytes(&mut [0], Some(p + 2), None),
+        Err(Error::Rank(_))
+    ));
+    assert!(matches!(c.bcast_bytes(&mut [0], p), Err(Error::Root(_))));
+    let sum = Op::Builtin(Builtin::Sum);
+    let band = Op::Builtin(Builtin::Band);
+    let mut out = [0u8; 8];
+    assert!(matches!(
+        c.allreduce_bytes(&[0u8; 8], &mut out, vmpi::datatype::DOUBLE, &band),
+        Err(Error::Op(_))
+    ));
+    assert!(matches!(
+        c.allreduce_bytes(&[0u8; 6], &mut out[..6], vmpi::datatype::DOUBLE, &sum),
+        Err(Error::Count(_))
+    ));
+    assert!(matches!(
+        c.allreduce_bytes(&[0u8; 8], &mut out[..4], vmpi::datatype::DOUBLE, &sum),
+        Err(Error::Buffer(_))
+    ));
+    assert_eq!(vmpi::Error::Truncate { got: 2, room: 1 }.code(), 15);
+    // Truncation, eager and rendezvous: the buffer holds the first bytes.
+    for n in [10usize, 100_000] {
+        let peer = (r + 1) % p;
+        let from = (r + p - 1) % p;
+        let s = c.isend(pattern(n as u64, n), peer, 3).unwrap();
+        let mut small = vec![0u8; n / 2];
+        match c.recv_bytes(&mut small, Some(from), Some(3)) {
+            Err(Error::Truncate { got, room }) => assert_eq!((got, room), (n as u64, n as u64 / 2)),
+            other => panic!("expected a truncation, got {other:?}"),
+        }
+        assert!(small == pattern(n as u64, n)[..n / 2]);
+        s.wait().unwrap();
+    }
+    // Still usable.
+    let mut total = [0i32];
+    c.allreduce(&[1i32], &mut total, &sum).unwrap();
+    assert_eq!(total[0], p);
+    assert!(
+        c.iprobe(None, None).unwrap().is_none(),
+        "a message is left over"
+    );
+}
+
 fn main() {
     env_logger::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -438,6 +494,7 @@ fn main() {
         }
         Some("coll") => collectives(&c, args.get(1).is_some_and(|a| a == "quick")),
         Some("offload") => offload(&c),
+        Some("errors") => errors(&c),
         Some("allreduce") => {
             let mut out = [0i64];
             c.allreduce(&[c.rank() as i64 + 1], &mut out, &Op::Builtin(Builtin::Sum))
