@@ -96,3 +96,45 @@ fn repeated_registration_hits_and_unmap_invalidates() {
     assert!(s.monitor.unwrap().unmaps > 0);
     r.deregister().unwrap();
 }
+
+/// Ranges that hold no whole page (they straddle a page boundary, or sit
+/// inside one page), as a message layer registers pieces of malloc'd
+/// buffers: they register, and their bytes move. (A range across a
+/// boundary with no whole page used to give an empty arena and
+/// `VIP_INVALID_PARAMETER`.)
+#[test]
+fn ranges_without_a_whole_page_register_and_move() {
+    let s = Setup::new(Reliability::ReliableDelivery, 1 << 16, false, false);
+    let mut p = Peer::serve(PEER);
+    let m = nums(&p.cmd_expect("open rd 65536 1 0", "MEM"));
+    let (peer_addr, peer_h) = (m[0], m[1] as u32);
+    s.connect_to(&mut p, &disc_str("nowhole"));
+    let page = 4096;
+    let mem = via::Memory::new(4 * page).unwrap();
+    let cases = [
+        (page - 100, 200),
+        (page - 1, 2),
+        (2 * page - 4000, 5000),
+        (100, 200),
+        (3 * page - 8, 16),
+    ];
+    for (k, &(off, len)) in cases.iter().enumerate() {
+        let data = pattern(len, k as u32 + 1);
+        mem.write(off, &data).unwrap();
+        let r = Region::within(&s.nic, &mem, off, len, s.ptag, false, false)
+            .unwrap_or_else(|e| panic!("register {len} bytes at page offset {off}: {e}"));
+        let d = DescBuilder::rdma_write(peer_addr + 8192, peer_h)
+            .segment(&r, 0, len as u32)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_RDMA_WRITE);
+        assert_eq!(
+            p.cmd(&format!("check 0 8192 {len} {}", k + 1)),
+            "SAME",
+            "{len} bytes at {off}"
+        );
+        r.deregister().unwrap();
+    }
+    p.exit();
+}

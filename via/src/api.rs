@@ -559,6 +559,44 @@ impl Region {
         })
     }
 
+    /// Registers memory the caller owns, for transfers straight from and
+    /// into application buffers (zero copy). `range` carries the promise,
+    /// made where it was built (`UserRange::new` is `unsafe`), that the
+    /// memory stays mapped while registered; dropping the region
+    /// deregisters it, after which no byte of it is read or written. The
+    /// region's [`Region::read`] and [`Region::write`] copy through a window
+    /// on the range.
+    ///
+    /// # Errors
+    /// `InvalidParameter` for an empty range; the errors of `VipRegisterMem`.
+    pub fn of_user_range(
+        nic: &Nic,
+        range: crate::mem::arena::UserRange,
+        ptag: Ptag,
+        rdma_write: bool,
+        rdma_read: bool,
+    ) -> Result<Region> {
+        let len = range.len();
+        let (_, window) = range
+            .borrow(range.addr() as u64, len as u64)
+            .ok_or(Error::InvalidParameter)?;
+        let handle = nic.inner.register(
+            range,
+            &MemAttributes {
+                ptag,
+                enable_rdma_write: rdma_write,
+                enable_rdma_read: rdma_read,
+            },
+        )?;
+        Ok(Region {
+            nic: nic.inner.clone(),
+            mem: Memory(Arc::new(window)),
+            off: 0,
+            len,
+            handle,
+        })
+    }
+
     /// The memory handle (`VIP_MEM_HANDLE`).
     pub fn handle(&self) -> u32 {
         self.handle

@@ -361,7 +361,9 @@ impl Arenas {
             // caller's: they stay in place (see the module doc).
             let mut cuts = vec![start];
             for c in [inner_start, inner_end] {
-                if c > start && c < end {
+                // Once: a range with no whole page has both cuts at the
+                // same boundary (an empty piece would become an empty arena).
+                if c > start && c < end && cuts.last() != Some(&c) {
                     cuts.push(c);
                 }
             }

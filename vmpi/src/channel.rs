@@ -1,0 +1,379 @@
+//! One connection between two processes: a Reliable Delivery VI, its
+//! pre-posted receive slots, send slots, and credit flow control.
+//!
+//! Layout of the channel's registered region (`R` receive slots, `S` send
+//! slots of `slot` bytes each; a slot holds a [`wire::HEADER`] and up to
+//! `slot - HEADER` bytes of eager data):
+//!
+//! | part | size | who writes |
+//! |---|---|---|
+//! | receive slots | `R * slot` | the peer's engine |
+//! | send slots | `S * slot` | this process |
+//! | receive descriptors | `R * 64` | this process; the peer's engine completes them |
+//! | send descriptors | `S * 64` | this process |
+//! | credit word | 64 | the peer, by RDMA write |
+//! | credit sources | `S * 8` | this process |
+//!
+//! **Credits.** VIA breaks a Reliable Delivery connection when a message
+//! finds no posted receive, so a process sends only into slots it knows
+//! are posted: `credits = R - (sent - freed_by_peer)`. The receiver
+//! re-posts a slot as soon as it has copied the message out (matched or
+//! into the unexpected queue) and counts it in `freed`. The count travels
+//! back in every header (piggyback) and, when half of the slots are
+//! re-posted unreported, by an RDMA write of the count into the sender's
+//! credit word; an RDMA write consumes no receive descriptor, so credit
+//! returns never need credits themselves and cannot deadlock.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use via::descriptor::{SEGMENT_SIZE, offsets};
+use via::{Cq, DescBuilder, Nic, Ptag, Region, Reliability, Vi, ViAttributes};
+
+use crate::error::{Error, Result};
+use crate::wire::{HEADER, Header};
+
+/// A descriptor slot (control segment and two data/address segments).
+const DESC: usize = 64;
+/// Largest transfer one descriptor carries (the provider's limit is 1 GiB).
+pub const MAX_TRANSFER: u32 = 1 << 30;
+
+fn via_err(what: &str, peer: u32, e: via::Error) -> Error {
+    Error::Transport(format!("{what} (rank {peer}): {e:?}"))
+}
+
+/// Sizes of a channel.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// Receive slots (credits).
+    pub recv: usize,
+    /// Send descriptor slots.
+    pub send: usize,
+    /// Bytes of a slot (header included; a multiple of 64).
+    pub slot: usize,
+}
+
+impl Shape {
+    /// Eager data a slot carries.
+    pub fn eager_room(&self) -> usize {
+        self.slot - HEADER
+    }
+}
+
+/// What a send-queue descriptor was for (they complete in order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// A message from a send slot.
+    Message,
+    /// An RDMA read for request `req`.
+    Read(u64),
+    /// A credit return.
+    Credit,
+}
+
+/// A connection to one peer.
+pub struct Channel {
+    peer: u32,
+    shape: Shape,
+    vi: Vi,
+    region: Region,
+    recv_images: Vec<Vec<u8>>,
+    send_images: Vec<Vec<u8>>,
+    /// Receive slots re-posted (cumulative, wrapping).
+    freed: u32,
+    /// `freed` as last told to the peer.
+    reported: u32,
+    /// Messages sent into the peer's slots (cumulative, wrapping).
+    sent: u32,
+    /// Best known count of slots the peer has re-posted.
+    peer_freed: u32,
+    /// Next send descriptor slot.
+    send_next: usize,
+    inflight: VecDeque<SendOp>,
+    /// The peer's credit word (address, handle).
+    remote_credit: Option<(u64, u32)>,
+}
+
+impl Channel {
+    fn off_send(&self, j: usize) -> usize {
+        (self.shape.recv + j) * self.shape.slot
+    }
+    fn off_rdesc(&self, i: usize) -> usize {
+        (self.shape.recv + self.shape.send) * self.shape.slot + i * DESC
+    }
+    fn off_sdesc(&self, j: usize) -> usize {
+        self.off_rdesc(self.shape.recv) + j * DESC
+    }
+    fn off_credit(&self) -> usize {
+        self.off_sdesc(self.shape.send)
+    }
+    fn off_credit_src(&self, j: usize) -> usize {
+        self.off_credit() + 64 + j * 8
+    }
+
+    /// Creates the VI and region for `peer` and posts every receive slot.
+    pub fn new(nic: &Nic, ptag: Ptag, cq: &Cq, peer: u32, shape: Shape) -> Result<Channel> {
+        let mut attrs = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+        attrs.max_transfer_size = MAX_TRANSFER;
+        attrs.enable_rdma_write = true;
+        attrs.enable_rdma_read = true;
+        let vi = nic.create_vi(&attrs, Some(cq), Some(cq))?;
+        let bytes = (shape.recv + shape.send) * (shape.slot + DESC) + 64 + shape.send * 8;
+        let region = Region::new(nic, bytes, ptag, true, false)?;
+        let mut ch = Channel {
+            peer,
+            shape,
+            vi,
+            region,
+            recv_images: Vec::new(),
+            send_images: Vec::new(),
+            freed: 0,
+            reported: 0,
+            sent: 0,
+            peer_freed: 0,
+            send_next: 0,
+            inflight: VecDeque::new(),
+            remote_credit: None,
+        };
+        for i in 0..shape.recv {
+            let at = ch.off_rdesc(i);
+            DescBuilder::recv()
+                .segment(&ch.region, i * shape.slot, shape.slot as u32)
+                .write(&ch.region, at)?;
+            let mut img = vec![0u8; offsets::SEGMENTS + SEGMENT_SIZE];
+            ch.region.read(at, &mut img)?;
+            ch.recv_images.push(img);
+            ch.vi.post_recv(&ch.region, at)?;
+        }
+        for j in 0..shape.send {
+            let at = ch.off_sdesc(j);
+            DescBuilder::send()
+                .segment(&ch.region, ch.off_send(j), shape.slot as u32)
+                .write(&ch.region, at)?;
+            let mut img = vec![0u8; offsets::SEGMENTS + SEGMENT_SIZE];
+            ch.region.read(at, &mut img)?;
+            ch.send_images.push(img);
+        }
+        Ok(ch)
+    }
+
+    /// The peer's world rank.
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    /// The VI's slot in the NIC (what the CQ reports).
+    pub fn vi_slot(&self) -> u32 {
+        self.vi.slot()
+    }
+
+    /// Where the peer RDMA-writes credits: (address, handle).
+    pub fn credit_word(&self) -> Result<(u64, u32)> {
+        Ok((self.region.addr(self.off_credit())?, self.region.handle()))
+    }
+
+    /// Records the peer's credit word.
+    pub fn set_remote_credit(&mut self, addr: u64, handle: u32) {
+        self.remote_credit = Some((addr, handle));
+    }
+
+    /// Starts the peer-to-peer connection (`local`/`remote` discriminators).
+    pub fn connect_start(
+        &self,
+        nic: &Nic,
+        local: &[u8],
+        remote: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.vi
+            .connect_peer(&nic.address(local), &nic.address(remote), Some(timeout))?;
+        Ok(())
+    }
+
+    /// Waits for the connection.
+    pub fn connect_wait(&self) -> Result<()> {
+        self.vi.connect_peer_wait()?;
+        Ok(())
+    }
+
+    /// Slots the peer is known to have posted for us.
+    pub fn credits(&mut self) -> u32 {
+        let w = self.region.word(self.off_credit());
+        if (w.wrapping_sub(self.peer_freed) as i32) > 0 {
+            self.peer_freed = w;
+        }
+        (self.shape.recv as u32).saturating_sub(self.sent.wrapping_sub(self.peer_freed))
+    }
+
+    /// Whether a send descriptor slot is free.
+    pub fn desc_free(&self) -> bool {
+        self.inflight.len() < self.shape.send
+    }
+
+    /// Whether a message may go now (a credit and a send slot).
+    pub fn can_send(&mut self) -> bool {
+        self.desc_free() && self.credits() > 0
+    }
+
+    /// Sends `h` followed by `data` (at most [`Shape::eager_room`] bytes);
+    /// the data is copied, so the caller's buffer is free on return.
+    /// Call only when [`Channel::can_send`].
+    pub fn send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
+        debug_assert!(data.len() <= self.shape.eager_room());
+        let j = self.send_next;
+        h.freed = self.freed;
+        self.reported = self.freed;
+        let at = self.off_send(j);
+        self.region.write(at, &h.encode())?;
+        if !data.is_empty() {
+            self.region.write(at + HEADER, data)?;
+        }
+        let total = (HEADER + data.len()) as u32;
+        let img = &mut self.send_images[j];
+        img[offsets::LENGTH..offsets::LENGTH + 4].copy_from_slice(&total.to_ne_bytes());
+        let seg_len = offsets::SEGMENTS + 12;
+        img[seg_len..seg_len + 4].copy_from_slice(&total.to_ne_bytes());
+        let d =
+            (self.shape.recv + self.shape.send) * self.shape.slot + (self.shape.recv + j) * DESC;
+        self.region.write(d, img)?;
+        self.vi
+            .post_send(&self.region, d)
+            .map_err(|e| via_err("post a message", self.peer, e))?;
+        self.send_next = (j + 1) % self.shape.send;
+        self.sent = self.sent.wrapping_add(1);
+        self.inflight.push_back(SendOp::Message);
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `remote` (address, handle) of the peer into
+    /// `local` at `off`, for request `req`. Needs a free descriptor slot.
+    pub fn read(
+        &mut self,
+        remote: (u64, u32),
+        local: &Region,
+        off: usize,
+        len: u32,
+        req: u64,
+    ) -> Result<()> {
+        let j = self.send_next;
+        let d = self.off_sdesc(j);
+        DescBuilder::rdma_read(remote.0, remote.1)
+            .segment(local, off, len)
+            .write(&self.region, d)?;
+        self.vi
+            .post_send(&self.region, d)
+            .map_err(|e| via_err("post an RDMA read", self.peer, e))?;
+        self.send_next = (j + 1) % self.shape.send;
+        self.inflight.push_back(SendOp::Read(req));
+        Ok(())
+    }
+
+    /// Returns credits by RDMA write if half the slots went unreported.
+    pub fn return_credits(&mut self, force: bool) -> Result<()> {
+        let unreported = self.freed.wrapping_sub(self.reported);
+        if unreported == 0
+            || (!force && (unreported as usize) < self.shape.recv / 2)
+            || !self.desc_free()
+        {
+            return Ok(());
+        }
+        let Some(remote) = self.remote_credit else {
+            return Ok(());
+        };
+        let j = self.send_next;
+        let src = self.off_credit_src(j);
+        self.region.write(src, &self.freed.to_ne_bytes())?;
+        let d = self.off_sdesc(j);
+        DescBuilder::rdma_write(remote.0, remote.1)
+            .segment(&self.region, src, 4)
+            .write(&self.region, d)?;
+        self.vi.post_send(&self.region, d)?;
+        self.reported = self.freed;
+        self.send_next = (j + 1) % self.shape.send;
+        self.inflight.push_back(SendOp::Credit);
+        Ok(())
+    }
+
+    /// Dequeues a completed send-queue descriptor: what it was for.
+    ///
+    /// # Errors
+    /// `Transport` if it failed (the connection broke).
+    pub fn send_done(&mut self) -> Result<Option<SendOp>> {
+        let c = match self.vi.send_done() {
+            Ok(c) => c,
+            Err(e) if e.kind() == via::ErrorKind::NotDone => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let op = self.inflight.pop_front();
+        if c.status & via::descriptor::status::ERROR_MASK != 0 {
+            return Err(Error::Transport(format!(
+                "send to rank {} failed (status {:#x})",
+                self.peer, c.status
+            )));
+        }
+        Ok(op)
+    }
+
+    /// Dequeues a completed receive: its slot and header.
+    ///
+    /// # Errors
+    /// `Transport` if it failed or carries a corrupt header.
+    pub fn recv_done(&mut self) -> Result<Option<(usize, Header)>> {
+        let c = match self.vi.recv_done() {
+            Ok(c) => c,
+            Err(e) if e.kind() == via::ErrorKind::NotDone => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if c.status & via::descriptor::status::ERROR_MASK != 0 {
+            return Err(Error::Transport(format!(
+                "connection to rank {} broke (receive status {:#x})",
+                self.peer, c.status
+            )));
+        }
+        let base = self.region.addr(self.off_rdesc(0))?;
+        let i = (c.desc.wrapping_sub(base) as usize) / DESC;
+        if i >= self.shape.recv {
+            return Err(Error::Intern(format!(
+                "completion of an unknown descriptor {:#x}",
+                c.desc
+            )));
+        }
+        let mut b = [0u8; HEADER];
+        self.region.read(i * self.shape.slot, &mut b)?;
+        let h = Header::decode(&b)
+            .ok_or_else(|| Error::Transport(format!("corrupt header from rank {}", self.peer)))?;
+        if (h.freed.wrapping_sub(self.peer_freed) as i32) > 0 {
+            self.peer_freed = h.freed;
+        }
+        Ok(Some((i, h)))
+    }
+
+    /// Copies eager data of slot `i` (from byte `off` of the data) into `dst`.
+    pub fn read_data(&self, i: usize, off: usize, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        if off + dst.len() > self.shape.eager_room() {
+            return Err(Error::Intern("eager data beyond its slot".into()));
+        }
+        self.region.read(i * self.shape.slot + HEADER + off, dst)?;
+        Ok(())
+    }
+
+    /// Posts slot `i` again and counts the credit.
+    pub fn repost(&mut self, i: usize) -> Result<()> {
+        let at = self.off_rdesc(i);
+        self.region.write(at, &self.recv_images[i])?;
+        self.vi
+            .post_recv(&self.region, at)
+            .map_err(|e| via_err("re-post a receive", self.peer, e))?;
+        self.freed = self.freed.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Disconnects (end of the job).
+    pub fn disconnect(&self) {
+        let _ = self.vi.disconnect();
+    }
+}

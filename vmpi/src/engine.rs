@@ -1,0 +1,863 @@
+//! The point-to-point engine of a process: requests, matching, the eager
+//! and rendezvous protocols over the [`Channel`]s, and progress.
+//!
+//! **Progress runs inline** in the caller (every call that may complete
+//! something drains the completion queue first); no helper thread is on
+//! this path. The one completion queue of the process takes the send and
+//! receive completions of every channel.
+//!
+//! **Matching** follows MPI: a message matches the earliest posted
+//! receive with its context, a source equal to its own or `ANY_SOURCE`,
+//! and a tag equal to its own or `ANY_TAG`; a new receive matches the
+//! earliest unexpected message. Messages of one sender arrive in order on
+//! its channel and are matched in arrival order, so nothing overtakes.
+//!
+//! **Protocols.** Up to the eager limit a message travels in the header's
+//! slot (copied into a send slot, placed by the provider into a receive
+//! slot, copied out into the posted receive or the unexpected queue).
+//! Above it the sender registers its buffer (the registration cache makes
+//! a repeated buffer cost a lookup) and sends an RTS; the receiver, once a
+//! receive matches, registers its own buffer and RDMA-reads the data
+//! straight into it (one copy, no intermediate buffer), then sends FIN,
+//! which completes the send.
+//!
+//! **Waiting.** A wait drains the queue, then blocks in the provider's CQ
+//! wait (spin for `VIA_SPIN_US`, then a futex sleep) unless a send waits
+//! for credits, which arrive by RDMA write without a completion: then it
+//! polls with a backoff that yields and sleeps. Nothing spins for long, so
+//! jobs with more processes than cores progress.
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use via::{Cq, Nic, Ptag, Region};
+
+use crate::buffer::UserBuf;
+use crate::channel::{Channel, MAX_TRANSFER, SendOp, Shape};
+use crate::error::{Error, Result};
+use crate::pmi::Pmi;
+use crate::wire::{Header, Kind};
+
+/// A request's id.
+pub type ReqId = u64;
+
+/// What a completed receive (or probe) reports.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Status {
+    /// Sender's rank in the communicator.
+    pub source: i32,
+    /// Tag.
+    pub tag: i32,
+    /// Bytes received (for a probe: bytes of the message).
+    pub bytes: u64,
+}
+
+/// Where an outgoing message's data comes from.
+enum Data {
+    None,
+    /// The send request's buffer.
+    Req(ReqId),
+}
+
+/// Work waiting for credits or a descriptor slot, in order per channel.
+enum Out {
+    Msg(Header, Data),
+    Read {
+        req: ReqId,
+        remote: (u64, u32),
+        off: usize,
+        len: u32,
+    },
+}
+
+struct Req {
+    done: bool,
+    status: Status,
+    error: Option<Error>,
+    buf: UserBuf,
+    region: Option<Region>,
+    reads_left: u32,
+    fin_to: Option<(u32, u64)>,
+    /// The data was read into `region`, a copy, not into `buf`.
+    bounce: bool,
+}
+
+impl Req {
+    fn new(buf: UserBuf) -> Req {
+        Req {
+            done: false,
+            status: Status::default(),
+            error: None,
+            buf,
+            region: None,
+            reads_left: 0,
+            fin_to: None,
+            bounce: false,
+        }
+    }
+}
+
+struct Posted {
+    id: ReqId,
+    context: u32,
+    source: Option<u32>,
+    tag: Option<i32>,
+}
+
+enum Body {
+    Data(Vec<u8>),
+    Rts {
+        peer: u32,
+        sreq: u64,
+        addr: u64,
+        handle: u32,
+    },
+}
+
+struct Unexpected {
+    context: u32,
+    source: u32,
+    tag: i32,
+    len: u64,
+    body: Body,
+}
+
+/// Tunables, from the environment.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Largest message sent eagerly (`VMPI_EAGER_LIMIT`).
+    pub eager_limit: usize,
+    /// Receive slots per channel (`VMPI_SLOTS`).
+    pub slots: usize,
+}
+
+impl Config {
+    /// Defaults and environment overrides (`size`: processes of the job;
+    /// large jobs get fewer slots per channel, the memory being
+    /// `2 × slots × eager limit` per peer).
+    pub fn from_env(size: u32) -> Config {
+        let get = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        Config {
+            eager_limit: get("VMPI_EAGER_LIMIT", DEFAULT_EAGER_LIMIT).clamp(0, 1 << 20),
+            slots: get("VMPI_SLOTS", if size > 8 { 8 } else { 16 }).clamp(2, 256),
+        }
+    }
+}
+
+/// The default eager limit, chosen by measurement (docs/vmpi.md).
+pub const DEFAULT_EAGER_LIMIT: usize = 65536;
+
+/// The engine of one process.
+pub struct Engine {
+    rank: u32,
+    size: u32,
+    nic: Nic,
+    ptag: Ptag,
+    cq: Cq,
+    channels: Vec<Option<Channel>>,
+    by_vi: HashMap<u32, u32>,
+    out: Vec<VecDeque<Out>>,
+    queued: usize,
+    reqs: HashMap<ReqId, Req>,
+    next_id: ReqId,
+    posted: VecDeque<Posted>,
+    unexpected: VecDeque<Unexpected>,
+    eager_limit: usize,
+    closing: bool,
+}
+
+fn disc(job: &str, from: u32, to: u32, kind: &str) -> Vec<u8> {
+    format!("vmpi:{job}:{kind}:{from}:{to}").into_bytes()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Opens the NIC and connects a set of channels to every other process:
+/// the channel set of the engine, or of the offload context (`kind`).
+pub(crate) fn connect_all(
+    pmi: &mut Pmi,
+    kind: &str,
+    shape: Shape,
+) -> Result<(Nic, Ptag, Cq, Vec<Option<Channel>>)> {
+    let (rank, size) = (pmi.rank(), pmi.size());
+    let nic = Nic::open(None)?;
+    nic.set_error_callback(|e| log::debug!("via: {e:?}"));
+    let ptag = nic.create_ptag()?;
+    let entries = ((size as usize) * (shape.recv + shape.send) + 64).next_power_of_two() as u32;
+    let cq = nic.create_cq(entries.min(65536))?;
+    let mut channels = Vec::new();
+    for p in 0..size {
+        channels.push(if p == rank {
+            None
+        } else {
+            Some(Channel::new(&nic, ptag, &cq, p, shape)?)
+        });
+    }
+    for ch in channels.iter().flatten() {
+        let (a, h) = ch.credit_word()?;
+        pmi.put(
+            &format!("{kind}.cw.{rank}.{}", ch.peer()),
+            &format!("{a}:{h}"),
+        )?;
+    }
+    pmi.put(&format!("{kind}.host.{rank}"), &hex(&nic.host_address()))?;
+    pmi.fence()?;
+    let job = pmi.job().to_string();
+    for ch in channels.iter_mut().flatten() {
+        let p = ch.peer();
+        let v = pmi
+            .get(&format!("{kind}.cw.{p}.{rank}"))
+            .ok_or_else(|| Error::Intern(format!("rank {p} published no credit word")))?;
+        let (a, h) = v
+            .split_once(':')
+            .and_then(|(a, h)| Some((a.parse().ok()?, h.parse().ok()?)))
+            .ok_or_else(|| Error::Intern(format!("bad credit word {v:?}")))?;
+        ch.set_remote_credit(a, h);
+        ch.connect_start(
+            &nic,
+            &disc(&job, rank, p, kind),
+            &disc(&job, p, rank, kind),
+            Duration::from_secs(60),
+        )?;
+    }
+    for ch in channels.iter().flatten() {
+        ch.connect_wait()?;
+    }
+    Ok((nic, ptag, cq, channels))
+}
+
+/// A backoff for polling waits: yields first, then sleeps up to 1 ms.
+pub(crate) struct Backoff(u32);
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff(0)
+    }
+    pub(crate) fn snooze(&mut self) {
+        self.0 += 1;
+        if self.0 < 16 {
+            std::thread::yield_now();
+        } else {
+            let us = (1u64 << ((self.0 - 16) / 4).min(10)).min(1000);
+            std::thread::sleep(Duration::from_micros(us));
+        }
+    }
+}
+
+impl Engine {
+    /// Connects this process to every other process of the job.
+    ///
+    /// # Errors
+    /// `Transport` if the provider or a peer fails.
+    pub fn new(pmi: &mut Pmi, cfg: Config) -> Result<Engine> {
+        let slot = (crate::wire::HEADER + cfg.eager_limit).next_multiple_of(64);
+        let shape = Shape {
+            recv: cfg.slots,
+            send: cfg.slots,
+            slot,
+        };
+        let (nic, ptag, cq, channels) = connect_all(pmi, "p2p", shape)?;
+        let mut by_vi = HashMap::new();
+        for ch in channels.iter().flatten() {
+            by_vi.insert(ch.vi_slot(), ch.peer());
+        }
+        let size = pmi.size();
+        Ok(Engine {
+            rank: pmi.rank(),
+            size,
+            nic,
+            ptag,
+            cq,
+            channels,
+            by_vi,
+            out: (0..size).map(|_| VecDeque::new()).collect(),
+            queued: 0,
+            reqs: HashMap::new(),
+            next_id: 1,
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            eager_limit: cfg.eager_limit,
+            closing: false,
+        })
+    }
+
+    /// This process's rank in the job.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Processes in the job.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The NIC (for the offload context and statistics).
+    pub fn nic(&self) -> &Nic {
+        &self.nic
+    }
+
+    /// The eager limit in bytes.
+    pub fn eager_limit(&self) -> usize {
+        self.eager_limit
+    }
+
+    fn new_req(&mut self, buf: UserBuf) -> ReqId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.reqs.insert(id, Req::new(buf));
+        id
+    }
+
+    fn complete(&mut self, id: ReqId) {
+        if let Some(r) = self.reqs.get_mut(&id) {
+            // Deregister before completing: nothing touches the buffer afterwards.
+            r.region = None;
+            r.done = true;
+        }
+    }
+
+    fn ch(&mut self, peer: u32) -> Result<&mut Channel> {
+        self.channels
+            .get_mut(peer as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Intern(format!("no channel to rank {peer}")))
+    }
+
+    /// Starts a send of `buf` to world rank `dest` (`source` is the
+    /// sender's rank in the communicator of `context`).
+    pub fn isend(
+        &mut self,
+        context: u32,
+        source: u32,
+        dest: u32,
+        tag: i32,
+        buf: UserBuf,
+    ) -> Result<ReqId> {
+        let len = buf.len();
+        let id = self.new_req(buf);
+        if dest == self.rank {
+            let data = self.reqs[&id].buf.slice(0, len).to_vec();
+            self.deliver(context, source, tag, len as u64, Body::Data(data))?;
+            self.complete(id);
+            return Ok(id);
+        }
+        let mut h = Header::new(Kind::Eager);
+        h.context = context;
+        h.source = source;
+        h.tag = tag;
+        h.len = len as u64;
+        h.sreq = id;
+        if len > self.eager_limit {
+            h.kind = Kind::Rts;
+            let nic = self.nic.clone();
+            let ptag = self.ptag;
+            let r = self.reqs.get_mut(&id).unwrap();
+            let range = r
+                .buf
+                .user_range()
+                .ok_or_else(|| Error::Intern("empty RTS".into()))?;
+            let region = match Region::of_user_range(&nic, range, ptag, false, true) {
+                Ok(region) => region,
+                Err(e) => {
+                    // A range the provider cannot register (one that
+                    // crosses a page boundary without a whole page): send
+                    // from a registered copy.
+                    log::debug!(
+                        "send buffer of {len} bytes not registered ({e:?}); sending a copy"
+                    );
+                    let region = Region::new(&nic, len, ptag, false, true)?;
+                    region.write(0, r.buf.slice(0, len))?;
+                    region
+                }
+            };
+            h.addr = region.addr(0)?;
+            h.handle = region.handle();
+            r.region = Some(region);
+            self.push(dest, Out::Msg(h, Data::None))?;
+        } else {
+            self.push(dest, Out::Msg(h, Data::Req(id)))?;
+        }
+        Ok(id)
+    }
+
+    /// Starts a receive into `buf` of a message of `context` from `source`
+    /// (`None`: any) with `tag` (`None`: any).
+    pub fn irecv(
+        &mut self,
+        context: u32,
+        source: Option<u32>,
+        tag: Option<i32>,
+        buf: UserBuf,
+    ) -> Result<ReqId> {
+        let id = self.new_req(buf);
+        self.progress()?;
+        let found = self.unexpected.iter().position(|u| {
+            u.context == context
+                && source.is_none_or(|s| s == u.source)
+                && tag.is_none_or(|t| t == u.tag)
+        });
+        match found {
+            Some(i) => {
+                let u = self.unexpected.remove(i).unwrap();
+                self.matched(id, u)?;
+            }
+            None => self.posted.push_back(Posted {
+                id,
+                context,
+                source,
+                tag,
+            }),
+        }
+        Ok(id)
+    }
+
+    /// Finds a matching unexpected message without receiving it.
+    pub fn iprobe(
+        &mut self,
+        context: u32,
+        source: Option<u32>,
+        tag: Option<i32>,
+    ) -> Result<Option<Status>> {
+        self.progress()?;
+        Ok(self
+            .unexpected
+            .iter()
+            .find(|u| {
+                u.context == context
+                    && source.is_none_or(|s| s == u.source)
+                    && tag.is_none_or(|t| t == u.tag)
+            })
+            .map(|u| Status {
+                source: u.source as i32,
+                tag: u.tag,
+                bytes: u.len,
+            }))
+    }
+
+    /// Waits for a matching message; returns its status without receiving it.
+    pub fn probe(&mut self, context: u32, source: Option<u32>, tag: Option<i32>) -> Result<Status> {
+        loop {
+            if let Some(s) = self.iprobe(context, source, tag)? {
+                return Ok(s);
+            }
+            self.wait_step()?;
+        }
+    }
+
+    /// Whether request `id` is complete (`Request` if unknown).
+    pub fn is_done(&self, id: ReqId) -> Result<bool> {
+        self.reqs.get(&id).map(|r| r.done).ok_or(Error::Request)
+    }
+
+    /// Progresses, then whether request `id` is complete.
+    pub fn test_done(&mut self, id: ReqId) -> Result<bool> {
+        self.progress()?;
+        self.is_done(id)
+    }
+
+    /// Removes a complete request: its status, its buffer, and its error.
+    fn take(&mut self, id: ReqId) -> Result<(Status, UserBuf, Option<Error>)> {
+        let r = self.reqs.remove(&id).ok_or(Error::Request)?;
+        Ok((r.status, r.buf, r.error))
+    }
+
+    /// Completes `id` if it is done: `Some((status, buffer, error))`.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<(Status, UserBuf, Option<Error>)>> {
+        self.progress()?;
+        if self.is_done(id)? {
+            self.take(id).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Waits for `id` and removes it.
+    pub fn wait(&mut self, id: ReqId) -> Result<(Status, UserBuf, Option<Error>)> {
+        self.progress()?;
+        while !self.is_done(id)? {
+            self.wait_step()?;
+        }
+        self.take(id)
+    }
+
+    /// Waits for every request of `ids`.
+    pub fn wait_all(&mut self, ids: &[ReqId]) -> Result<Vec<(Status, UserBuf, Option<Error>)>> {
+        self.progress()?;
+        for &id in ids {
+            while !self.is_done(id)? {
+                self.wait_step()?;
+            }
+        }
+        ids.iter().map(|&id| self.take(id)).collect()
+    }
+
+    /// One blocking step: waits for a completion (or polls while sends
+    /// wait for credits) and handles it.
+    pub fn wait_step(&mut self) -> Result<()> {
+        if self.progress()? {
+            return Ok(());
+        }
+        if self.queued > 0 {
+            let mut b = Backoff::new();
+            for _ in 0..64 {
+                if self.progress()? {
+                    return Ok(());
+                }
+                b.snooze();
+            }
+            return Ok(());
+        }
+        match self.cq.wait(Some(Duration::from_millis(500))) {
+            Ok((slot, recv)) => self.on_cq(slot, recv),
+            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Handles every completion that is ready and sends what waited.
+    pub fn progress(&mut self) -> Result<bool> {
+        let mut did = false;
+        loop {
+            match self.cq.done() {
+                Ok((slot, recv)) => {
+                    self.on_cq(slot, recv)?;
+                    did = true;
+                }
+                Err(e) if e.kind() == via::ErrorKind::NotDone => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if self.queued > 0 {
+            did |= self.flush()?;
+        }
+        Ok(did)
+    }
+
+    fn on_cq(&mut self, vi: u32, recv: bool) -> Result<()> {
+        let Some(&peer) = self.by_vi.get(&vi) else {
+            return Ok(());
+        };
+        let closing = self.closing;
+        let r = if recv {
+            match self.ch(peer)?.recv_done() {
+                Ok(Some((i, h))) => self.on_message(peer, i, h),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            }
+        } else {
+            match self.ch(peer)?.send_done() {
+                Ok(Some(op)) => self.on_send_done(peer, op),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            }
+        };
+        match r {
+            // Peers disconnect in any order once the job is finishing.
+            Err(Error::Transport(m)) if closing => {
+                log::debug!("while finishing: {m}");
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    fn on_send_done(&mut self, peer: u32, op: SendOp) -> Result<()> {
+        if let SendOp::Read(id) = op {
+            let last = {
+                let r = self.reqs.get_mut(&id).ok_or(Error::Request)?;
+                r.reads_left -= 1;
+                r.reads_left == 0
+            };
+            if last {
+                let r = self.reqs.get_mut(&id).ok_or(Error::Request)?;
+                if r.bounce {
+                    let n = r.status.bytes as usize;
+                    if let Some(region) = r.region.take() {
+                        region.read(0, r.buf.slice_mut(0, n))?;
+                    }
+                }
+                let (to, sreq) = self.reqs[&id].fin_to.expect("a read has a FIN");
+                self.complete(id);
+                self.send_fin(to, sreq)?;
+            }
+        }
+        let _ = peer;
+        Ok(())
+    }
+
+    fn send_fin(&mut self, to: u32, sreq: u64) -> Result<()> {
+        let mut h = Header::new(Kind::Fin);
+        h.sreq = sreq;
+        self.push(to, Out::Msg(h, Data::None))
+    }
+
+    fn on_message(&mut self, peer: u32, slot: usize, h: Header) -> Result<()> {
+        match h.kind {
+            Kind::Eager => {
+                let n = h.len as usize;
+                let found = self.find_posted(h.context, h.source, h.tag);
+                match found {
+                    Some(id) => {
+                        let ch = self.channels[peer as usize].as_ref().unwrap();
+                        let r = self.reqs.get_mut(&id).unwrap();
+                        let room = r.buf.len();
+                        ch.read_data(slot, 0, r.buf.slice_mut(0, n.min(room)))?;
+                        Self::set_status(r, &h, n.min(room) as u64, h.len);
+                        self.complete(id);
+                    }
+                    None => {
+                        let mut data = vec![0u8; n];
+                        self.channels[peer as usize]
+                            .as_ref()
+                            .unwrap()
+                            .read_data(slot, 0, &mut data)?;
+                        self.unexpected.push_back(Unexpected {
+                            context: h.context,
+                            source: h.source,
+                            tag: h.tag,
+                            len: h.len,
+                            body: Body::Data(data),
+                        });
+                    }
+                }
+            }
+            Kind::Rts => {
+                let u = Unexpected {
+                    context: h.context,
+                    source: h.source,
+                    tag: h.tag,
+                    len: h.len,
+                    body: Body::Rts {
+                        peer,
+                        sreq: h.sreq,
+                        addr: h.addr,
+                        handle: h.handle,
+                    },
+                };
+                match self.find_posted(h.context, h.source, h.tag) {
+                    Some(id) => self.matched(id, u)?,
+                    None => self.unexpected.push_back(u),
+                }
+            }
+            Kind::Fin => self.complete(h.sreq),
+            Kind::Offload => {
+                return Err(Error::Intern(
+                    "offload message on a point-to-point channel".into(),
+                ));
+            }
+        }
+        let ch = self.ch(peer)?;
+        ch.repost(slot)?;
+        ch.return_credits(false)
+    }
+
+    fn set_status(r: &mut Req, h: &Header, got: u64, len: u64) {
+        r.status = Status {
+            source: h.source as i32,
+            tag: h.tag,
+            bytes: got,
+        };
+        if len > got {
+            r.error = Some(Error::Truncate {
+                got: len,
+                room: got,
+            });
+        }
+    }
+
+    fn find_posted(&mut self, context: u32, source: u32, tag: i32) -> Option<ReqId> {
+        let i = self.posted.iter().position(|p| {
+            p.context == context
+                && p.source.is_none_or(|s| s == source)
+                && p.tag.is_none_or(|t| t == tag)
+        })?;
+        self.posted.remove(i).map(|p| p.id)
+    }
+
+    /// A message for this process from itself, or one taken from a slot.
+    fn deliver(&mut self, context: u32, source: u32, tag: i32, len: u64, body: Body) -> Result<()> {
+        let u = Unexpected {
+            context,
+            source,
+            tag,
+            len,
+            body,
+        };
+        match self.find_posted(context, source, tag) {
+            Some(id) => self.matched(id, u),
+            None => {
+                self.unexpected.push_back(u);
+                Ok(())
+            }
+        }
+    }
+
+    /// Receive `id` matched message `u`.
+    fn matched(&mut self, id: ReqId, u: Unexpected) -> Result<()> {
+        let h = Header {
+            context: u.context,
+            source: u.source,
+            tag: u.tag,
+            len: u.len,
+            ..Header::new(Kind::Eager)
+        };
+        match u.body {
+            Body::Data(d) => {
+                let r = self.reqs.get_mut(&id).unwrap();
+                let n = d.len().min(r.buf.len());
+                r.buf.slice_mut(0, n).copy_from_slice(&d[..n]);
+                Self::set_status(r, &h, n as u64, u.len);
+                self.complete(id);
+                Ok(())
+            }
+            Body::Rts {
+                peer,
+                sreq,
+                addr,
+                handle,
+            } => {
+                let nic = self.nic.clone();
+                let ptag = self.ptag;
+                let r = self.reqs.get_mut(&id).unwrap();
+                let n = (u.len as usize).min(r.buf.len());
+                Self::set_status(r, &h, n as u64, u.len);
+                r.fin_to = Some((peer, sreq));
+                if n == 0 {
+                    self.complete(id);
+                    return self.send_fin(peer, sreq);
+                }
+                let range = r.buf.user_range().expect("not empty");
+                r.region = Some(
+                    match Region::of_user_range(&nic, range, ptag, false, false) {
+                        Ok(region) => region,
+                        Err(e) => {
+                            // Not registrable (see `isend`): read into a
+                            // registered bounce buffer, copied out at the end.
+                            log::debug!(
+                                "receive buffer of {n} bytes not registered ({e:?}); reading into a copy"
+                            );
+                            r.bounce = true;
+                            Region::new(&nic, n, ptag, false, false)?
+                        }
+                    },
+                );
+                let chunks = n.div_ceil(MAX_TRANSFER as usize);
+                r.reads_left = chunks as u32;
+                for c in 0..chunks {
+                    let off = c * MAX_TRANSFER as usize;
+                    let len = (n - off).min(MAX_TRANSFER as usize) as u32;
+                    self.push(
+                        peer,
+                        Out::Read {
+                            req: id,
+                            remote: (addr + off as u64, handle),
+                            off,
+                            len,
+                        },
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends now if the channel lets it and nothing waits before; queues otherwise.
+    fn push(&mut self, peer: u32, o: Out) -> Result<()> {
+        if self.out[peer as usize].is_empty() && self.try_send(peer, &o)? {
+            return Ok(());
+        }
+        self.out[peer as usize].push_back(o);
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// Sends what waited, in order per channel; whether anything went.
+    fn flush(&mut self) -> Result<bool> {
+        let mut did = false;
+        for peer in 0..self.size {
+            while let Some(o) = self.out[peer as usize].pop_front() {
+                if self.try_send(peer, &o)? {
+                    self.queued -= 1;
+                    did = true;
+                } else {
+                    self.out[peer as usize].push_front(o);
+                    break;
+                }
+            }
+        }
+        Ok(did)
+    }
+
+    fn try_send(&mut self, peer: u32, o: &Out) -> Result<bool> {
+        // Completions free descriptor slots: take them first.
+        let ch = self.channels[peer as usize]
+            .as_mut()
+            .ok_or_else(|| Error::Intern(format!("no channel to rank {peer}")))?;
+        match o {
+            Out::Msg(h, data) => {
+                if !ch.can_send() {
+                    return Ok(false);
+                }
+                let mut h = *h;
+                match data {
+                    Data::None => ch.send(&mut h, &[])?,
+                    Data::Req(id) => {
+                        let r = self.reqs.get(id).ok_or(Error::Request)?;
+                        let n = h.len as usize;
+                        ch.send(&mut h, r.buf.slice(0, n))?;
+                        let id = *id;
+                        self.complete(id);
+                    }
+                }
+                Ok(true)
+            }
+            Out::Read {
+                req,
+                remote,
+                off,
+                len,
+            } => {
+                if !ch.desc_free() {
+                    return Ok(false);
+                }
+                let r = self.reqs.get(req).ok_or(Error::Request)?;
+                let region = r
+                    .region
+                    .as_ref()
+                    .ok_or_else(|| Error::Intern("read without a region".into()))?;
+                ch.read(*remote, region, *off, *len, *req)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Marks the job as finishing: connections that break from now on are
+    /// peers leaving, not errors.
+    pub fn set_closing(&mut self) {
+        self.closing = true;
+    }
+
+    /// Sends what is still queued and returns every unreported credit.
+    pub fn drain(&mut self) -> Result<()> {
+        while self.queued > 0 {
+            self.wait_step()?;
+        }
+        Ok(())
+    }
+
+    /// Disconnects every channel.
+    pub fn close(&mut self) {
+        self.closing = true;
+        for ch in self.channels.iter().flatten() {
+            ch.disconnect();
+        }
+    }
+}

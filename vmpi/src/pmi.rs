@@ -1,0 +1,187 @@
+//! The launch interface: a PMI-like key-value exchange (put, fence, get).
+//!
+//! A process started by a launcher finds in its environment its rank, the
+//! job's size and id, and the address of the launcher's key-value service
+//! (a unix socket). [`Pmi::put`] stages pairs locally; [`Pmi::fence`] sends
+//! them and returns when every process of the job has fenced, with every
+//! pair put by anyone before that fence; [`Pmi::get`] then reads locally.
+//! That is PMI-1's model, so a resource manager's PMI can take this
+//! module's place: only [`Pmi`] is used by the rest of the library.
+//!
+//! A process started without a launcher is a job of one (a "singleton").
+//!
+//! The wire protocol is line-based text (keys and values carry no blanks):
+//!
+//! | client → launcher | launcher → client |
+//! |---|---|
+//! | `hello <rank>` | |
+//! | `fence <n>` then `n` lines `<key> <value>` | `kvs <m>` then `m` lines `<key> <value>` |
+//! | `abort <code> <message>` | (the launcher ends the job) |
+//! | `finalize` | |
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+
+use crate::error::{Error, Result};
+
+/// Environment variable: this process's rank.
+pub const ENV_RANK: &str = "VMPI_RANK";
+/// Environment variable: the number of processes of the job.
+pub const ENV_SIZE: &str = "VMPI_SIZE";
+/// Environment variable: the job's id (unique on the host while it runs).
+pub const ENV_JOB: &str = "VMPI_JOB";
+/// Environment variable: path of the launcher's key-value socket.
+pub const ENV_ADDR: &str = "VMPI_PMI_ADDR";
+
+/// A process's connection to its launcher's key-value service.
+pub struct Pmi {
+    rank: u32,
+    size: u32,
+    job: String,
+    conn: Option<(BufReader<UnixStream>, UnixStream)>,
+    staged: Vec<(String, String)>,
+    kvs: HashMap<String, String>,
+}
+
+fn env_u32(name: &str) -> Result<u32> {
+    std::env::var(name)
+        .map_err(|_| Error::Intern(format!("{name} is not set")))?
+        .parse()
+        .map_err(|_| Error::Intern(format!("{name} is not a number")))
+}
+
+fn broken(e: std::io::Error) -> Error {
+    Error::Transport(format!("launcher connection: {e}"))
+}
+
+impl Pmi {
+    /// Connects to the launcher named by the environment, or makes a
+    /// singleton job when no launcher started this process.
+    ///
+    /// # Errors
+    /// `Intern` for an inconsistent environment, `Transport` if the
+    /// launcher cannot be reached.
+    pub fn from_env() -> Result<Pmi> {
+        let Ok(addr) = std::env::var(ENV_ADDR) else {
+            return Ok(Pmi {
+                rank: 0,
+                size: 1,
+                job: format!("single{}", std::process::id()),
+                conn: None,
+                staged: Vec::new(),
+                kvs: HashMap::new(),
+            });
+        };
+        let (rank, size) = (env_u32(ENV_RANK)?, env_u32(ENV_SIZE)?);
+        if size == 0 || rank >= size {
+            return Err(Error::Intern(format!("rank {rank} of a job of {size}")));
+        }
+        let job =
+            std::env::var(ENV_JOB).map_err(|_| Error::Intern(format!("{ENV_JOB} is not set")))?;
+        let stream = UnixStream::connect(&addr).map_err(broken)?;
+        let mut w = stream.try_clone().map_err(broken)?;
+        writeln!(w, "hello {rank}").map_err(broken)?;
+        Ok(Pmi {
+            rank,
+            size,
+            job,
+            conn: Some((BufReader::new(stream), w)),
+            staged: Vec::new(),
+            kvs: HashMap::new(),
+        })
+    }
+
+    /// This process's rank in the job.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Processes in the job.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The job's id.
+    pub fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// Stages `key = value` for the next fence.
+    ///
+    /// # Errors
+    /// `Arg` if the key or value is empty or holds a blank or newline.
+    pub fn put(&mut self, key: &str, value: &str) -> Result<()> {
+        let bad = |s: &str| s.is_empty() || s.chars().any(char::is_whitespace);
+        if bad(key) || bad(value) {
+            return Err(Error::Arg(format!("PMI key or value {key:?} = {value:?}")));
+        }
+        self.staged.push((key.to_string(), value.to_string()));
+        Ok(())
+    }
+
+    /// Publishes the staged pairs and waits until every process has fenced;
+    /// afterwards [`Pmi::get`] sees every pair put before this fence.
+    ///
+    /// # Errors
+    /// `Transport` if the launcher went away.
+    pub fn fence(&mut self) -> Result<()> {
+        let staged = std::mem::take(&mut self.staged);
+        let Some((r, w)) = self.conn.as_mut() else {
+            self.kvs.extend(staged);
+            return Ok(());
+        };
+        let mut out = format!("fence {}\n", staged.len());
+        for (k, v) in &staged {
+            out.push_str(&format!("{k} {v}\n"));
+        }
+        w.write_all(out.as_bytes()).map_err(broken)?;
+        let mut line = String::new();
+        let read_line = |r: &mut BufReader<UnixStream>, line: &mut String| -> Result<()> {
+            line.clear();
+            match r.read_line(line) {
+                Ok(0) => Err(Error::Transport("launcher closed the connection".into())),
+                Ok(_) => Ok(()),
+                Err(e) => Err(broken(e)),
+            }
+        };
+        read_line(r, &mut line)?;
+        let n: usize = line
+            .trim()
+            .strip_prefix("kvs ")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| Error::Transport(format!("launcher said {line:?}")))?;
+        for _ in 0..n {
+            read_line(r, &mut line)?;
+            if let Some((k, v)) = line.trim_end().split_once(' ') {
+                self.kvs.insert(k.to_string(), v.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of `key` as of the last fence.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.kvs.get(key).map(String::as_str)
+    }
+
+    /// Asks the launcher to end the job with `code` (it kills every
+    /// process, this one included). Returns if there is no launcher.
+    pub fn abort(&mut self, code: i32, msg: &str) {
+        if let Some((_, w)) = self.conn.as_mut() {
+            let msg: String = msg
+                .chars()
+                .map(|c| if c == '\n' { ' ' } else { c })
+                .collect();
+            let _ = writeln!(w, "abort {code} {msg}");
+        }
+    }
+
+    /// Tells the launcher that this process finished cleanly.
+    pub fn finalize(&mut self) {
+        if let Some((_, w)) = self.conn.as_mut() {
+            let _ = writeln!(w, "finalize");
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Multi-process jobs of the Rust API under `via-run` (the scenarios of
+//! `vmpi-check`): point-to-point across the eager/rendezvous boundary,
+//! randomised ANY_SOURCE/ANY_TAG matching, every collective against a
+//! serial reference with each algorithm forced, offloaded collectives;
+//! 2 to 16 processes on this 2-core machine (waits block, see docs/vmpi.md).
+
+mod common;
+
+use common::check;
+
+#[test]
+fn point_to_point() {
+    check("p2p2", 2, &[], &["p2p"]);
+    check("p2p3", 3, &[], &["p2p"]);
+    // A tiny eager limit: most messages take the rendezvous path.
+    check("p2p-rndv", 3, &[("VMPI_EAGER_LIMIT", "64")], &["p2p"]);
+}
+
+#[test]
+fn bad_input_gives_the_expected_error_classes() {
+    check("errors2", 2, &[], &["errors"]);
+    check("errors3", 3, &[], &["errors"]);
+}
+
+#[test]
+fn randomised_matching_with_wildcards() {
+    check("match2", 2, &[], &["matching", "1"]);
+    check("match4", 4, &[], &["matching", "2"]);
+    check("match8", 8, &[], &["matching", "3"]);
+    // Two receive slots per channel: senders wait for credits all the time.
+    check(
+        "match-credits",
+        4,
+        &[("VMPI_SLOTS", "2"), ("VMPI_EAGER_LIMIT", "256")],
+        &["matching", "4"],
+    );
+}
+
+#[test]
+fn collectives_against_serial_references() {
+    for n in [2, 3, 5] {
+        check(&format!("coll{n}"), n, &[], &["coll"]);
+    }
+    check("coll16", 16, &[], &["coll", "quick"]);
+}
+
+#[test]
+fn each_algorithm_forced() {
+    let small_seg = ("VMPI_SEGMENT", "256");
+    let rndv = ("VMPI_EAGER_LIMIT", "128");
+    let cases: &[&[(&str, &str)]] = &[
+        &[
+            ("VMPI_ALLREDUCE", "recursive_doubling"),
+            ("VMPI_BARRIER", "tree"),
+        ],
+        &[("VMPI_ALLREDUCE", "rabenseifner"), rndv],
+        &[("VMPI_ALLREDUCE", "ring"), ("VMPI_ALLGATHER", "ring")],
+        &[("VMPI_ALLREDUCE", "reduce_bcast"), ("VMPI_K", "3")],
+        &[
+            ("VMPI_REDUCE", "pipeline"),
+            small_seg,
+            ("VMPI_SCAN", "pipeline"),
+        ],
+        &[
+            ("VMPI_REDUCE", "rabenseifner"),
+            ("VMPI_BCAST", "scatter_allgather"),
+            rndv,
+        ],
+        &[
+            ("VMPI_REDUCE", "knomial"),
+            ("VMPI_BCAST", "knomial"),
+            ("VMPI_K", "4"),
+            ("VMPI_BARRIER", "tree"),
+        ],
+        &[
+            ("VMPI_ALLGATHER", "recursive_doubling"),
+            ("VMPI_SCAN", "recursive_doubling"),
+        ],
+    ];
+    for (i, env) in cases.iter().enumerate() {
+        for n in [4, 7] {
+            check(&format!("algo{i}-{n}"), n, env, &["coll", "quick"]);
+        }
+    }
+}
+
+#[test]
+fn offloaded_barrier_and_bcast() {
+    for n in [2, 5, 8] {
+        check(
+            &format!("off{n}"),
+            n,
+            &[("VMPI_COLL", "offload")],
+            &["offload"],
+        );
+    }
+    // The other collectives still run host-based beside the offload context.
+    check(
+        "off-coll",
+        4,
+        &[("VMPI_COLL", "offload")],
+        &["coll", "quick"],
+    );
+}
