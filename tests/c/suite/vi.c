@@ -208,6 +208,7 @@ static int parent(void)
     /* ERROR: the peer disconnects. */
     vi = new_vi(nic, a, NULL, NULL);
     accept_on(nic, vi, disc("conn2"));
+    barrier(20); /* checked CONNECTED before the peer may disconnect */
     barrier(2);
     CHECK(wait_state(vi, VIP_STATE_ERROR, BOUND_MS));
     EXPECT_RC(VipDestroyVi(vi), VIP_INVALID_STATE);
@@ -244,6 +245,7 @@ static int child(void)
 
     vi = new_vi(nic, a, NULL, NULL);
     connect_to(nic, vi, disc("conn2"));
+    barrier(20);
     OK(VipDisconnect(vi));
     CHECK_EQ(vi_state(vi), VIP_STATE_IDLE);
     barrier(2);
