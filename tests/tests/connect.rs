@@ -345,3 +345,59 @@ fn disconnect_while_the_peer_streams() {
     assert_eq!(p.cmd_expect("state", "STATE"), "Error");
     p.exit();
 }
+
+#[test]
+fn two_nics_of_one_process_keep_their_connections_apart() {
+    // One process, two NICs, VI slot 0 on each, each connected to its own
+    // peer process. Events of one connection (the peer disconnecting, the
+    // NIC closing) must reach that connection only: the other keeps
+    // working, and its own disconnect still flushes its receives.
+    let a = Setup::new(Reliability::ReliableDelivery, 65536, false, false);
+    let b = Setup::with(
+        via::Nic::open(None).unwrap(),
+        Reliability::ReliableDelivery,
+        65536,
+        false,
+        false,
+        65536,
+    );
+    assert_eq!((a.vi.slot(), b.vi.slot()), (0, 0), "both VIs in slot 0");
+    let mut pa = Peer::serve(PEER);
+    let mut pb = Peer::serve(PEER);
+    pa.cmd_expect("open rd 65536 0 0", "MEM");
+    pb.cmd_expect("open rd 65536 0 0", "MEM");
+    a.connect_to(&mut pa, &disc_str("twonic-a"));
+    b.connect_to(&mut pb, &disc_str("twonic-b"));
+    post_recv(&b, 0, 4096, 100);
+    // A's peer disconnects: A breaks, B does not.
+    assert_eq!(pa.cmd("disconnect"), "OK");
+    let deadline = Instant::now() + T;
+    while a.vi.state() != ViState::Error {
+        assert!(
+            Instant::now() < deadline,
+            "A never heard its peer's disconnect"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(b.vi.state(), ViState::Connected, "B broke with A");
+    // Closing A's NIC leaves B alone too.
+    a.vi.disconnect().unwrap();
+    a.nic.close().unwrap();
+    assert_eq!(
+        b.vi.state(),
+        ViState::Connected,
+        "B broke when A's NIC closed"
+    );
+    // B still moves data both ways.
+    assert_eq!(pb.cmd("send 0 4096:100"), "OK");
+    let c = b.vi.recv_wait(WAIT).unwrap();
+    assert_eq!(c.status, DONE | OP_RECEIVE);
+    // And B's peer's disconnect flushes B's posted receive.
+    post_recv(&b, 0, 4096, 100);
+    assert_eq!(pb.cmd("disconnect"), "OK");
+    let c = b.vi.recv_wait(WAIT).unwrap();
+    assert_eq!(c.status, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
+    assert_eq!(b.vi.state(), ViState::Error);
+    pa.exit();
+    pb.exit();
+}

@@ -20,6 +20,7 @@ fn arenas_of(pid: i32) -> usize {
 fn registration_in_this_process_and_a_peer() {
     repeated_registration_hits_and_unmap_invalidates();
     a_peer_unmaps_what_the_owner_retired();
+    ranges_without_a_whole_page_register_and_move();
 }
 
 /// The peer registers a new region, this side RDMA-writes into it (and so
@@ -102,7 +103,6 @@ fn repeated_registration_hits_and_unmap_invalidates() {
 /// buffers: they register, and their bytes move. (A range across a
 /// boundary with no whole page used to give an empty arena and
 /// `VIP_INVALID_PARAMETER`.)
-#[test]
 fn ranges_without_a_whole_page_register_and_move() {
     let s = Setup::new(Reliability::ReliableDelivery, 1 << 16, false, false);
     let mut p = Peer::serve(PEER);

@@ -353,12 +353,18 @@ fn design_alternatives() {
             "alt",
             "inline",
             "--thresholds",
-            "0,8,128",
+            "0,8,128,512",
             "--sizes",
             "8,64",
         ],
     );
     let rows = rows_of(&r, "alt-inline");
+    // 128 bytes inline runs; 512 is above the provider's maximum (256).
+    assert!(
+        rows.iter()
+            .any(|x| x["status"] == "ok" && x["config"].as_str().is_some_and(|c| c.contains("128"))),
+        "a threshold of 128 bytes runs: {rows:?}"
+    );
     assert!(
         rows.iter().any(|x| x["status"] == "not available"),
         "thresholds above the provider's maximum"

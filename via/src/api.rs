@@ -83,6 +83,11 @@ impl Nic {
         self.inner.close()
     }
 
+    /// The kind of NIC behind it (`"soft"`: shared memory within a host).
+    pub fn kind(&self) -> &'static str {
+        self.inner.dev.kind()
+    }
+
     /// The NIC's attributes.
     pub fn attributes(&self) -> NicAttributes {
         self.inner.attributes()

@@ -6,7 +6,7 @@
 //! | `VIA_CQ` | `ring` (CQ1), `scan` (CQ2) | `ring` |
 //! | `VIA_SPIN_US` | microseconds a blocking wait spins before sleeping | `20` |
 //! | `VIA_REGISTER` | `remap`, `cma` | `remap` |
-//! | `VIA_INLINE` | bytes of a send carried inside its doorbell entry (at most 64) | `0` |
+//! | `VIA_INLINE` | bytes of a send carried inside its doorbell entry (at most 256) | `0` |
 //! | `VIA_PROGRESS` | `inline` (posting thread runs the engine), `thread` | `inline` |
 //! | `VIA_REGCACHE` | `on` (deregistered regions stay cached), `off` | `on` |
 //! | `VIA_REGCACHE_BYTES` | bytes of deregistered regions kept cached | 256 MiB |
@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::mem::arena::Policy;
 
 /// Most bytes of a send `VIA_INLINE` may carry inside its doorbell entry.
-pub const MAX_INLINE: usize = 64;
+pub const MAX_INLINE: usize = 256;
 
 /// How posts reach the soft NIC's engine when they cannot run at once: two
 /// uses of the same `doorbell::Doorbell` type, the two designs the thesis

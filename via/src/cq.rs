@@ -41,6 +41,16 @@ pub(crate) fn unpack(e: u64) -> (u32, u16, bool) {
 /// A CQ notify handler: runs once with the VI and the queue kind.
 pub(crate) type CqHandler = Box<dyn FnOnce(Arc<ViCore>, bool) + Send>;
 
+/// What a scanning CQ (CQ2) keeps between calls: the scan's position and
+/// its work queues as probes, rebuilt only when the members change (not on
+/// every `VipCQDone`).
+#[derive(Default)]
+struct ScanState {
+    scan: cq::Scan,
+    probes: Vec<crate::vi::QueueProbe>,
+    version: u64,
+}
+
 /// A completion queue.
 pub(crate) struct CqCore {
     pub slot: u32,
@@ -50,7 +60,9 @@ pub(crate) struct CqCore {
     ring_gen: AtomicU32,
     limit: AtomicU32,
     members: Mutex<Vec<(Weak<ViCore>, bool)>>,
-    scan: Mutex<cq::Scan>,
+    /// Bumped whenever `members` changes.
+    members_version: std::sync::atomic::AtomicU64,
+    scan: Mutex<ScanState>,
     pub notify: Mutex<VecDeque<CqHandler>>,
     /// Set once `VipDestroyCQ` succeeded (handles cached by the C layer
     /// check it).
@@ -77,7 +89,8 @@ impl CqCore {
                     ring_gen: AtomicU32::new(0),
                     limit: AtomicU32::new(entries),
                     members: Mutex::new(Vec::new()),
-                    scan: Mutex::new(cq::Scan::new()),
+                    members_version: std::sync::atomic::AtomicU64::new(1),
+                    scan: Mutex::new(ScanState::default()),
                     notify: Mutex::new(VecDeque::new()),
                     destroyed: std::sync::atomic::AtomicBool::new(false),
                 })
@@ -114,6 +127,7 @@ impl CqCore {
             .lock()
             .unwrap()
             .push((Arc::downgrade(vi), recv));
+        self.members_version.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn detach(&self, vi: &ViCore) {
@@ -121,6 +135,7 @@ impl CqCore {
             .lock()
             .unwrap()
             .retain(|(w, _)| w.upgrade().is_some_and(|v| !std::ptr::eq(&*v, vi)));
+        self.members_version.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Pushes an entry for a completion on a queue of this NIC.
@@ -152,18 +167,20 @@ impl CqCore {
                     ring.get().pop().ok_or(Error::NotDone)?
                 }
                 CqMode::Scan => {
-                    let probes: Vec<crate::vi::QueueProbe> = self
-                        .members
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .filter_map(|(w, r)| w.upgrade().map(|v| crate::vi::QueueProbe(v, *r)))
-                        .collect();
-                    self.scan
-                        .lock()
-                        .unwrap()
-                        .next(&probes)
-                        .ok_or(Error::NotDone)?
+                    let mut st = self.scan.lock().unwrap();
+                    let v = self.members_version.load(Ordering::Acquire);
+                    if st.version != v {
+                        st.probes = self
+                            .members
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .filter_map(|(w, r)| w.upgrade().map(|v| crate::vi::QueueProbe(v, *r)))
+                            .collect();
+                        st.version = v;
+                    }
+                    let ScanState { scan, probes, .. } = &mut *st;
+                    scan.next(probes).ok_or(Error::NotDone)?
                 }
             };
             let (slot, generation, recv) = unpack(e);
@@ -332,6 +349,11 @@ impl CqCore {
 
     pub(crate) fn retire(&self, nic: &NicInner) {
         nic.dev.cq_state(self.slot, self.mode == CqMode::Ring, 0);
+        // The probes hold their VIs, which hold this CQ.
+        let mut st = self.scan.lock().unwrap();
+        st.probes.clear();
+        st.version = 0;
+        drop(st);
         if let Some(r) = self.ring.write().unwrap().take() {
             r.get().close();
             nic.dev
