@@ -190,7 +190,7 @@ pub(crate) struct NicInner {
     pub regions: RegionTable,
     pub ptags: Mutex<Slab<u32>>,
     /// Registrations, by handle (what undoes each).
-    pub registered: Mutex<HashMap<u32, RegionRec>>,
+    pub registered: Mutex<HashMap<u32, RegionRec, crate::regions::BuildHandleHasher>>,
     pub vis: RwLock<Slab<Arc<ViCore>>>,
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
@@ -271,7 +271,7 @@ impl NicInner {
                     limits,
                     regions: RegionTable::default(),
                     ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
-                    registered: Mutex::new(HashMap::new()),
+                    registered: Mutex::new(HashMap::default()),
                     vis: RwLock::new(Slab::new(limits.max_vi, 0)),
                     cqs: RwLock::new(Slab::new(limits.max_cq, 0)),
                     conns: Mutex::new(Slab::new(1024, 1)),

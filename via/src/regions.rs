@@ -38,7 +38,10 @@ impl Hasher for HandleHasher {
     }
 }
 
-type ByHandle = HashMap<u32, Arc<Resolved>, BuildHasherDefault<HandleHasher>>;
+/// Builds [`HandleHasher`]s.
+pub(crate) type BuildHandleHasher = BuildHasherDefault<HandleHasher>;
+
+type ByHandle = HashMap<u32, Arc<Resolved>, BuildHandleHasher>;
 
 /// The live regions of one NIC, by memory handle.
 pub(crate) struct RegionTable {

@@ -96,12 +96,20 @@ fn decode(h: *mut core::ffi::c_void, kind: Kind) -> Result<(Arc<NicInner>, u32, 
     Ok((nic, slot, d.generation))
 }
 
-/// The open NIC named by `h`.
+/// The open NIC named by `h` (from this thread's recent handles when it
+/// can: see [`Recent`]).
 ///
 /// # Errors
 /// `InvalidParameter` for NULL, another kind, a closed NIC or a stale handle.
 pub(crate) fn nic_from(h: VIP_NIC_HANDLE) -> Result<Arc<NicInner>> {
-    decode(h, Kind::Nic).map(|(nic, _, _)| nic)
+    let bits = opaque_value(h);
+    let pid = crate::sys::getpid();
+    if let Some((nic, _)) = RECENT_NICS.with(|c| c.borrow().find(bits, pid, |_| true)) {
+        return Ok(nic);
+    }
+    let (nic, _, _) = decode(h, Kind::Nic)?;
+    RECENT_NICS.with(|c| c.borrow_mut().remember(bits, pid, &nic, &nic));
+    Ok(nic)
 }
 
 /// An object handle this thread used lately, with what it names.
@@ -163,6 +171,8 @@ thread_local! {
         const { std::cell::RefCell::new(Recent::EMPTY) };
     static RECENT_CQS: std::cell::RefCell<Recent<CqCore>> =
         const { std::cell::RefCell::new(Recent::EMPTY) };
+    static RECENT_NICS: std::cell::RefCell<Recent<NicInner>> =
+        const { std::cell::RefCell::new(Recent::EMPTY) };
 }
 
 /// The VI named by `h`, with its NIC (from this thread's recent handles
@@ -219,10 +229,12 @@ pub(crate) fn optional_cq_of(nic: &Arc<NicInner>, h: VIP_CQ_HANDLE) -> Result<Op
 /// The live protection tag `h` of `nic`; `None` for NULL, another kind, a
 /// tag of another NIC, or a destroyed tag.
 pub(crate) fn ptag_of(nic: &Arc<NicInner>, h: VIP_PROTECTION_HANDLE) -> Option<Ptag> {
-    let (owner, index, generation) = decode(h, Kind::Ptag).ok()?;
-    if !Arc::ptr_eq(&owner, nic) {
+    // A tag of `nic` names it by slot and generation: no process lookup.
+    let d = Handle::decode(opaque_value(h), Kind::Ptag)?;
+    if d.nic as u32 != nic.slot || (d.index >> 16) as u16 != nic.generation {
         return None;
     }
+    let (index, generation) = (d.index & SLOT_MASK, d.generation);
     let p = Ptag(((generation as u32) << 16) | index);
     nic.ptag_valid(p).then_some(p)
 }

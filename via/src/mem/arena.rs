@@ -203,7 +203,7 @@ struct Arena {
 
 #[derive(Default)]
 struct Table {
-    live: HashMap<u32, Arena>,
+    live: HashMap<u32, Arena, crate::regions::BuildHandleHasher>,
 }
 
 /// The arenas of this process.
