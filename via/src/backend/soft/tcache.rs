@@ -216,7 +216,8 @@ impl TranslationCache {
         } else {
             c.other += 1;
         }
-        self.sweep(4, local_version);
+        // One entry per miss: each check may miss on a peer's table line.
+        self.sweep(1, local_version);
         let (region, stamp) = resolve()?;
         // Replace the same key if present, else an empty way, else the LRU.
         let victim = set
