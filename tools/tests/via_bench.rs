@@ -344,7 +344,17 @@ fn design_alternatives() {
         "doorbell",
         &["alt", "doorbell", "--vis", "1,4", "--sizes", "8"],
     );
-    assert_eq!(rows_of(&r, "alt-doorbell").len(), 4);
+    // Central and per-VI, inline progress and an engine thread, 1 and 4 VIs.
+    let rows = rows_of(&r, "alt-doorbell");
+    assert_eq!(rows.len(), 8);
+    assert!(
+        rows.iter()
+            .filter(|x| x["config"]
+                .as_str()
+                .is_some_and(|c| c.contains("engine thread")))
+            .all(|x| x["status"] == "ok"),
+        "thread progress works: {rows:?}"
+    );
     let r = run("altcq", &["alt", "cq", "--queues", "1,4", "--sizes", "8"]);
     assert!(r.json()["summary"]["alt-cq"].is_object());
     let r = run(

@@ -677,24 +677,41 @@ pub fn rate(ctx: &mut Ctx) {
 pub fn alt_doorbell(ctx: &mut Ctx, vis: &[usize]) {
     let size = ctx.few_sizes()[0];
     let mut central: HashMap<usize, f64> = HashMap::new();
-    for mode in ["central", "per-vi"] {
+    // The two doorbell designs, with the posting thread running the engine
+    // (inline progress, the default) and with an engine thread (the
+    // doorbell proper: every post crosses it).
+    for (mode, progress) in [
+        ("central", "inline"),
+        ("per-vi", "inline"),
+        ("central", "thread"),
+        ("per-vi", "thread"),
+    ] {
+        let name = if progress == "inline" {
+            mode.to_string()
+        } else {
+            format!("{mode}, engine thread")
+        };
         for &n in vis {
             let n = n.clamp(1, 1024);
             let mut s = ctx.spec(Mode::PingPong, size);
             s.vis = n;
             s.connected = n;
             ctx.progress.grow(1);
-            let row = Row::new("alt-doorbell", mode)
+            let row = Row::new("alt-doorbell", &name)
                 .x("active VIs", n as f64)
                 .bytes(size);
-            if let Some(m) = ctx.measured(row, &s, &env1("VIA_DOORBELL", mode)) {
+            let env = vec![
+                ("VIA_DOORBELL".to_string(), mode.to_string()),
+                ("VIA_PROGRESS".to_string(), progress.to_string()),
+            ];
+            if let Some(m) = ctx.measured(row, &s, &env) {
                 let x = m.mean_us.unwrap_or(f64::NAN);
-                if mode == "central" {
+                if mode == "central" && progress == "inline" {
                     central.insert(n, x);
                 }
                 let r = ctx.rows.last_mut().unwrap();
                 r.ratio = central.get(&n).map(|c| x / c);
-                r.note = "all VIs connected, used round robin; ratio: / central".into();
+                r.note = "all VIs connected, used round robin; ratio: / central, inline".into();
             }
         }
     }
