@@ -15,6 +15,7 @@
 //! | kind | directory | names |
 //! |---|---|---|
 //! | shared memory between the processes of a host | [`soft`] | default, `via_lo`, `via_<ifname>` (until the sockets kind lands) |
+//! | InfiniBand / RoCE through libibverbs (feature `verbs`) | `verbs` | `verbs` (first device), `rxe0`, `mlx5_0`, ... (any ibverbs device), `/dev/via_<ibdev>` |
 //! | in-process loopback, for unit tests | `loopback` (tests only) | none (opened directly) |
 //!
 //! A new kind is one directory here plus one row in [`KINDS`].
@@ -23,6 +24,8 @@
 #[cfg(test)]
 pub(crate) mod loopback;
 pub(crate) mod soft;
+#[cfg(feature = "verbs")]
+pub(crate) mod verbs;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
@@ -331,22 +334,34 @@ pub(crate) struct Kind {
 }
 
 /// Every kind of NIC, in the order names are tried.
-pub(crate) static KINDS: &[Kind] = &[Kind {
-    name: "soft",
-    accepts: soft::accepts,
-    open: soft::open,
-}];
+pub(crate) static KINDS: &[Kind] = &[
+    Kind {
+        name: "soft",
+        accepts: soft::accepts,
+        open: soft::open,
+    },
+    #[cfg(feature = "verbs")]
+    Kind {
+        name: "verbs",
+        accepts: verbs::accepts,
+        open: verbs::open,
+    },
+];
 
-/// The default device name (`VipOpenNic` with NULL or "").
+/// The default device name (`VipOpenNic` with NULL or "", unless
+/// `VIA_DEVICE` names another).
 pub const DEFAULT_NAME: &str = "via_lo";
 
-/// The kind and canonical name of device `name`.
+/// The kind and canonical name of device `name` (NULL or "": `VIA_DEVICE`
+/// if set, else [`DEFAULT_NAME`]; so an unchanged program runs on another
+/// kind, e.g. `VIA_DEVICE=rxe0`).
 ///
 /// # Errors
 /// `InvalidParameter` if no kind accepts the name.
 pub(crate) fn lookup(name: Option<&str>) -> Result<(&'static Kind, String)> {
+    let env = std::env::var("VIA_DEVICE").ok().filter(|d| !d.is_empty());
     let n = match name {
-        None | Some("") => DEFAULT_NAME,
+        None | Some("") => env.as_deref().unwrap_or(DEFAULT_NAME),
         Some(n) => n,
     };
     KINDS
