@@ -87,7 +87,7 @@ fn send_recv_gather_scatter_immediate() {
     for (rel, rel_s) in [
         (Reliability::ReliableDelivery, "rd"),
         (Reliability::ReliableReception, "rr"),
-        (Reliability::Unreliable, "un"),
+        (Reliability::Unreliable, "u"),
     ] {
         let (s, mut p, _m) = pair(rel, rel_s);
         // Scatter into two segments of the peer.
