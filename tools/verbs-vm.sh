@@ -25,6 +25,7 @@ cargo build -q --workspace --bins --features via/verbs,via-tests/verbs
 for t in "${tests[@]}"; do
     exe=$(cargo test -q -p via-tests --features via/verbs,via-tests/verbs --test "$t" --no-run \
             --message-format=json 2>/dev/null |
+          grep '"kind":\["test"\]' | grep "\"name\":\"$t\"" |
           grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     [ -n "$exe" ] || fail "no test binary for $t"
     printf '\n==> %s on Soft-RoCE (rxe0, in a VM)\n' "$t"

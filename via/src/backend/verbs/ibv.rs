@@ -156,10 +156,8 @@ impl Context {
         // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
         let mut a: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: `ctx` is live; `a` is a valid out-pointer of the right size.
-        check(
-            unsafe { sys::ibv_query_port(self.ctx, port, &mut a) },
-            "ibv_query_port",
-        )?;
+        let rc = unsafe { sys::ibv_query_port(self.ctx, port, &mut a) };
+        check(rc, "ibv_query_port")?;
         Ok(PortInfo {
             lid: a.lid,
             active_mtu: a.active_mtu,
@@ -172,10 +170,8 @@ impl Context {
     pub fn gid(&self, port: u8, index: i32) -> io::Result<[u8; 16]> {
         let mut g = sys::ibv_gid { raw: [0; 16] };
         // SAFETY: `ctx` is live; `g` is a valid out-pointer.
-        check(
-            unsafe { sys::ibv_query_gid(self.ctx, port, index, &mut g) },
-            "ibv_query_gid",
-        )?;
+        let rc = unsafe { sys::ibv_query_gid(self.ctx, port, index, &mut g) };
+        check(rc, "ibv_query_gid")?;
         // SAFETY: every bit pattern of the union is a valid `raw`.
         Ok(unsafe { g.raw })
     }
@@ -465,6 +461,44 @@ pub(crate) struct SendReq<'a> {
     pub sges: &'a [Sge],
 }
 
+const MAX_SGE: usize = 16;
+const SGE_ZERO: sys::ibv_sge = sys::ibv_sge {
+    addr: 0,
+    length: 0,
+    lkey: 0,
+};
+
+/// Fills work request `w` (zeroed) from `r`, its SGEs into `sgl`.
+fn fill_send(w: &mut sys::ibv_send_wr, sgl: &mut [sys::ibv_sge; MAX_SGE], r: &SendReq<'_>) {
+    for (d, x) in sgl.iter_mut().zip(r.sges) {
+        *d = sys::ibv_sge {
+            addr: x.addr,
+            length: x.len,
+            lkey: x.lkey,
+        };
+    }
+    w.wr_id = r.wr_id;
+    w.sg_list = sgl.as_mut_ptr();
+    w.num_sge = r.sges.len().min(MAX_SGE) as i32;
+    w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    w.opcode = match (r.op, r.imm.is_some()) {
+        (SendOp::Send, false) => sys::ibv_wr_opcode::IBV_WR_SEND,
+        (SendOp::Send, true) => sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
+        (SendOp::Write { .. }, false) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        (SendOp::Write { .. }, true) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+        (SendOp::Read { .. }, _) => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+    };
+    if let Some(i) = r.imm {
+        w.imm_data_invalidated_rkey_union.imm_data = i.to_be();
+    }
+    if let SendOp::Write { remote_va, rkey } | SendOp::Read { remote_va, rkey } = r.op {
+        w.wr.rdma = sys::rdma_t {
+            remote_addr: remote_va,
+            rkey,
+        };
+    }
+}
+
 /// A queue pair.
 pub(crate) struct Qp {
     qp: *mut sys::ibv_qp,
@@ -617,85 +651,51 @@ impl Qp {
         self.init(port, access)
     }
 
-    /// Posts a chain of send requests with one doorbell. The device reads
-    /// and writes only memory of live MRs named by the keys.
+    /// Posts a chain of send requests with one doorbell (one
+    /// `ibv_post_send`). The device reads and writes only memory of live
+    /// MRs named by the keys.
     pub fn post_send(&self, reqs: &[SendReq<'_>]) -> io::Result<()> {
-        const MAX: usize = 16;
+        if let [one] = reqs {
+            // The common case without allocation.
+            let mut sgl = [SGE_ZERO; MAX_SGE];
+            // SAFETY: plain data, zero is valid for every field.
+            let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+            fill_send(&mut wr, &mut sgl, one);
+            return self.post_chain(&mut wr);
+        }
         if reqs.is_empty() {
             return Ok(());
         }
-        const ZERO: sys::ibv_sge = sys::ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        };
-        // The chain and its SGE lists in Vecs that are not resized after
-        // linking, so the pointers stay valid during the post.
-        let mut sgl: Vec<[sys::ibv_sge; MAX]> = Vec::with_capacity(reqs.len());
-        let mut wrs: Vec<sys::ibv_send_wr> = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            let mut s = [ZERO; MAX];
-            for (d, x) in s.iter_mut().zip(r.sges.iter()) {
-                *d = sys::ibv_sge {
-                    addr: x.addr,
-                    length: x.len,
-                    lkey: x.lkey,
-                };
-            }
-            sgl.push(s);
-            // SAFETY: plain data, zero is valid for every field.
-            wrs.push(unsafe { std::mem::zeroed() });
-        }
-        let n = reqs.len();
-        for i in 0..n {
-            let r = &reqs[i];
-            let w = &mut wrs[i];
-            w.wr_id = r.wr_id;
-            w.sg_list = sgl[i].as_mut_ptr();
-            w.num_sge = r.sges.len().min(MAX) as i32;
-            w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            w.opcode = match (r.op, r.imm.is_some()) {
-                (SendOp::Send, false) => sys::ibv_wr_opcode::IBV_WR_SEND,
-                (SendOp::Send, true) => sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
-                (SendOp::Write { .. }, false) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                (SendOp::Write { .. }, true) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                (SendOp::Read { .. }, _) => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            };
-            if let Some(i) = r.imm {
-                w.imm_data_invalidated_rkey_union.imm_data = i.to_be();
-            }
-            match r.op {
-                SendOp::Write { remote_va, rkey } | SendOp::Read { remote_va, rkey } => {
-                    w.wr.rdma = sys::rdma_t {
-                        remote_addr: remote_va,
-                        rkey,
-                    };
-                }
-                SendOp::Send => {}
-            }
+        // Vecs that are not resized after linking: the pointers stay valid.
+        let mut sgl: Vec<[sys::ibv_sge; MAX_SGE]> = vec![[SGE_ZERO; MAX_SGE]; reqs.len()];
+        // SAFETY: plain data, zero is valid for every field.
+        let mut wrs: Vec<sys::ibv_send_wr> = (0..reqs.len())
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        for ((w, l), r) in wrs.iter_mut().zip(sgl.iter_mut()).zip(reqs) {
+            fill_send(w, l, r);
         }
         let base = wrs.as_mut_ptr();
-        for i in 0..n.saturating_sub(1) {
-            // SAFETY: `i + 1 < n`: in bounds of `wrs`, which is not moved
-            // until the post returns.
-            wrs[i].next = unsafe { base.add(i + 1) };
+        for i in 1..reqs.len() {
+            // SAFETY: `i < len`: both elements are in bounds of `wrs`, which
+            // is neither moved nor borrowed otherwise until the post returns.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
         }
+        // SAFETY: `base` points to the first of `len` linked requests.
+        self.post_chain(unsafe { &mut *base })
+    }
+
+    fn post_chain(&self, first: &mut sys::ibv_send_wr) -> io::Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: live QP; the chain and its SGE lists live until the call
         // returns (the provider copies them into its queue).
-        let rc = unsafe { sys::ibv_post_send(self.qp, base, &mut bad) };
+        let rc = unsafe { sys::ibv_post_send(self.qp, first, &mut bad) };
         check(rc, "ibv_post_send")
     }
 
     /// Posts one receive of `sges` with `wr_id`.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
-        const MAX: usize = 16;
-        const ZERO: sys::ibv_sge = sys::ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        };
-        let mut s = [ZERO; MAX];
+        let mut s = [SGE_ZERO; MAX_SGE];
         for (d, x) in s.iter_mut().zip(sges) {
             *d = sys::ibv_sge {
                 addr: x.addr,
@@ -707,7 +707,7 @@ impl Qp {
             wr_id,
             next: ptr::null_mut(),
             sg_list: s.as_mut_ptr(),
-            num_sge: sges.len().min(MAX) as i32,
+            num_sge: sges.len().min(MAX_SGE) as i32,
         };
         let mut bad = ptr::null_mut();
         // SAFETY: live QP; `wr` and `s` live until the call returns.
