@@ -8,7 +8,7 @@
 //! | NIC | device context, port 1, one CQ with a completion channel, one progress thread |
 //! | protection tag | protection domain (one per tag, made on first use) |
 //! | registration | memory region, registered after the common registration path pinned the pages |
-//! | memory handle | the MR's rkey (peers use it as is); the lkey stays in this process |
+//! | memory handle | the MR's rkey (peers use it as is; the lkey for a region without remote access, whose rkey is 0); the lkey stays in this process |
 //! | VI | RC queue pair (reliable levels) or UC (Unreliable), created with the VI |
 //! | connection | QPN, PSN, LID, GID and MTU in the endpoint blob that viad's broker carries |
 //! | send, RDMA write (with immediate), RDMA read | one work request, signalled, `wr_id` = VI + queue position |
@@ -598,8 +598,15 @@ impl Device for Verbs {
             log::warn!("verbs: {e}");
             Error::resource(e)
         })?;
-        let handle = mr.rkey;
-        self.mrs.write().unwrap().insert(handle, Arc::new(mr));
+        // The rkey, which peers use as is; a region without remote access
+        // has none (rxe gives 0), and is named by its lkey instead.
+        let handle = if mr.rkey != 0 { mr.rkey } else { mr.lkey };
+        let mut mrs = self.mrs.write().unwrap();
+        if handle == 0 || mrs.contains_key(&handle) {
+            log::error!("verbs: memory handle {handle:#x} is not unique");
+            return Err(Error::Resource);
+        }
+        mrs.insert(handle, Arc::new(mr));
         Ok(handle)
     }
 
