@@ -197,9 +197,60 @@ fn protection_violation_leaves_target_unchanged() {
     let c = s.vi.send_wait(WAIT).unwrap();
     assert_ne!(c.status & RDMA_PROT_ERROR, 0, "status {:#x}", c.status);
     assert_eq!(p.cmd(&format!("check {idx} 0 4096 11")), "SAME");
-    // A reliable connection breaks.
+    // A reliable connection breaks, on both sides.
     errors.expect(ErrorCode::ConnLost, T);
     assert_eq!(s.vi.state(), ViState::Error);
+    assert!(p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    assert_eq!(p.cmd("state"), "STATE Error");
+    p.exit();
+}
+
+#[test]
+fn send_without_receive_breaks_reliable_connections() {
+    if device().is_none() {
+        return;
+    }
+    for (rel, rel_s, want) in [
+        (Reliability::ReliableReception, "rr", REMOTE_DESC_ERROR),
+        (Reliability::ReliableDelivery, "rd", 0),
+    ] {
+        let (s, mut p, _m) = pair(rel, rel_s);
+        let errors = ErrorLog::install(&s.nic);
+        post_send(&s, 0, 4096, 100);
+        let c = s.vi.send_wait(WAIT).unwrap();
+        assert_eq!(c.status, DONE | OP_SEND | want, "{rel_s}: {:#x}", c.status);
+        errors.expect(ErrorCode::ConnLost, T);
+        assert_eq!(s.vi.state(), ViState::Error, "{rel_s}");
+        assert!(
+            p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"),
+            "{rel_s}"
+        );
+        p.exit();
+    }
+}
+
+#[test]
+fn disconnect_then_connect_again() {
+    if device().is_none() {
+        return;
+    }
+    let (s, mut p, _m) = pair(Reliability::ReliableDelivery, "rd");
+    // A receive posted before the disconnect is flushed by it.
+    post_recv(&s, 64, 16384, 100);
+    s.vi.disconnect().unwrap();
+    let c = s.vi.recv_wait(WAIT).unwrap();
+    assert_ne!(c.status & DESC_FLUSHED_ERROR, 0, "{:#x}", c.status);
+    assert_eq!(s.vi.state(), ViState::Idle);
+    assert!(p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    assert_eq!(p.cmd("disconnect"), "OK");
+    // Receives posted while idle are kept for the next connection.
+    post_recv(&s, 64, 16384, 100);
+    s.connect_to(&mut p, &disc_str("again"));
+    assert_eq!(p.cmd("fill 0 20000 100 3"), "OK");
+    assert_eq!(p.cmd("send 128 20000:100"), "OK");
+    let c = s.vi.recv_wait(WAIT).unwrap();
+    assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+    assert_eq!(s.bytes(16384, 100), pattern(100, 3));
     p.exit();
 }
 

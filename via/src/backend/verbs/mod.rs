@@ -37,14 +37,14 @@ use std::time::{Duration, Instant};
 
 use doorbell::EventCount;
 
-use crate::attrs::{Reliability, ViAttributes};
+use crate::attrs::{Reliability, ViAttributes, ViState};
 use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, ViSignals};
 use crate::completion;
 use crate::descriptor::{control, status};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{AsyncError, ErrorCode, NicInner, flags};
 use crate::process::Process;
-use crate::proto::Endpoint;
+use crate::proto::{Endpoint, Request};
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
 use crate::translate::{RecvWr, SendWr, WrRegions};
@@ -348,12 +348,33 @@ impl Verbs {
         self.breaks.lock().unwrap().push(Break { vi, code });
     }
 
-    /// Breaks the connections found broken while polling (no lock held).
+    /// Breaks the connections found broken while polling (no lock held),
+    /// and tells each peer through viad (as `VipDisconnect` does): verbs
+    /// tells a peer nothing when our QP fails, and a peer with no receive
+    /// posted would not notice otherwise.
     fn settle(&self, nic: &NicInner) {
         let breaks = std::mem::take(&mut *self.breaks.lock().unwrap());
         for b in breaks {
-            if let Some(vi) = nic.vi(b.vi.0, b.vi.1) {
-                vi.break_connection(nic, b.code, false, false);
+            let Some(vi) = nic.vi(b.vi.0, b.vi.1) else {
+                continue;
+            };
+            let peer = {
+                let st = vi.state.lock().unwrap();
+                (st.state == ViState::Connected)
+                    .then(|| st.peer.clone())
+                    .flatten()
+            };
+            vi.break_connection(nic, b.code, false, false);
+            if let Some(peer) = peer {
+                let me = vi.endpoint(nic);
+                let r = nic
+                    .process
+                    .agent()
+                    .map_err(|_| std::io::Error::other("no viad session"))
+                    .and_then(|a| a.call(&Request::Disconnect { peer, me }, None));
+                if let Err(e) = r {
+                    log::debug!("verbs: VI {}: telling the peer: {e}", vi.slot);
+                }
             }
         }
     }
