@@ -31,6 +31,6 @@ for t in "${tests[@]}"; do
     printf '\n==> %s on Soft-RoCE (rxe0, in a VM)\n' "$t"
     SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
     SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/debug/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 ${VERBS_VM_ENV:-}" \
-        "$vm" "$exe" --test-threads=1 ||
+        "$vm" "$exe" --test-threads=1 --show-output ||
         fail "$t failed on Soft-RoCE (exit $?)"
 done

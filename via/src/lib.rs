@@ -51,3 +51,15 @@ pub use vi::{Completion, Which};
 pub fn rdma_devices() -> Vec<String> {
     backend::verbs::devices()
 }
+
+/// The mean time of one bare `ibv_post_send` (an 8-byte RDMA write on an
+/// RC QP connected to itself) on RDMA device `name`: the baseline of the
+/// verbs kind's post cost (`tests/tests/verbs.rs`).
+///
+/// # Errors
+/// The device's, if it cannot be opened or set up.
+#[cfg(feature = "verbs")]
+#[doc(hidden)]
+pub fn bare_ibv_post(name: &str, iters: u32) -> std::io::Result<std::time::Duration> {
+    backend::verbs::bench::bare_post(name, iters)
+}

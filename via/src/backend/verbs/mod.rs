@@ -26,6 +26,7 @@
 //! upholds (the pages stay mapped until the region is removed).
 #![deny(unsafe_code)]
 
+pub(crate) mod bench;
 #[allow(unsafe_code)]
 mod ibv;
 
