@@ -6,7 +6,8 @@
 # PREFIX defaults to /usr/local. DESTDIR is honoured (staged installs):
 # files go to $DESTDIR$PREFIX, and vipl.pc names $PREFIX. The build is
 # `cargo build --release` (--debug: the dev profile) in $CARGO_TARGET_DIR,
-# or target/ of the source tree when that is not set.
+# or target/ of the source tree when that is not set; VIA_FEATURES adds
+# cargo features (VIA_FEATURES=via/verbs: the verbs kind of NIC).
 #
 # Installs:
 #   PREFIX/include/vipl.h
@@ -69,6 +70,8 @@ private_libs="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
 
 flags=()
 [[ $profile == release ]] && flags+=(--release)
+# Cargo features of the build, e.g. VIA_FEATURES=via/verbs (the verbs kind).
+[[ -n ${VIA_FEATURES:-} ]] && flags+=(--features "$VIA_FEATURES")
 (
     cd "$root"
     CARGO_TARGET_DIR=$target "$cargo" build "${flags[@]}" -p vipl --lib

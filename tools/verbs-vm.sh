@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
 # device rxe0) in a QEMU VM booted by ../shared/softroce-vm/run.sh.
-#   tools/verbs-vm.sh [TEST...]      (default: verbs; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh [TEST...]      (default: verbs c; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh c              the C conformance suite (tests/c/suite, the
+#                                    programs listed in $c_programs) on rxe0
 # Each named integration test binary runs inside the VM with the test's peer
 # process (via-peer) and viad beside it, all on rxe0 (VIA_DEVICE=rxe0); the
 # binaries are built on the host (feature via/verbs) and reached over the
@@ -19,10 +21,45 @@ command -v qemu-system-x86_64 >/dev/null ||
 [ -x "$vm" ] || fail "no Soft-RoCE VM script at $vm (shared/softroce-vm/run.sh)"
 
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(verbs)
+[ ${#tests[@]} -gt 0 ] || tests=(verbs c)
+
+# The C programs of the suite that run on rxe0 (SUITE_DEVICE=rxe0); each
+# forks its peer, so two processes and their viad run in the VM.
+c_programs=${VERBS_VM_C:-"sendrecv gather immediate connect disconnect accept_disconnect quiet_disconnect cq notify kill timeout threads badinput handles ptag vi mem peer late_client ns"}
+
+c_suite() {
+    local out=$root/target/verbs-vm prefix bin
+    prefix=$out/prefix
+    bin=$out/c
+    mkdir -p "$bin"
+    VIA_FEATURES=via/verbs tools/install.sh --debug "$prefix" >/dev/null
+    local script=$bin/run-suite.sh
+    {
+        echo 'cd "$(dirname "$0")"; fails=0'
+        for p in $c_programs; do
+            ${CC:-cc} -std=c99 -Wall -Wextra -Werror -pedantic -g -pthread \
+                -I"$prefix/include" -Itests/c/suite -o "$bin/$p" \
+                "tests/c/suite/$p.c" tests/c/suite/common.c \
+                -L"$prefix/lib" -lvipl -Wl,-rpath,"$prefix/lib" ||
+                fail "compiling $p.c"
+            echo "if SUITE_DEVICE=rxe0 VIA_INSTANCE=c-$p ./$p > $p.out 2>&1 && grep -qx 'PASS $p' $p.out;"
+            echo "then echo 'C-SUITE PASS $p'; else echo 'C-SUITE FAIL $p'; cat $p.out; fails=\$((fails+1)); fi"
+        done
+        echo 'echo "C-SUITE failures: $fails"; exit $((fails > 0))'
+    } > "$script"
+    printf '\n==> the C conformance suite on Soft-RoCE (rxe0, in a VM): %s\n' "$c_programs"
+    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1200} SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" SOFTROCE_EXTRA="$bin/sendrecv" \
+    SOFTROCE_ENV="VIA_VIAD_TIMEOUT_MS=60000 ${VERBS_VM_ENV:-}" \
+        "$vm" "$(command -v bash)" "$script" ||
+        fail "the C suite failed on Soft-RoCE (exit $?)"
+}
 
 cargo build -q --workspace --bins --features via/verbs,via-tests/verbs
 for t in "${tests[@]}"; do
+    if [ "$t" = c ]; then
+        c_suite
+        continue
+    fi
     exe=$(cargo test -q -p via-tests --features via/verbs,via-tests/verbs --test "$t" --no-run \
             --message-format=json 2>/dev/null |
           grep '"kind":\["test"\]' | grep "\"name\":\"$t\"" |

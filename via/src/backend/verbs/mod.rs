@@ -56,9 +56,10 @@ use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, Sge, Transport, Wc};
 const MAX_VI: u32 = 1024;
 const MAX_CQ: u32 = 1024;
 /// Work requests per queue of a QP (and descriptors per VIA work queue).
-const QUEUE_DEPTH: u32 = 256;
-/// Entries of the NIC's one device CQ.
-const CQ_ENTRIES: i32 = 16384;
+const QUEUE_DEPTH: u32 = 1024;
+/// Entries of the NIC's one device CQ (rxe's largest; the work requests
+/// outstanding on all QPs of a NIC must fit).
+const CQ_ENTRIES: i32 = 32767;
 const PORT: u8 = 1;
 /// How long a disconnect waits for the device to flush a QP.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
@@ -118,6 +119,8 @@ struct ViQp {
     psn: u32,
     /// RTS towards a peer.
     connected: bool,
+    /// The connection's MaxTransferSize (the smaller of the two VIs').
+    mtu: u32,
     /// We moved the QP to ERROR: its flushes are expected.
     erroring: bool,
     sends: VecDeque<SendRec>,
@@ -440,7 +443,10 @@ impl Verbs {
             let err = match wc.status {
                 ibv::WC_SUCCESS => 0,
                 ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
-                ibv::WC_LOC_LEN_ERR => status::LENGTH_ERROR,
+                // A message longer than the receive: LOC_LEN_ERR by the
+                // verbs specification, REM_INV_REQ_ERR from rxe (the NAK it
+                // sends, reported on the receive too).
+                ibv::WC_LOC_LEN_ERR | ibv::WC_REM_INV_REQ_ERR => status::LENGTH_ERROR,
                 ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
                 _ => status::TRANSPORT_ERROR,
             };
@@ -658,6 +664,7 @@ impl Device for Verbs {
             qp,
             psn: new_psn(),
             connected: false,
+            mtu: a.max_transfer_size,
             erroring: false,
             sends: VecDeque::new(),
             recvs: HashMap::new(),
@@ -761,6 +768,7 @@ impl Device for Verbs {
             Error::resource(e)
         })?;
         v.connected = true;
+        v.mtu = vi.attributes().max_transfer_size.min(peer.mtu);
         v.erroring = false;
         Ok(())
     }
@@ -861,6 +869,13 @@ impl Device for Verbs {
         if !v.connected || vi.broken.load(Ordering::Acquire) {
             drop(g);
             self.complete_now(nic, vi, wr, status::DESC_FLUSHED_ERROR | op_status);
+            return Ok(());
+        }
+        if wr.length > v.mtu {
+            // Beyond the connection's MaxTransferSize (the peer's may be
+            // smaller than ours): refused here, as the soft NIC does.
+            drop(g);
+            self.complete_now(nic, vi, wr, status::LENGTH_ERROR | op_status);
             return Ok(());
         }
         v.sends.push_back(SendRec {
