@@ -418,7 +418,7 @@ impl Verbs {
             }
         };
         if !ok && !flushed {
-            log::debug!(
+            log::info!(
                 "VI {slot}: {} completion: {}",
                 if recv { "receive" } else { "send" },
                 ibv::status_str(wc.status)
@@ -446,7 +446,10 @@ impl Verbs {
                 // A message longer than the receive: LOC_LEN_ERR by the
                 // verbs specification, REM_INV_REQ_ERR from rxe (the NAK it
                 // sends, reported on the receive too).
-                ibv::WC_LOC_LEN_ERR | ibv::WC_REM_INV_REQ_ERR => status::LENGTH_ERROR,
+                // On UC, rxe reports it as LOC_QP_OP_ERR.
+                ibv::WC_LOC_LEN_ERR | ibv::WC_REM_INV_REQ_ERR | ibv::WC_LOC_QP_OP_ERR => {
+                    status::LENGTH_ERROR
+                }
                 ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
                 _ => status::TRANSPORT_ERROR,
             };
