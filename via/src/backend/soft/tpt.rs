@@ -142,10 +142,10 @@ fn snapshot(e: &TptEntry) -> Option<(Snapshot, u32)> {
 /// Entries per warm block (20 KiB of the table: five pages).
 const BLOCK: u32 = 64;
 /// Entries the allocator keeps to warm blocks while fewer are live than
-/// half of them: 1.3 MiB of the table stay resident and in the caches,
+/// half of them: 2.6 MiB of the table stay resident and in the caches,
 /// where entries spread over all 20 MiB made nearly every registration
 /// fault a fresh page in (and a peer's first read of it miss).
-const WARM_MIN: u32 = 4096;
+const WARM_MIN: u32 = 8192;
 /// Candidates tried for a warm entry before taking any free one.
 const WARM_TRIES: u32 = 128;
 
