@@ -418,6 +418,13 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
             8,
             (Some(floor), None),
         );
+        let lines = crate::shm_floor_via_lines(iters(8, ctx.c.quick), ctx.cpus());
+        add(
+            &mut res,
+            "bare ping-pong, VIA's 3 lines",
+            8,
+            (Some(lines), None),
+        );
         ctx.progress.inc();
         for &size in &sizes {
             ctx.progress
