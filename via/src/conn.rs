@@ -186,7 +186,10 @@ pub fn request(
     check_addr(&remote)?;
     vi.begin_connect()?;
     // A kind of NIC that reaches other hosts asks their viad itself.
-    if let Some(answer) = nic.dev.request_connection(nic, vi, &local, &remote, timeout) {
+    if let Some(answer) = nic
+        .dev
+        .request_connection(nic, vi, &local, &remote, timeout)
+    {
         return match answer {
             Ok(peer) => finish(nic, vi, Ok(Reply::Connected { peer })),
             Err(e) => {

@@ -80,7 +80,10 @@ mod tests {
     #[test]
     fn etc_hosts_reverse() {
         let t = "127.0.0.1 localhost\n# 10.0.0.9 commented\n10.0.0.2\tnodeb nodeb.example # x\n";
-        assert_eq!(super::etc_hosts_name(t, &[10, 0, 0, 2]).as_deref(), Some("nodeb"));
+        assert_eq!(
+            super::etc_hosts_name(t, &[10, 0, 0, 2]).as_deref(),
+            Some("nodeb")
+        );
         assert_eq!(super::etc_hosts_name(t, &[10, 0, 0, 9]), None);
         assert_eq!(super::etc_hosts_name(t, &[10, 0, 0]), None);
     }

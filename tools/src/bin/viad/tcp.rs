@@ -243,13 +243,7 @@ impl Tcp {
         let s = broker.open_remote_session(Cred { uid, pid: 0 });
         self.sessions.insert(s, stream);
         let now = Instant::now();
-        out.extend(broker.on_request(
-            s,
-            1,
-            Request::Publish { key: stream_key() },
-            vec![dup],
-            now,
-        ));
+        out.extend(broker.on_request(s, 1, Request::Publish { key: stream_key() }, vec![dup], now));
         let me = Endpoint {
             session: s,
             nic: 0,

@@ -101,7 +101,9 @@ impl Settings {
     fn from_env() -> Settings {
         Settings {
             spin: Duration::from_micros(env_u64("VIA_SOCK_SPIN_US", 0)),
-            timeout: Duration::from_millis(env_u64("VIA_SOCK_TIMEOUT_MS", DEFAULT_TIMEOUT_MS).max(10)),
+            timeout: Duration::from_millis(
+                env_u64("VIA_SOCK_TIMEOUT_MS", DEFAULT_TIMEOUT_MS).max(10),
+            ),
         }
     }
 }
@@ -256,10 +258,7 @@ impl Sockets {
     fn gather(nic: &NicInner, wr: &SendWr, out: &mut Vec<u8>) -> std::result::Result<(), u32> {
         out.clear();
         for s in wr.local() {
-            let r = nic
-                .regions
-                .get(s.handle)
-                .ok_or(status::PROTECTION_ERROR)?;
+            let r = nic.regions.get(s.handle).ok_or(status::PROTECTION_ERROR)?;
             let at = out.len();
             out.resize(at + s.len as usize, 0);
             r.read(s.va, &mut out[at..])
@@ -318,14 +317,12 @@ impl Sockets {
         s.set_read_timeout(timeout.map(|t| t.saturating_sub(start.elapsed()) + grace))
             .map_err(io)?;
         let mut head = [0u8; 4];
-        let answer = s
-            .read_exact(&mut head)
-            .and_then(|()| {
-                let n = via_wire::tcp::body_len(head).map_err(std::io::Error::other)?;
-                let mut body = vec![0u8; n];
-                s.read_exact(&mut body)?;
-                SetupAnswer::decode(&body).map_err(std::io::Error::other)
-            });
+        let answer = s.read_exact(&mut head).and_then(|()| {
+            let n = via_wire::tcp::body_len(head).map_err(std::io::Error::other)?;
+            let mut body = vec![0u8; n];
+            s.read_exact(&mut body)?;
+            SetupAnswer::decode(&body).map_err(std::io::Error::other)
+        });
         match answer {
             Ok(SetupAnswer::Accepted {
                 reliability,
@@ -535,7 +532,11 @@ impl Device for Sockets {
     }
 
     fn disconnect(&self, nic: &NicInner, vi: &ViCore, _tell_peer: bool) {
-        let c = self.shared.vis[vi.slot as usize].conn.write().unwrap().take();
+        let c = self.shared.vis[vi.slot as usize]
+            .conn
+            .write()
+            .unwrap()
+            .take();
         if let Some(c) = c {
             if !c.closed.load(Ordering::Acquire) {
                 c.queue(
