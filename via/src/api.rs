@@ -137,7 +137,7 @@ impl Nic {
 
     /// This host's VIA address.
     pub fn host_address(&self) -> Vec<u8> {
-        self.inner.process.host.clone()
+        self.inner.host_address()
     }
 
     /// Creates a protection tag.

@@ -14,7 +14,8 @@
 //!
 //! | kind | directory | names |
 //! |---|---|---|
-//! | shared memory between the processes of a host | [`soft`] | default, `via_lo`, `via_<ifname>` (until the sockets kind lands) |
+//! | shared memory between the processes of a host | [`soft`] | default, `via_lo` |
+//! | TCP through a network interface, between hosts (and processes of one host) | [`sockets`] | `via_<ifname>` for an interface other than `lo` |
 //! | in-process loopback, for unit tests | `loopback` (tests only) | none (opened directly) |
 //!
 //! A new kind is one directory here plus one row in [`KINDS`].
@@ -22,6 +23,7 @@
 
 #[cfg(test)]
 pub(crate) mod loopback;
+pub(crate) mod sockets;
 pub(crate) mod soft;
 
 use std::sync::Arc;
@@ -34,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::mem::arena::Extent;
 use crate::nic::{AsyncError, NicInner};
 use crate::process::Process;
-use crate::proto::Endpoint;
+use crate::proto::{Endpoint, NetAddr};
 use crate::shm::rings::MappedRing;
 use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
@@ -153,6 +155,12 @@ pub(crate) trait Device: Send + Sync {
     /// What the kind supports.
     fn limits(&self) -> Limits;
 
+    /// The NIC's own host address (`VipQueryNic`'s `LocalNicAddress`, the
+    /// host part of its addresses), if it is not the host's VIA address.
+    fn local_address(&self) -> Option<Vec<u8>> {
+        None
+    }
+
     /// Starts background work, if the kind has any.
     fn start(&self, _nic: &Arc<NicInner>) {}
 
@@ -259,6 +267,20 @@ pub(crate) trait Device: Send + Sync {
         Err(Error::Resource)
     }
 
+    /// Asks for a connection of `vi` to `remote` itself instead of through
+    /// the local viad (`None`: through viad). Returns the peer as the
+    /// broker would have; [`Device::connect`] follows with it.
+    fn request_connection(
+        &self,
+        _nic: &NicInner,
+        _vi: &ViCore,
+        _local: &NetAddr,
+        _remote: &NetAddr,
+        _timeout: Option<std::time::Duration>,
+    ) -> Option<Result<Endpoint>> {
+        None
+    }
+
     /// Tears down the device side of `vi`'s connection; `tell_peer`: the
     /// peer hears `CONN_LOST` through the device. No descriptor of `vi`
     /// runs on the old connection once [`Device::quiesce`] returns.
@@ -331,11 +353,18 @@ pub(crate) struct Kind {
 }
 
 /// Every kind of NIC, in the order names are tried.
-pub(crate) static KINDS: &[Kind] = &[Kind {
-    name: "soft",
-    accepts: soft::accepts,
-    open: soft::open,
-}];
+pub(crate) static KINDS: &[Kind] = &[
+    Kind {
+        name: "soft",
+        accepts: soft::accepts,
+        open: soft::open,
+    },
+    Kind {
+        name: "sockets",
+        accepts: sockets::accepts,
+        open: sockets::open,
+    },
+];
 
 /// The default device name (`VipOpenNic` with NULL or "").
 pub const DEFAULT_NAME: &str = "via_lo";

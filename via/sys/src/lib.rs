@@ -1144,3 +1144,34 @@ pub fn atfork(
     }
     Ok(())
 }
+
+/// The IPv4 addresses of network interface `ifname` (`getifaddrs`), in the
+/// order the kernel lists them.
+pub fn interface_ipv4(ifname: &str) -> io::Result<Vec<std::net::Ipv4Addr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a valid out-pointer; on success the list is freed
+    // below with `freeifaddrs`.
+    cvt(unsafe { libc::getifaddrs(&mut head) })?;
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list `getifaddrs` returned, alive
+        // until `freeifaddrs`; its name is a NUL-terminated string and its
+        // address, when not NULL and of family AF_INET, a `sockaddr_in`.
+        unsafe {
+            let ifa = &*p;
+            let name = std::ffi::CStr::from_ptr(ifa.ifa_name);
+            if !ifa.ifa_addr.is_null()
+                && (*ifa.ifa_addr).sa_family as libc::c_int == libc::AF_INET
+                && name.to_bytes() == ifname.as_bytes()
+            {
+                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                out.push(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            p = ifa.ifa_next;
+        }
+    }
+    // SAFETY: `head` came from a successful `getifaddrs` and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}

@@ -150,11 +150,17 @@ pub enum Out {
     },
     /// Drop the session (protocol violation).
     Close { session: u64, why: &'static str },
+    /// Open the TCP listener for other hosts on `host` (a sockets NIC was
+    /// opened there), then answer `to`.
+    OpenTcp { to: u64, id: u32, host: Vec<u8> },
 }
 
 struct Session {
     cred: Cred,
     hello: bool,
+    /// A connection request from another host (`tcp.rs`): nobody watches
+    /// it, since it ends when the TCP connection is handed to a listener.
+    remote: bool,
     objects: HashMap<ObjKey, Obj>,
     /// Its waiting listens, connects and peer requests.
     listens: HashSet<u64>,
@@ -176,6 +182,7 @@ impl Session {
         Session {
             cred,
             hello: false,
+            remote: false,
             objects: HashMap::new(),
             listens: HashSet::new(),
             connects: HashSet::new(),
@@ -267,6 +274,9 @@ fn unqueue<K: std::hash::Hash + Eq + Clone>(q: &mut HashMap<K, VecDeque<u64>>, k
 /// The broker.
 pub struct Broker {
     host: Vec<u8>,
+    /// IPv4 addresses of this host's sockets NICs (listened on for other
+    /// hosts): local addresses too.
+    tcp_hosts: Vec<Vec<u8>>,
     name: String,
     hosts: Vec<(String, Vec<u8>)>,
     limits: Limits,
@@ -309,6 +319,7 @@ impl Broker {
     pub fn new(host: Vec<u8>, name: String, hosts: Vec<(String, Vec<u8>)>) -> Broker {
         Broker {
             host,
+            tcp_hosts: Vec::new(),
             name,
             hosts,
             limits: Limits::default(),
@@ -562,7 +573,12 @@ impl Broker {
 
     /// `a` and `b` must hear of each other's death.
     fn watch(&mut self, a: u64, b: u64) {
-        if a == b || !self.sessions.contains_key(&a) || !self.sessions.contains_key(&b) {
+        if a == b
+            || !self.sessions.contains_key(&a)
+            || !self.sessions.contains_key(&b)
+            || self.is_remote(a)
+            || self.is_remote(b)
+        {
             return;
         }
         for (x, y) in [(a, b), (b, a)] {
@@ -574,7 +590,7 @@ impl Broker {
 
     /// `fetcher` maps memory of `owner`: it must hear of `owner`'s death.
     fn watch_owner(&mut self, fetcher: u64, owner: u64) {
-        if fetcher == owner || !self.sessions.contains_key(&owner) {
+        if fetcher == owner || !self.sessions.contains_key(&owner) || self.is_remote(owner) {
             return;
         }
         self.sessions
@@ -615,7 +631,29 @@ impl Broker {
     }
 
     fn local_host(&self, h: &[u8]) -> bool {
-        h.is_empty() || h == self.host.as_slice()
+        h.is_empty() || h == self.host.as_slice() || self.tcp_hosts.iter().any(|t| t == h)
+    }
+
+    /// `host` is the address of a sockets NIC of this host (its TCP
+    /// listener is open): requests and listens on it are local.
+    pub fn add_tcp_host(&mut self, host: Vec<u8>) {
+        if !self.tcp_hosts.contains(&host) {
+            self.tcp_hosts.push(host);
+        }
+    }
+
+    /// A session for a connection request that came from another host over
+    /// TCP (it says no Hello; nobody hears of its end).
+    pub fn open_remote_session(&mut self, cred: Cred) -> u64 {
+        let s = self.open_session(cred);
+        let sess = self.sessions.get_mut(&s).unwrap();
+        sess.hello = true;
+        sess.remote = true;
+        s
+    }
+
+    fn is_remote(&self, s: u64) -> bool {
+        self.sessions.get(&s).is_some_and(|x| x.remote)
     }
 
     fn remove_listen(&mut self, lid: u64) -> Option<Listen> {
@@ -1111,6 +1149,15 @@ impl Broker {
                         reply: Reply::Address { host },
                     }),
                     None => refuse(&mut out, Refusal::NameService),
+                }
+            }
+            Request::OpenTcp { host } => {
+                if host.len() != 4 || self.system.is_some() {
+                    // System mode keys everything by uid, and a remote
+                    // requester has none: not offered there (yet).
+                    refuse(&mut out, Refusal::Invalid);
+                } else {
+                    out.push(Out::OpenTcp { to: s, id, host });
                 }
             }
             Request::ResolveAddr { host } => {
