@@ -44,3 +44,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use nic::{AsyncError, ErrorCode, ResourceCode};
 pub use proto::NetAddr;
 pub use vi::{Completion, Which};
+
+/// The RDMA devices the verbs kind of NIC can open (empty: none, or no
+/// libibverbs on this machine).
+#[cfg(feature = "verbs")]
+pub fn rdma_devices() -> Vec<String> {
+    backend::verbs::devices()
+}

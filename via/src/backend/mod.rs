@@ -16,6 +16,7 @@
 //! |---|---|---|
 //! | shared memory between the processes of a host | [`soft`] | default, `via_lo` |
 //! | TCP through a network interface, between hosts (and processes of one host) | [`sockets`] | `via_<ifname>` for an interface other than `lo` |
+//! | InfiniBand / RoCE through libibverbs (feature `verbs`) | `verbs` | `verbs` (first device), `rxe0`, `mlx5_0`, ... (any ibverbs device), `/dev/via_<ibdev>` |
 //! | in-process loopback, for unit tests | `loopback` (tests only) | none (opened directly) |
 //!
 //! A new kind is one directory here plus one row in [`KINDS`].
@@ -25,6 +26,8 @@
 pub(crate) mod loopback;
 pub(crate) mod sockets;
 pub(crate) mod soft;
+#[cfg(feature = "verbs")]
+pub(crate) mod verbs;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
@@ -364,18 +367,28 @@ pub(crate) static KINDS: &[Kind] = &[
         accepts: sockets::accepts,
         open: sockets::open,
     },
+    #[cfg(feature = "verbs")]
+    Kind {
+        name: "verbs",
+        accepts: verbs::accepts,
+        open: verbs::open,
+    },
 ];
 
-/// The default device name (`VipOpenNic` with NULL or "").
+/// The default device name (`VipOpenNic` with NULL or "", unless
+/// `VIA_DEVICE` names another).
 pub const DEFAULT_NAME: &str = "via_lo";
 
-/// The kind and canonical name of device `name`.
+/// The kind and canonical name of device `name` (NULL or "": `VIA_DEVICE`
+/// if set, else [`DEFAULT_NAME`]; so an unchanged program runs on another
+/// kind, e.g. `VIA_DEVICE=rxe0`).
 ///
 /// # Errors
 /// `InvalidParameter` if no kind accepts the name.
 pub(crate) fn lookup(name: Option<&str>) -> Result<(&'static Kind, String)> {
+    let env = std::env::var("VIA_DEVICE").ok().filter(|d| !d.is_empty());
     let n = match name {
-        None | Some("") => DEFAULT_NAME,
+        None | Some("") => env.as_deref().unwrap_or(DEFAULT_NAME),
         Some(n) => n,
     };
     KINDS

@@ -1,0 +1,738 @@
+//! Safe owners of the ibverbs objects the verbs kind uses: the one module of
+//! the kind with `unsafe` (FFI through `rdma-mummy-sys`, which loads
+//! `libibverbs.so.1` at run time: without rdma-core, or without a device,
+//! [`devices`] is empty and [`Context::open`] fails cleanly).
+//!
+//! Each object owns its ibv pointer and releases it in `Drop`; the objects
+//! it depends on are kept alive by an `Arc` (a QP holds its PD and CQ, a PD
+//! its context), so release happens in the order libibverbs requires.
+//! libibverbs objects may be used from any thread (its documented thread
+//! safety), hence the `Send`/`Sync` impls.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::RawFd;
+use std::ptr;
+use std::sync::Arc;
+
+use rdma_mummy_sys as sys;
+
+/// `ibv_access_flags` bits.
+pub(crate) const ACCESS_LOCAL_WRITE: u32 = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+pub(crate) const ACCESS_REMOTE_WRITE: u32 = sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+pub(crate) const ACCESS_REMOTE_READ: u32 = sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+
+/// `ibv_wc_status` values.
+pub(crate) use sys::ibv_wc_status::{
+    IBV_WC_LOC_ACCESS_ERR as WC_LOC_ACCESS_ERR, IBV_WC_LOC_LEN_ERR as WC_LOC_LEN_ERR,
+    IBV_WC_LOC_PROT_ERR as WC_LOC_PROT_ERR, IBV_WC_REM_ACCESS_ERR as WC_REM_ACCESS_ERR,
+    IBV_WC_REM_INV_REQ_ERR as WC_REM_INV_REQ_ERR, IBV_WC_REM_OP_ERR as WC_REM_OP_ERR,
+    IBV_WC_RNR_RETRY_EXC_ERR as WC_RNR_RETRY_EXC_ERR, IBV_WC_SUCCESS as WC_SUCCESS,
+    IBV_WC_WR_FLUSH_ERR as WC_WR_FLUSH_ERR,
+};
+/// `ibv_wc_opcode` of a receive that completes an RDMA write with immediate.
+pub(crate) const WC_RECV_RDMA_WITH_IMM: u32 = sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+
+/// The names of the RDMA devices of this host (empty: none, or no
+/// libibverbs).
+pub(crate) fn devices() -> Vec<String> {
+    let mut n = 0;
+    // SAFETY: `n` is a valid out-pointer; the list is freed below and its
+    // entries are only read while it lives.
+    let list = unsafe { sys::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for i in 0..n.max(0) as usize {
+        // SAFETY: `list` holds `n` valid device pointers (ibv_get_device_list).
+        let dev = unsafe { *list.add(i) };
+        // SAFETY: `dev` is a live device of the list; the name is a
+        // NUL-terminated string owned by it, copied before the list is freed.
+        let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) };
+        out.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { sys::ibv_free_device_list(list) };
+    out
+}
+
+fn last_error(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn check(rc: i32, what: &str) -> io::Result<()> {
+    match rc {
+        0 => Ok(()),
+        // Most verbs return a positive errno; some return -1 and set errno.
+        rc if rc > 0 => Err(io::Error::new(
+            io::Error::from_raw_os_error(rc).kind(),
+            format!("{what}: {}", io::Error::from_raw_os_error(rc)),
+        )),
+        _ => Err(last_error(what)),
+    }
+}
+
+/// Port attributes the kind uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PortInfo {
+    /// Local identifier (0 on RoCE).
+    pub lid: u16,
+    /// Active MTU (`ibv_mtu` code).
+    pub active_mtu: u32,
+    /// Link layer is Ethernet (RoCE): addressing goes through the GID.
+    pub ethernet: bool,
+}
+
+/// An open device (`ibv_context`) and its port 1.
+pub(crate) struct Context {
+    ctx: *mut sys::ibv_context,
+    /// Name of the device.
+    pub name: String,
+}
+
+// SAFETY: libibverbs contexts are thread safe (rdma-core's documented
+// thread safety: every verb may be called concurrently on one context).
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Opens device `name`, or the first device (`None`).
+    ///
+    /// # Errors
+    /// `NotFound` when no such device exists (or no libibverbs).
+    pub fn open(name: Option<&str>) -> io::Result<Context> {
+        let mut n = 0;
+        // SAFETY: as in `devices`.
+        let list = unsafe { sys::ibv_get_device_list(&mut n) };
+        if list.is_null() || n <= 0 {
+            if !list.is_null() {
+                // SAFETY: freed once.
+                unsafe { sys::ibv_free_device_list(list) };
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no RDMA device (ibv_get_device_list found none)",
+            ));
+        }
+        let mut found = None;
+        for i in 0..n as usize {
+            // SAFETY: `list` holds `n` valid device pointers.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: the name belongs to the live device.
+            let dn = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) }
+                .to_string_lossy()
+                .into_owned();
+            if name.is_none_or(|w| w == dn) {
+                found = Some((dev, dn));
+                break;
+            }
+        }
+        let r = match found {
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no RDMA device named {}", name.unwrap_or("")),
+            )),
+            Some((dev, dn)) => {
+                // SAFETY: `dev` is a live device of the list; the context
+                // outlives the list (libibverbs keeps the device referenced).
+                let ctx = unsafe { sys::ibv_open_device(dev) };
+                if ctx.is_null() {
+                    Err(last_error("ibv_open_device"))
+                } else {
+                    Ok(Context { ctx, name: dn })
+                }
+            }
+        };
+        // SAFETY: freed once, after the device was opened.
+        unsafe { sys::ibv_free_device_list(list) };
+        r
+    }
+
+    /// Attributes of port `port`.
+    pub fn port(&self, port: u8) -> io::Result<PortInfo> {
+        // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
+        let mut a: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is live; `a` is a valid out-pointer of the right size.
+        let rc = unsafe { sys::ibv_query_port(self.ctx, port, &mut a) };
+        check(rc, "ibv_query_port")?;
+        Ok(PortInfo {
+            lid: a.lid,
+            active_mtu: a.active_mtu,
+            // IBV_LINK_LAYER_ETHERNET
+            ethernet: a.link_layer == 2,
+        })
+    }
+
+    /// GID `index` of `port`.
+    pub fn gid(&self, port: u8, index: i32) -> io::Result<[u8; 16]> {
+        let mut g = sys::ibv_gid { raw: [0; 16] };
+        // SAFETY: `ctx` is live; `g` is a valid out-pointer.
+        let rc = unsafe { sys::ibv_query_gid(self.ctx, port, index, &mut g) };
+        check(rc, "ibv_query_gid")?;
+        // SAFETY: every bit pattern of the union is a valid `raw`.
+        Ok(unsafe { g.raw })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every object of the context holds an Arc of it, so none
+        // is left; closed once.
+        unsafe { sys::ibv_close_device(self.ctx) };
+    }
+}
+
+/// A protection domain.
+pub(crate) struct Pd {
+    pd: *mut sys::ibv_pd,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Pd {}
+// SAFETY: see Context.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    /// Allocates a protection domain on `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> io::Result<Arc<Pd>> {
+        // SAFETY: `ctx` is live.
+        let pd = unsafe { sys::ibv_alloc_pd(ctx.ctx) };
+        if pd.is_null() {
+            return Err(last_error("ibv_alloc_pd"));
+        }
+        Ok(Arc::new(Pd {
+            pd,
+            _ctx: ctx.clone(),
+        }))
+    }
+
+    /// Registers `len` bytes at `va` with `access` (`ibv_access_flags` bits).
+    ///
+    /// # Safety
+    /// The range must stay mapped while the returned `Mr` lives: the device
+    /// reads and writes it on behalf of local and (with remote access)
+    /// remote requests.
+    pub unsafe fn register(self: &Arc<Self>, va: u64, len: u64, access: u32) -> io::Result<Mr> {
+        // SAFETY: `pd` is live; the caller keeps the range mapped (above).
+        let mr = unsafe {
+            sys::ibv_reg_mr(
+                self.pd,
+                va as *mut libc::c_void,
+                len as usize,
+                access as i32,
+            )
+        };
+        if mr.is_null() {
+            return Err(last_error("ibv_reg_mr"));
+        }
+        // SAFETY: `mr` is a live MR just returned.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        Ok(Mr {
+            mr,
+            addr: va,
+            lkey,
+            rkey,
+            _pd: self.clone(),
+        })
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: MRs and QPs hold an Arc of the PD, so none is left.
+        unsafe { sys::ibv_dealloc_pd(self.pd) };
+    }
+}
+
+/// A memory region.
+pub(crate) struct Mr {
+    mr: *mut sys::ibv_mr,
+    /// First registered byte.
+    pub addr: u64,
+    /// Local key (our own work requests).
+    pub lkey: u32,
+    /// Remote key (peers' RDMA).
+    pub rkey: u32,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Mr {}
+// SAFETY: see Context.
+unsafe impl Sync for Mr {}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: deregistered once; requests still using the keys fail
+        // with a protection error (the device no longer touches the pages).
+        let rc = unsafe { sys::ibv_dereg_mr(self.mr) };
+        if rc != 0 {
+            log::warn!("ibv_dereg_mr: {}", io::Error::from_raw_os_error(rc));
+        }
+    }
+}
+
+/// A completion queue with its completion channel (for blocking).
+pub(crate) struct Cq {
+    cq: *mut sys::ibv_cq,
+    channel: *mut sys::ibv_comp_channel,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Cq {}
+// SAFETY: see Context.
+unsafe impl Sync for Cq {}
+
+/// A work completion, as the kind needs it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Wc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub byte_len: u32,
+    /// Immediate data, host order, if the completion carries one.
+    pub imm: Option<u32>,
+}
+
+impl Cq {
+    /// A CQ of `entries` entries on `ctx`, with a completion channel.
+    pub fn new(ctx: &Arc<Context>, entries: i32) -> io::Result<Arc<Cq>> {
+        // SAFETY: `ctx` is live.
+        let channel = unsafe { sys::ibv_create_comp_channel(ctx.ctx) };
+        if channel.is_null() {
+            return Err(last_error("ibv_create_comp_channel"));
+        }
+        // SAFETY: `ctx` and `channel` are live.
+        let cq = unsafe { sys::ibv_create_cq(ctx.ctx, entries, ptr::null_mut(), channel, 0) };
+        if cq.is_null() {
+            let e = last_error("ibv_create_cq");
+            // SAFETY: the channel has no CQ; destroyed once.
+            unsafe { sys::ibv_destroy_comp_channel(channel) };
+            return Err(e);
+        }
+        Ok(Arc::new(Cq {
+            cq,
+            channel,
+            _ctx: ctx.clone(),
+        }))
+    }
+
+    /// Takes up to `out.len()` completions; how many.
+    pub fn poll(&self, out: &mut [Wc]) -> usize {
+        const N: usize = 16;
+        // SAFETY: ibv_wc is plain data; all-zero is valid.
+        let mut raw: [sys::ibv_wc; N] = unsafe { std::mem::zeroed() };
+        let want = out.len().min(N) as i32;
+        // SAFETY: `cq` is live; `raw` has room for `want` entries.
+        let n = unsafe { sys::ibv_poll_cq(self.cq, want, raw.as_mut_ptr()) };
+        if n < 0 {
+            log::error!("ibv_poll_cq failed ({n})");
+            return 0;
+        }
+        for (o, w) in out.iter_mut().zip(&raw[..n as usize]) {
+            let with_imm = w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            *o = Wc {
+                wr_id: w.wr_id,
+                status: w.status,
+                opcode: w.opcode,
+                byte_len: w.byte_len,
+                // SAFETY: the union holds imm_data when IBV_WC_WITH_IMM is set
+                // (and any u32 is a valid value either way).
+                imm: with_imm
+                    .then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data })),
+            };
+        }
+        n as usize
+    }
+
+    /// Asks for an event on the channel at the next completion.
+    pub fn arm(&self) {
+        // SAFETY: `cq` is live.
+        let rc = unsafe { sys::ibv_req_notify_cq(self.cq, 0) };
+        if rc != 0 {
+            log::error!("ibv_req_notify_cq failed ({rc})");
+        }
+    }
+
+    /// The completion channel's file descriptor (readable: an event waits).
+    pub fn channel_fd(&self) -> RawFd {
+        // SAFETY: `channel` is live.
+        unsafe { (*self.channel).fd }
+    }
+
+    /// Consumes one channel event (after `channel_fd` polled readable) and
+    /// acknowledges it.
+    pub fn take_event(&self) {
+        let mut cq = ptr::null_mut();
+        let mut cx = ptr::null_mut();
+        // SAFETY: `channel` is live; out-pointers valid. Called only after
+        // the fd polled readable, so it does not block.
+        if unsafe { sys::ibv_get_cq_event(self.channel, &mut cq, &mut cx) } == 0 {
+            // SAFETY: `cq` is our CQ, the event just taken is acked once.
+            unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+
+    /// Waits up to `ms` milliseconds for a channel event, and takes it.
+    pub fn wait_event(&self, ms: i32) {
+        let mut p = libc::pollfd {
+            fd: self.channel_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        if unsafe { libc::poll(&mut p, 1, ms) } > 0 {
+            self.take_event();
+        }
+    }
+
+    /// Makes the channel's fd non-blocking (so a stale readiness never
+    /// blocks the progress thread).
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        let fd = self.channel_fd();
+        // SAFETY: plain fcntl on a live fd we own.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            return Err(last_error("fcntl(O_NONBLOCK)"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: QPs hold an Arc of their CQ, so none is left; events were
+        // acked as taken. Destroyed once, the channel after the CQ.
+        unsafe {
+            sys::ibv_destroy_cq(self.cq);
+            sys::ibv_destroy_comp_channel(self.channel);
+        }
+    }
+}
+
+/// The transport of a QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// Reliable connection.
+    Rc,
+    /// Unreliable connection.
+    Uc,
+}
+
+/// Where a connected QP's peer is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Remote {
+    pub qpn: u32,
+    pub psn: u32,
+    pub lid: u16,
+    pub gid: [u8; 16],
+    /// Use the GID (RoCE, or a routed IB fabric).
+    pub global: bool,
+}
+
+/// One local data segment.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SendOp {
+    Send,
+    Write { remote_va: u64, rkey: u32 },
+    Read { remote_va: u64, rkey: u32 },
+}
+
+/// A send work request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendReq<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub imm: Option<u32>,
+    pub sges: &'a [Sge],
+}
+
+const MAX_SGE: usize = 16;
+const SGE_ZERO: sys::ibv_sge = sys::ibv_sge {
+    addr: 0,
+    length: 0,
+    lkey: 0,
+};
+
+/// Fills work request `w` (zeroed) from `r`, its SGEs into `sgl`.
+fn fill_send(w: &mut sys::ibv_send_wr, sgl: &mut [sys::ibv_sge; MAX_SGE], r: &SendReq<'_>) {
+    for (d, x) in sgl.iter_mut().zip(r.sges) {
+        *d = sys::ibv_sge {
+            addr: x.addr,
+            length: x.len,
+            lkey: x.lkey,
+        };
+    }
+    w.wr_id = r.wr_id;
+    w.sg_list = sgl.as_mut_ptr();
+    w.num_sge = r.sges.len().min(MAX_SGE) as i32;
+    w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    w.opcode = match (r.op, r.imm.is_some()) {
+        (SendOp::Send, false) => sys::ibv_wr_opcode::IBV_WR_SEND,
+        (SendOp::Send, true) => sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
+        (SendOp::Write { .. }, false) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        (SendOp::Write { .. }, true) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+        (SendOp::Read { .. }, _) => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+    };
+    if let Some(i) = r.imm {
+        w.imm_data_invalidated_rkey_union.imm_data = i.to_be();
+    }
+    if let SendOp::Write { remote_va, rkey } | SendOp::Read { remote_va, rkey } = r.op {
+        w.wr.rdma = sys::rdma_t {
+            remote_addr: remote_va,
+            rkey,
+        };
+    }
+}
+
+/// A queue pair.
+pub(crate) struct Qp {
+    qp: *mut sys::ibv_qp,
+    /// Its number.
+    pub qpn: u32,
+    pub transport: Transport,
+    _pd: Arc<Pd>,
+    _cq: Arc<Cq>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Qp {}
+// SAFETY: see Context.
+unsafe impl Sync for Qp {}
+
+impl Qp {
+    /// Creates a QP of `transport` in `pd`, both queues on `cq`, every send
+    /// signalled.
+    pub fn new(
+        pd: &Arc<Pd>,
+        cq: &Arc<Cq>,
+        transport: Transport,
+        depth: u32,
+        sges: u32,
+    ) -> io::Result<Qp> {
+        // SAFETY: plain data; zero is valid for every field.
+        let mut a: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        a.send_cq = cq.cq;
+        a.recv_cq = cq.cq;
+        a.cap.max_send_wr = depth;
+        a.cap.max_recv_wr = depth;
+        a.cap.max_send_sge = sges;
+        a.cap.max_recv_sge = sges;
+        a.qp_type = match transport {
+            Transport::Rc => sys::ibv_qp_type::IBV_QPT_RC,
+            Transport::Uc => sys::ibv_qp_type::IBV_QPT_UC,
+        };
+        a.sq_sig_all = 1;
+        // SAFETY: `pd` and `cq` are live and kept alive by the QP.
+        let qp = unsafe { sys::ibv_create_qp(pd.pd, &mut a) };
+        if qp.is_null() {
+            return Err(last_error("ibv_create_qp"));
+        }
+        // SAFETY: live QP.
+        let qpn = unsafe { (*qp).qp_num };
+        Ok(Qp {
+            qp,
+            qpn,
+            transport,
+            _pd: pd.clone(),
+            _cq: cq.clone(),
+        })
+    }
+
+    fn modify(&self, a: &mut sys::ibv_qp_attr, mask: u32, what: &str) -> io::Result<()> {
+        // SAFETY: live QP; `a` valid for the call.
+        check(unsafe { sys::ibv_modify_qp(self.qp, a, mask as i32) }, what)
+    }
+
+    /// RESET → INIT on `port` with the remote access `access` allows.
+    pub fn init(&self, port: u8, access: u32) -> io::Result<()> {
+        use sys::ibv_qp_attr_mask as m;
+        // SAFETY: plain data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        a.port_num = port;
+        a.pkey_index = 0;
+        a.qp_access_flags = access;
+        self.modify(
+            &mut a,
+            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS).0,
+            "modify QP to INIT",
+        )
+    }
+
+    /// INIT → RTR → RTS towards `r`; `psn` is our first send PSN, `mtu` the
+    /// path MTU code, `gid_index` the local GID of `port`.
+    pub fn connect(
+        &self,
+        r: &Remote,
+        psn: u32,
+        mtu: u32,
+        port: u8,
+        gid_index: u8,
+    ) -> io::Result<()> {
+        use sys::ibv_qp_attr_mask as m;
+        let rc = self.transport == Transport::Rc;
+        // SAFETY: plain data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = mtu;
+        a.dest_qp_num = r.qpn;
+        a.rq_psn = r.psn;
+        a.ah_attr.dlid = r.lid;
+        a.ah_attr.port_num = port;
+        if r.global {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid = sys::ibv_gid { raw: r.gid };
+            a.ah_attr.grh.sgid_index = gid_index;
+            a.ah_attr.grh.hop_limit = 1;
+        }
+        let mut mask = m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_DEST_QPN
+            | m::IBV_QP_RQ_PSN;
+        if rc {
+            a.max_dest_rd_atomic = 1;
+            a.min_rnr_timer = 12;
+            mask = mask | m::IBV_QP_MAX_DEST_RD_ATOMIC | m::IBV_QP_MIN_RNR_TIMER;
+        }
+        self.modify(&mut a, mask.0, "modify QP to RTR")?;
+        // SAFETY: plain data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = psn;
+        let mut mask = m::IBV_QP_STATE | m::IBV_QP_SQ_PSN;
+        if rc {
+            a.timeout = 14;
+            a.retry_cnt = 7;
+            // VIA: a send that finds no receive descriptor on a reliable VI
+            // breaks the connection; no RNR retry gives exactly that.
+            a.rnr_retry = 0;
+            a.max_rd_atomic = 1;
+            mask = mask
+                | m::IBV_QP_TIMEOUT
+                | m::IBV_QP_RETRY_CNT
+                | m::IBV_QP_RNR_RETRY
+                | m::IBV_QP_MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&mut a, mask.0, "modify QP to RTS")
+    }
+
+    /// Moves the QP to `state` (`IBV_QPS_ERR` or `IBV_QPS_RESET`).
+    fn to_state(&self, state: u32, what: &str) -> io::Result<()> {
+        // SAFETY: plain data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = state;
+        self.modify(&mut a, sys::ibv_qp_attr_mask::IBV_QP_STATE.0, what)
+    }
+
+    /// To ERROR: outstanding work requests complete flushed.
+    pub fn error(&self) -> io::Result<()> {
+        self.to_state(sys::ibv_qp_state::IBV_QPS_ERR, "modify QP to ERR")
+    }
+
+    /// To RESET (after the flushes were taken), then INIT again.
+    pub fn reset(&self, port: u8, access: u32) -> io::Result<()> {
+        self.to_state(sys::ibv_qp_state::IBV_QPS_RESET, "modify QP to RESET")?;
+        self.init(port, access)
+    }
+
+    /// Posts a chain of send requests with one doorbell (one
+    /// `ibv_post_send`). The device reads and writes only memory of live
+    /// MRs named by the keys.
+    pub fn post_send(&self, reqs: &[SendReq<'_>]) -> io::Result<()> {
+        if let [one] = reqs {
+            // The common case without allocation.
+            let mut sgl = [SGE_ZERO; MAX_SGE];
+            // SAFETY: plain data, zero is valid for every field.
+            let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+            fill_send(&mut wr, &mut sgl, one);
+            return self.post_chain(&mut wr);
+        }
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        // Vecs that are not resized after linking: the pointers stay valid.
+        let mut sgl: Vec<[sys::ibv_sge; MAX_SGE]> = vec![[SGE_ZERO; MAX_SGE]; reqs.len()];
+        // SAFETY: plain data, zero is valid for every field.
+        let mut wrs: Vec<sys::ibv_send_wr> = (0..reqs.len())
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        for ((w, l), r) in wrs.iter_mut().zip(sgl.iter_mut()).zip(reqs) {
+            fill_send(w, l, r);
+        }
+        let base = wrs.as_mut_ptr();
+        for i in 1..reqs.len() {
+            // SAFETY: `i < len`: both elements are in bounds of `wrs`, which
+            // is neither moved nor borrowed otherwise until the post returns.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        // SAFETY: `base` points to the first of `len` linked requests.
+        self.post_chain(unsafe { &mut *base })
+    }
+
+    fn post_chain(&self, first: &mut sys::ibv_send_wr) -> io::Result<()> {
+        let mut bad = ptr::null_mut();
+        // SAFETY: live QP; the chain and its SGE lists live until the call
+        // returns (the provider copies them into its queue).
+        let rc = unsafe { sys::ibv_post_send(self.qp, first, &mut bad) };
+        check(rc, "ibv_post_send")
+    }
+
+    /// Posts one receive of `sges` with `wr_id`.
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
+        let mut s = [SGE_ZERO; MAX_SGE];
+        for (d, x) in s.iter_mut().zip(sges) {
+            *d = sys::ibv_sge {
+                addr: x.addr,
+                length: x.len,
+                lkey: x.lkey,
+            };
+        }
+        let mut wr = sys::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: s.as_mut_ptr(),
+            num_sge: sges.len().min(MAX_SGE) as i32,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: live QP; `wr` and `s` live until the call returns.
+        let rc = unsafe { sys::ibv_post_recv(self.qp, &mut wr, &mut bad) };
+        check(rc, "ibv_post_recv")
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once; the PD and CQ outlive it (Arcs).
+        let rc = unsafe { sys::ibv_destroy_qp(self.qp) };
+        if rc != 0 {
+            log::warn!("ibv_destroy_qp: {}", io::Error::from_raw_os_error(rc));
+        }
+    }
+}
+
+/// `ibv_wc_status_str` of `status`.
+pub(crate) fn status_str(status: u32) -> String {
+    // SAFETY: returns a static string for any value.
+    let p = unsafe { sys::ibv_wc_status_str(status) };
+    if p.is_null() {
+        return format!("status {status}");
+    }
+    // SAFETY: non-NULL static NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}

@@ -1,0 +1,944 @@
+//! The verbs kind of NIC: VIA over an InfiniBand or RoCE device through
+//! libibverbs (Soft-RoCE `rxe0` in the tests).
+//!
+//! The mapping (the reasons are in `docs/design.md`, "The verbs kind"):
+//!
+//! | VIA | verbs |
+//! |---|---|
+//! | NIC | device context, port 1, one CQ with a completion channel, one progress thread |
+//! | protection tag | protection domain (one per tag, made on first use) |
+//! | registration | memory region, registered after the common registration path pinned the pages |
+//! | memory handle | the MR's rkey (peers use it as is); the lkey stays in this process |
+//! | VI | RC queue pair (reliable levels) or UC (Unreliable), created with the VI |
+//! | connection | QPN, PSN, LID, GID and MTU in the endpoint blob that viad's broker carries |
+//! | send, RDMA write (with immediate), RDMA read | one work request, signalled, `wr_id` = VI + queue position |
+//! | completion | the progress thread polls the CQ and writes status, length and immediate data through `crate::completion` |
+//! | QP in error | VI in ERROR (`CONN_LOST`), outstanding descriptors flushed |
+//!
+//! The data path of a send: `ViCore::post_send` translates and checks the
+//! descriptor → [`Verbs::post_send`] maps its segments to lkeys and posts
+//! one work request (`ibv.rs`) → the device moves the data → the progress
+//! thread ([`Verbs::progress`]) takes the completion and writes the user's
+//! descriptor, the CQ entry and the wakeups.
+//!
+//! `ibv.rs` is the only module with `unsafe` (the FFI); this one is safe but
+//! for one registration call, whose contract the common registration path
+//! upholds (the pages stay mapped until the region is removed).
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
+mod ibv;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use doorbell::EventCount;
+
+use crate::attrs::{Reliability, ViAttributes};
+use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, ViSignals};
+use crate::completion;
+use crate::descriptor::{control, status};
+use crate::error::{Error, ErrorKind, Result};
+use crate::nic::{AsyncError, ErrorCode, NicInner, flags};
+use crate::process::Process;
+use crate::proto::Endpoint;
+use crate::shm::mapping::Mapping;
+use crate::shm::rings::MappedRing;
+use crate::translate::{RecvWr, SendWr, WrRegions};
+use crate::vi::{ViCore, Which};
+
+use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, Sge, Transport, Wc};
+
+const MAX_VI: u32 = 1024;
+const MAX_CQ: u32 = 1024;
+/// Work requests per queue of a QP (and descriptors per VIA work queue).
+const QUEUE_DEPTH: u32 = 256;
+/// Entries of the NIC's one device CQ.
+const CQ_ENTRIES: i32 = 16384;
+const PORT: u8 = 1;
+/// How long a disconnect waits for the device to flush a QP.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// The canonical name if `name` is a verbs device: `verbs` (the first
+/// device), an ibverbs device name (`rxe0`, `mlx5_0`), or `/dev/via_<dev>`.
+pub(crate) fn accepts(name: &str) -> Option<String> {
+    let base = name.strip_prefix("/dev/via_").unwrap_or(name);
+    if base == "verbs" {
+        return Some(base.to_string());
+    }
+    let ok = !base.is_empty()
+        && !base.contains('/')
+        && !base.starts_with('.')
+        && std::path::Path::new("/sys/class/infiniband")
+            .join(base)
+            .exists();
+    ok.then(|| base.to_string())
+}
+
+/// The RDMA devices of this host (for tests and tools; empty when none).
+pub(crate) fn devices() -> Vec<String> {
+    ibv::devices()
+}
+
+#[derive(Default)]
+struct ViWords {
+    send_wake: EventCount,
+    recv_wake: EventCount,
+    interest: AtomicU32,
+}
+
+#[derive(Default)]
+struct CqWords {
+    wake: EventCount,
+    interest: AtomicU32,
+}
+
+/// A send in flight: where its completion goes (sends complete in order
+/// on a QP, so a FIFO suffices).
+struct SendRec {
+    desc_handle: u32,
+    desc_va: u64,
+    op_status: u32,
+    rdma: bool,
+}
+
+/// The device side of one VI.
+struct ViQp {
+    generation: u16,
+    reliability: Reliability,
+    ptag: u32,
+    /// Remote access the QP allows (the VI's RDMA enables).
+    access: u32,
+    qp: Qp,
+    /// Our first send PSN of the next connection.
+    psn: u32,
+    /// RTS towards a peer.
+    connected: bool,
+    /// We moved the QP to ERROR: its flushes are expected.
+    erroring: bool,
+    sends: VecDeque<SendRec>,
+    /// Receives on the QP, by queue position (removed when completed or
+    /// cancelled; a completion of a removed one is ignored).
+    recvs: HashMap<u64, RecvWr>,
+}
+
+/// A connection break found while running, settled outside the locks the
+/// poster holds (breaking takes the VI's queue locks).
+struct Break {
+    vi: (u32, u16),
+    code: ErrorCode,
+}
+
+/// What a peer needs to reach one of our QPs (the endpoint blob).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Blob {
+    qpn: u32,
+    psn: u32,
+    lid: u16,
+    mtu: u8,
+    global: bool,
+    gid: [u8; 16],
+}
+
+impl Blob {
+    const LEN: usize = 28;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::LEN);
+        b.extend_from_slice(&self.qpn.to_le_bytes());
+        b.extend_from_slice(&self.psn.to_le_bytes());
+        b.extend_from_slice(&self.lid.to_le_bytes());
+        b.push(self.mtu);
+        b.push(self.global as u8);
+        b.extend_from_slice(&self.gid);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Blob> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        Some(Blob {
+            qpn: u32_at(0) & 0xff_ffff,
+            psn: u32_at(4) & 0xff_ffff,
+            lid: u16::from_le_bytes([b[8], b[9]]),
+            mtu: b[10],
+            global: b[11] != 0,
+            gid: b[12..28].try_into().unwrap(),
+        })
+    }
+}
+
+/// `wr_id` of a work request: VI slot and generation, the queue, and (for
+/// receives) the queue position.
+fn wr_id(slot: u32, generation: u16, recv: bool, pos: u64) -> u64 {
+    ((slot as u64) << 48)
+        | ((generation as u64) << 32)
+        | ((recv as u64) << 31)
+        | (pos & 0x7fff_ffff)
+}
+
+fn wr_id_parts(id: u64) -> (u32, u16, bool, u64) {
+    (
+        (id >> 48) as u32,
+        (id >> 32) as u16,
+        id & (1 << 31) != 0,
+        id & 0x7fff_ffff,
+    )
+}
+
+fn new_psn() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (t ^ std::process::id().rotate_left(12)) & 0xff_ffff
+}
+
+/// The QP access flags of a VI's attributes.
+fn qp_access(a: &ViAttributes) -> u32 {
+    let mut x = 0;
+    if a.enable_rdma_write {
+        x |= ibv::ACCESS_REMOTE_WRITE;
+    }
+    if a.enable_rdma_read && a.reliability != Reliability::Unreliable {
+        x |= ibv::ACCESS_REMOTE_READ;
+    }
+    x
+}
+
+fn transport(r: Reliability) -> Transport {
+    match r {
+        Reliability::Unreliable => Transport::Uc,
+        _ => Transport::Rc,
+    }
+}
+
+/// The verbs device of one NIC.
+pub(crate) struct Verbs {
+    me: Weak<Verbs>,
+    ctx: Arc<Context>,
+    lid: u16,
+    gid: [u8; 16],
+    gid_index: u8,
+    global: bool,
+    mtu: u32,
+    cq: Arc<Cq>,
+    pds: Mutex<HashMap<u32, Arc<Pd>>>,
+    /// Live MRs by memory handle (= rkey).
+    mrs: RwLock<HashMap<u32, Arc<Mr>>>,
+    vis: Box<[Mutex<Option<ViQp>>]>,
+    vi_words: Box<[ViWords]>,
+    cq_words: Box<[CqWords]>,
+    provider: EventCount,
+    errors: Mutex<Vec<AsyncError>>,
+    breaks: Mutex<Vec<Break>>,
+    /// Held while polling the device CQ (the progress thread, or a
+    /// disconnect draining a QP's flushes).
+    poll_lock: Mutex<()>,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The GID index to use on an Ethernet port: `VIA_GID_INDEX`, else the
+/// first IPv4-mapped GID (RoCEv2 over IPv4), else 0.
+fn pick_gid(ctx: &Context) -> (u8, [u8; 16]) {
+    if let Some(i) = std::env::var("VIA_GID_INDEX")
+        .ok()
+        .and_then(|v| v.parse::<u8>().ok())
+    {
+        return (i, ctx.gid(PORT, i as i32).unwrap_or([0; 16]));
+    }
+    let mut first = None;
+    for i in 0..16u8 {
+        let Ok(g) = ctx.gid(PORT, i as i32) else {
+            break;
+        };
+        if g == [0; 16] {
+            continue;
+        }
+        first.get_or_insert((i, g));
+        if g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff {
+            return (i, g);
+        }
+    }
+    first.unwrap_or((0, [0; 16]))
+}
+
+/// Opens NIC number `id` on the verbs device `name` (`verbs`: the first).
+///
+/// # Errors
+/// `InvalidParameter` when no such device exists (no RDMA device, or no
+/// libibverbs), `Resource` when the device refuses an object.
+pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<dyn Device>> {
+    let want = (name != "verbs").then_some(name);
+    let ctx = Context::open(want).map_err(|e| {
+        log::info!("verbs: {e}");
+        Error::caused_by(ErrorKind::InvalidParameter, e)
+    })?;
+    let ctx = Arc::new(ctx);
+    let port = ctx.port(PORT).map_err(Error::resource)?;
+    let (gid_index, gid) = pick_gid(&ctx);
+    let cq = Cq::new(&ctx, CQ_ENTRIES).map_err(Error::resource)?;
+    cq.set_nonblocking().map_err(Error::resource)?;
+    log::info!(
+        "verbs: opened {} (lid {}, mtu code {}, {}; gid index {gid_index})",
+        ctx.name,
+        port.lid,
+        port.active_mtu,
+        if port.ethernet { "RoCE" } else { "InfiniBand" }
+    );
+    Ok(Arc::new_cyclic(|me| Verbs {
+        me: me.clone(),
+        lid: port.lid,
+        gid,
+        gid_index,
+        global: port.ethernet,
+        mtu: port.active_mtu,
+        ctx,
+        cq,
+        pds: Mutex::new(HashMap::new()),
+        mrs: RwLock::new(HashMap::new()),
+        vis: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
+        vi_words: (0..MAX_VI).map(|_| ViWords::default()).collect(),
+        cq_words: (0..MAX_CQ).map(|_| CqWords::default()).collect(),
+        provider: EventCount::new(),
+        errors: Mutex::new(Vec::new()),
+        breaks: Mutex::new(Vec::new()),
+        poll_lock: Mutex::new(()),
+        stop: AtomicBool::new(false),
+        thread: Mutex::new(None),
+    }))
+}
+
+impl Verbs {
+    fn pd(&self, ptag: u32) -> Result<Arc<Pd>> {
+        let mut pds = self.pds.lock().unwrap();
+        if let Some(p) = pds.get(&ptag) {
+            return Ok(p.clone());
+        }
+        let p = Pd::new(&self.ctx).map_err(Error::resource)?;
+        pds.insert(ptag, p.clone());
+        Ok(p)
+    }
+
+    fn new_qp(&self, a: &ViAttributes) -> Result<Qp> {
+        let pd = self.pd(a.ptag.id())?;
+        let qp = Qp::new(
+            &pd,
+            &self.cq,
+            transport(a.reliability),
+            QUEUE_DEPTH,
+            crate::descriptor::MAX_SEGMENTS as u32,
+        )
+        .map_err(Error::resource)?;
+        qp.init(PORT, qp_access(a)).map_err(Error::resource)?;
+        Ok(qp)
+    }
+
+    fn lkey(&self, handle: u32) -> Option<u32> {
+        self.mrs.read().unwrap().get(&handle).map(|m| m.lkey)
+    }
+
+    fn brk(&self, vi: (u32, u16), code: ErrorCode) {
+        self.breaks.lock().unwrap().push(Break { vi, code });
+    }
+
+    /// Breaks the connections found broken while polling (no lock held).
+    fn settle(&self, nic: &NicInner) {
+        let breaks = std::mem::take(&mut *self.breaks.lock().unwrap());
+        for b in breaks {
+            if let Some(vi) = nic.vi(b.vi.0, b.vi.1) {
+                vi.break_connection(nic, b.code, false, false);
+            }
+        }
+    }
+
+    /// Takes what the device CQ holds and completes it; how many.
+    fn poll(&self, nic: &NicInner) -> usize {
+        let _g = self.poll_lock.lock().unwrap();
+        let mut wcs = [Wc::default(); 16];
+        let mut total = 0;
+        loop {
+            let n = self.cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                self.complete(nic, wc);
+            }
+            total += n;
+            if n < wcs.len() {
+                return total;
+            }
+        }
+    }
+
+    /// Completes the descriptor of one work completion.
+    fn complete(&self, nic: &NicInner, wc: &Wc) {
+        let (slot, generation, recv, pos) = wr_id_parts(wc.wr_id);
+        let Some(vi) = nic.vi(slot, generation) else {
+            return;
+        };
+        let ok = wc.status == ibv::WC_SUCCESS;
+        let flushed = wc.status == ibv::WC_WR_FLUSH_ERR;
+        // A QP that went to ERROR by itself (an error of this or the peer's
+        // side): the VI breaks.
+        let broke = {
+            let g = self.vis[slot as usize].lock().unwrap();
+            match g.as_ref() {
+                Some(v) if v.generation == generation => !ok && !v.erroring,
+                _ => return,
+            }
+        };
+        if !ok && !flushed {
+            log::debug!(
+                "VI {slot}: {} completion: {}",
+                if recv { "receive" } else { "send" },
+                ibv::status_str(wc.status)
+            );
+        }
+        if broke {
+            self.brk((slot, generation), ErrorCode::ConnLost);
+        }
+        if recv {
+            let rw = {
+                let mut g = self.vis[slot as usize].lock().unwrap();
+                match g.as_mut().and_then(|v| v.recvs.remove(&pos)) {
+                    Some(r) => r,
+                    None => return,
+                }
+            };
+            let op = if wc.opcode == ibv::WC_RECV_RDMA_WITH_IMM {
+                status::OP_REMOTE_RDMA_WRITE
+            } else {
+                status::OP_RECEIVE
+            };
+            let err = match wc.status {
+                ibv::WC_SUCCESS => 0,
+                ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
+                ibv::WC_LOC_LEN_ERR => status::LENGTH_ERROR,
+                ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
+                _ => status::TRANSPORT_ERROR,
+            };
+            let imm = if ok { wc.imm } else { None };
+            let st = status::DONE | op | err | if imm.is_some() { status::IMMEDIATE } else { 0 };
+            let len = ok.then_some(wc.byte_len);
+            match nic.regions.get(rw.desc_handle) {
+                Some(d) => {
+                    let va = d.va + rw.desc_off;
+                    if completion::write_in_region(&d, va, st, len, imm).is_ok() {
+                        completion::after_local(nic, &vi, Which::Recv);
+                    } else {
+                        log::warn!("VI {slot}: cannot write receive status at {va:#x}");
+                    }
+                }
+                None => log::warn!("VI {slot}: receive descriptor lost its registration"),
+            }
+        } else {
+            let (rec, reliability) = {
+                let mut g = self.vis[slot as usize].lock().unwrap();
+                let Some(v) = g.as_mut() else { return };
+                match v.sends.pop_front() {
+                    Some(r) => (r, v.reliability),
+                    None => return,
+                }
+            };
+            let err = match wc.status {
+                ibv::WC_SUCCESS => 0,
+                ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
+                ibv::WC_LOC_LEN_ERR => status::LENGTH_ERROR,
+                ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
+                ibv::WC_REM_ACCESS_ERR if rec.rdma => status::RDMA_PROT_ERROR,
+                ibv::WC_REM_ACCESS_ERR
+                | ibv::WC_REM_INV_REQ_ERR
+                | ibv::WC_REM_OP_ERR
+                | ibv::WC_RNR_RETRY_EXC_ERR => match reliability {
+                    // Reliable delivery: the data left; the break reports it.
+                    Reliability::ReliableDelivery => 0,
+                    _ => status::REMOTE_DESC_ERROR,
+                },
+                _ => status::TRANSPORT_ERROR,
+            };
+            let desc = nic
+                .regions
+                .get(rec.desc_handle)
+                .filter(|r| r.covers(rec.desc_va, 32));
+            completion::send(
+                nic,
+                &vi,
+                desc.as_deref(),
+                rec.desc_va,
+                status::DONE | err | rec.op_status,
+            );
+        }
+    }
+
+    /// The progress thread: polls the device CQ, sleeps on the completion
+    /// channel when it is empty, until the NIC closes.
+    fn progress(self: Arc<Self>, nic: Weak<NicInner>) {
+        while !self.stop.load(Ordering::Acquire) {
+            let Some(n) = nic.upgrade() else { break };
+            if self.poll(&n) > 0 {
+                self.settle(&n);
+                continue;
+            }
+            self.cq.arm();
+            // A completion may have arrived between the poll and the arm.
+            if self.poll(&n) > 0 {
+                self.settle(&n);
+                continue;
+            }
+            self.settle(&n);
+            drop(n);
+            self.cq.wait_event(100);
+        }
+    }
+
+    fn complete_now(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr, st: u32) {
+        let desc = nic
+            .regions
+            .get(wr.desc_handle)
+            .filter(|r| r.covers(wr.desc_va, 32));
+        completion::send(nic, vi, desc.as_deref(), wr.desc_va, status::DONE | st);
+    }
+}
+
+impl Device for Verbs {
+    fn kind(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            max_vi: MAX_VI,
+            max_cq: MAX_CQ,
+            queue_depth: QUEUE_DEPTH,
+            max_segments: crate::descriptor::MAX_SEGMENTS as u32,
+            max_transfer: 1 << 24,
+            max_regions: 1 << 16,
+            reliability: Reliability::Unreliable.bits()
+                | Reliability::ReliableDelivery.bits()
+                | Reliability::ReliableReception.bits(),
+            rdma_read: Reliability::ReliableDelivery.bits() | Reliability::ReliableReception.bits(),
+        }
+    }
+
+    fn start(&self, nic: &Arc<NicInner>) {
+        let Some(me) = self.me.upgrade() else { return };
+        let weak = Arc::downgrade(nic);
+        match std::thread::Builder::new()
+            .name("via-verbs".into())
+            .spawn(move || me.progress(weak))
+        {
+            Ok(h) => *self.thread.lock().unwrap() = Some(h),
+            Err(e) => log::error!("verbs: cannot start the progress thread: {e}"),
+        }
+    }
+
+    fn close(&self, _nic: &NicInner) {
+        self.stop.store(true, Ordering::Release);
+        let h = self.thread.lock().unwrap().take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    fn provider_wake(&self) -> &EventCount {
+        &self.provider
+    }
+
+    fn vi_signals(&self, slot: u32) -> ViSignals<'_> {
+        let w = &self.vi_words[slot as usize];
+        ViSignals {
+            send_wake: &w.send_wake,
+            recv_wake: &w.recv_wake,
+            interest: &w.interest,
+        }
+    }
+
+    fn cq_signals(&self, slot: u32) -> CqSignals<'_> {
+        let w = &self.cq_words[slot as usize];
+        CqSignals {
+            wake: &w.wake,
+            interest: &w.interest,
+        }
+    }
+
+    fn take_async_errors(&self, out: &mut Vec<AsyncError>) {
+        out.append(&mut self.errors.lock().unwrap());
+    }
+
+    // ---- memory ----
+
+    fn reserve_region(&self) -> Result<RegionSlot> {
+        // The handle is the rkey, known once the MR exists (add_region).
+        Ok(RegionSlot {
+            handle: 0,
+            index: 0,
+        })
+    }
+
+    fn add_region(&self, _nic: &NicInner, _slot: RegionSlot, r: &RegionSpec<'_>) -> Result<u32> {
+        let pd = self.pd(r.ptag)?;
+        let mut access = ibv::ACCESS_LOCAL_WRITE;
+        if r.flags & flags::RDMA_WRITE != 0 {
+            access |= ibv::ACCESS_REMOTE_WRITE;
+        }
+        if r.flags & flags::RDMA_READ != 0 {
+            access |= ibv::ACCESS_REMOTE_READ;
+        }
+        // SAFETY: the registration path pinned these pages and keeps them
+        // mapped until `remove_region` (which drops the MR first).
+        #[allow(unsafe_code)]
+        let mr = unsafe { pd.register(r.va, r.len, access) }.map_err(|e| {
+            log::warn!("verbs: {e}");
+            Error::resource(e)
+        })?;
+        let handle = mr.rkey;
+        self.mrs.write().unwrap().insert(handle, Arc::new(mr));
+        Ok(handle)
+    }
+
+    fn remove_region(&self, _nic: &NicInner, handle: u32) {
+        self.mrs.write().unwrap().remove(&handle);
+    }
+
+    fn set_region_attributes(&self, handle: u32, ptag: u32, fl: u32) -> Result<()> {
+        // The rkey (the handle) would change with the PD or the access
+        // flags: only a change to nothing is possible.
+        let _ = (handle, ptag, fl);
+        Err(Error::resource(
+            "verbs: a region's attributes are fixed at registration",
+        ))
+    }
+
+    // ---- VIs ----
+
+    fn add_vi(&self, _nic: &NicInner, vi: &ViCore) -> Result<()> {
+        let a = vi.attributes();
+        let qp = self.new_qp(&a)?;
+        *self.vis[vi.slot as usize].lock().unwrap() = Some(ViQp {
+            generation: vi.generation,
+            reliability: a.reliability,
+            ptag: a.ptag.id(),
+            access: qp_access(&a),
+            qp,
+            psn: new_psn(),
+            connected: false,
+            erroring: false,
+            sends: VecDeque::new(),
+            recvs: HashMap::new(),
+        });
+        Ok(())
+    }
+
+    fn vi_attributes(&self, vi: &ViCore, a: &ViAttributes) {
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let Some(v) = g.as_mut() else { return };
+        if v.reliability == a.reliability && v.ptag == a.ptag.id() && v.access == qp_access(a) {
+            return;
+        }
+        // An idle VI: a new QP of the new kind, its receives posted again.
+        match self.new_qp(a) {
+            Ok(qp) => {
+                for (pos, rw) in &v.recvs {
+                    let sges = match self.recv_sges_of(rw, vi) {
+                        Some(s) => s,
+                        None => continue,
+                    };
+                    if let Err(e) = qp.post_recv(wr_id(vi.slot, vi.generation, true, *pos), &sges) {
+                        log::warn!("verbs: re-posting a receive: {e}");
+                    }
+                }
+                v.qp = qp;
+                v.reliability = a.reliability;
+                v.ptag = a.ptag.id();
+                v.access = qp_access(a);
+            }
+            Err(e) => log::error!("verbs: VI {}: new attributes: {e}", vi.slot),
+        }
+    }
+
+    fn remove_vi(&self, _nic: &NicInner, vi: &ViCore) {
+        let v = self.vis[vi.slot as usize].lock().unwrap().take();
+        drop(v);
+    }
+
+    // ---- CQs ----
+
+    fn cq_ring(
+        &self,
+        _nic: &NicInner,
+        _slot: u32,
+        _generation: u32,
+        entries: u32,
+    ) -> Result<Arc<MappedRing>> {
+        // Only this process completes into its CQs: private memory.
+        let cap = entries.next_power_of_two().max(64);
+        let len = cq::EntryRing::bytes_for(cap);
+        let map = Mapping::anonymous(len).map_err(Error::resource)?;
+        let ring = MappedRing::init(Arc::new(map), 0, len, cap).map_err(Error::resource)?;
+        ring.get()
+            .set_limit(entries as usize)
+            .map_err(|_| Error::Resource)?;
+        Ok(Arc::new(ring))
+    }
+
+    // ---- connections ----
+
+    fn endpoint_blob(&self, vi: &ViCore) -> Vec<u8> {
+        let g = self.vis[vi.slot as usize].lock().unwrap();
+        let Some(v) = g.as_ref() else {
+            return Vec::new();
+        };
+        Blob {
+            qpn: v.qp.qpn,
+            psn: v.psn,
+            lid: self.lid,
+            mtu: self.mtu as u8,
+            global: self.global,
+            gid: self.gid,
+        }
+        .encode()
+    }
+
+    fn connect(&self, _nic: &NicInner, vi: &ViCore, peer: &Endpoint) -> Result<()> {
+        let b = Blob::decode(&peer.device).ok_or_else(|| {
+            log::warn!("verbs: the peer's endpoint is not a verbs endpoint");
+            Error::InvalidParameter
+        })?;
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let v = g.as_mut().ok_or(Error::InvalidState)?;
+        let mtu = self.mtu.min(b.mtu as u32).max(1);
+        v.qp.connect(
+            &Remote {
+                qpn: b.qpn,
+                psn: b.psn,
+                lid: b.lid,
+                gid: b.gid,
+                global: self.global || b.global,
+            },
+            v.psn,
+            mtu,
+            PORT,
+            self.gid_index,
+        )
+        .map_err(|e| {
+            log::warn!("verbs: VI {}: {e}", vi.slot);
+            Error::resource(e)
+        })?;
+        v.connected = true;
+        v.erroring = false;
+        Ok(())
+    }
+
+    fn disconnect(&self, nic: &NicInner, vi: &ViCore, _tell_peer: bool) {
+        {
+            let mut g = self.vis[vi.slot as usize].lock().unwrap();
+            let Some(v) = g.as_mut() else { return };
+            v.connected = false;
+            v.erroring = true;
+            if let Err(e) = v.qp.error() {
+                log::warn!("verbs: VI {}: {e}", vi.slot);
+            }
+        }
+        // The device flushes every outstanding request; take the flushes.
+        let deadline = Instant::now() + FLUSH_WAIT;
+        loop {
+            let idle = {
+                let g = self.vis[vi.slot as usize].lock().unwrap();
+                g.as_ref()
+                    .is_none_or(|v| v.sends.is_empty() && v.recvs.is_empty())
+            };
+            if idle {
+                break;
+            }
+            if Instant::now() > deadline {
+                log::warn!("verbs: VI {}: the device did not flush in time", vi.slot);
+                break;
+            }
+            if self.poll(nic) == 0 {
+                std::thread::yield_now();
+            }
+        }
+        // Back to INIT with a new PSN: the VI may connect again.
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        if let Some(v) = g.as_mut() {
+            v.sends.clear();
+            v.recvs.clear();
+            if let Err(e) = v.qp.reset(PORT, v.access) {
+                log::warn!("verbs: VI {}: {e}", vi.slot);
+            }
+            v.psn = new_psn();
+            v.erroring = false;
+        }
+    }
+
+    // ---- work ----
+
+    fn post_send(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        wr: &SendWr,
+        _regions: WrRegions<'_>,
+    ) -> Result<()> {
+        let (op_status, rdma) = match wr.op() {
+            control::OP_RDMAWRITE => (status::OP_RDMA_WRITE, true),
+            control::OP_RDMAREAD => (status::OP_RDMA_READ, true),
+            _ => (status::OP_SEND, false),
+        };
+        if wr.fault != 0 {
+            if vi.reliability().is_reliable() {
+                self.brk((vi.slot, vi.generation), ErrorCode::PostDesc);
+            }
+            self.complete_now(nic, vi, wr, wr.fault | op_status);
+            return Ok(());
+        }
+        let mut sges = [Sge::default(); crate::descriptor::MAX_SEGMENTS];
+        let local = wr.local();
+        for (d, s) in sges.iter_mut().zip(local) {
+            let Some(lkey) = self.lkey(s.handle) else {
+                self.complete_now(nic, vi, wr, status::PROTECTION_ERROR | op_status);
+                return Ok(());
+            };
+            *d = Sge {
+                addr: s.va,
+                len: s.len,
+                lkey,
+            };
+        }
+        let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
+        let op = match wr.op() {
+            control::OP_RDMAWRITE => SendOp::Write {
+                remote_va: wr.remote_va,
+                rkey: wr.remote_handle,
+            },
+            control::OP_RDMAREAD => SendOp::Read {
+                remote_va: wr.remote_va,
+                rkey: wr.remote_handle,
+            },
+            _ => SendOp::Send,
+        };
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let v = match g.as_mut() {
+            Some(v) if v.generation == vi.generation => v,
+            _ => return Err(Error::InvalidState),
+        };
+        if !v.connected || vi.broken.load(Ordering::Acquire) {
+            drop(g);
+            self.complete_now(nic, vi, wr, status::DESC_FLUSHED_ERROR | op_status);
+            return Ok(());
+        }
+        v.sends.push_back(SendRec {
+            desc_handle: wr.desc_handle,
+            desc_va: wr.desc_va,
+            op_status,
+            rdma,
+        });
+        let req = SendReq {
+            wr_id: wr_id(vi.slot, vi.generation, false, wr.seq as u64),
+            op,
+            imm,
+            sges: &sges[..local.len()],
+        };
+        if let Err(e) = v.qp.post_send(&[req]) {
+            v.sends.pop_back();
+            drop(g);
+            log::warn!("verbs: VI {}: {e}", vi.slot);
+            if vi.reliability().is_reliable() {
+                self.brk((vi.slot, vi.generation), ErrorCode::ConnLost);
+            }
+            self.complete_now(nic, vi, wr, status::TRANSPORT_ERROR | op_status);
+        }
+        Ok(())
+    }
+
+    fn kick(&self, nic: &NicInner, _vi: Option<&ViCore>) {
+        self.settle(nic);
+    }
+
+    fn post_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, wr: &RecvWr) -> Result<()> {
+        let sges = self.recv_sges_of(wr, vi).ok_or(Error::InvalidParameter)?;
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let v = match g.as_mut() {
+            Some(v) if v.generation == vi.generation => v,
+            _ => return Err(Error::InvalidState),
+        };
+        v.recvs.insert(pos, wr.clone());
+        if let Err(e) =
+            v.qp.post_recv(wr_id(vi.slot, vi.generation, true, pos), &sges)
+        {
+            v.recvs.remove(&pos);
+            log::warn!("verbs: VI {}: {e}", vi.slot);
+            return Err(Error::resource(e));
+        }
+        Ok(())
+    }
+
+    fn cancel_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, _force: bool) -> bool {
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        g.as_mut()
+            .is_some_and(|v| v.generation == vi.generation && v.recvs.remove(&pos).is_some())
+    }
+}
+
+impl Verbs {
+    /// The scatter list of a validated receive (segments are relative to
+    /// their regions).
+    fn recv_sges_of(&self, wr: &RecvWr, _vi: &ViCore) -> Option<Vec<Sge>> {
+        let mrs = self.mrs.read().unwrap();
+        wr.segs[..wr.n]
+            .iter()
+            .map(|&(off, len, h)| {
+                let m = mrs.get(&h)?;
+                Some(Sge {
+                    addr: m.addr + off,
+                    len,
+                    lkey: m.lkey,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_round_trip() {
+        let b = Blob {
+            qpn: 0x12_3456,
+            psn: 0xab_cdef,
+            lid: 7,
+            mtu: 3,
+            global: true,
+            gid: [9; 16],
+        };
+        let e = b.encode();
+        assert_eq!(e.len(), Blob::LEN);
+        assert!(e.len() <= crate::proto::MAX_DEVICE_BLOB);
+        assert_eq!(Blob::decode(&e), Some(b));
+        assert_eq!(Blob::decode(&e[1..]), None);
+    }
+
+    #[test]
+    fn wr_id_round_trip() {
+        let id = wr_id(1023, 0xfffe, true, 0x7fff_fffe);
+        assert_eq!(wr_id_parts(id), (1023, 0xfffe, true, 0x7fff_fffe));
+        assert_eq!(wr_id_parts(wr_id(3, 1, false, 5)), (3, 1, false, 5));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(accepts("verbs").as_deref(), Some("verbs"));
+        assert_eq!(accepts("/dev/via_verbs").as_deref(), Some("verbs"));
+        assert_eq!(accepts("../x"), None);
+        assert_eq!(accepts(""), None);
+    }
+}
