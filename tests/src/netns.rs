@@ -83,6 +83,11 @@ impl Hosts {
         }
     }
 
+    /// The network namespace of side `s`.
+    pub fn namespace(&self, s: Side) -> &str {
+        &self.ns[Self::i(s)]
+    }
+
     /// The IPv4 address of side `s`.
     pub fn addr(&self, s: Side) -> &str {
         &self.addrs[Self::i(s)]

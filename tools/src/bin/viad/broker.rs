@@ -20,8 +20,11 @@
 //! listens, connects and peer requests match within one uid (each uid has
 //! its own discriminator namespace, so a request for another user's
 //! discriminator finds nobody and ends as `NoMatch` at its deadline; a
-//! cross-user grant of the configuration is refused at once with `Reject`
-//! until the mediated data path exists); and each published arena is
+//! cross-user grant of the configuration lets a request over TCP, the
+//! sockets NIC, reach the granted user's listener, which may then fetch
+//! that request's connection and nothing else of the requester, and is
+//! refused at once with `Reject` on the shared-memory NIC); and each
+//! published arena is
 //! mapped and locked in memory by the daemon, within a per-process, a
 //! per-user and a total pinning quota (`Refused(Quota)` beyond), released
 //! on `Retire` and on the session's death.
@@ -106,8 +109,7 @@ pub struct SystemPolicy {
     pub users: HashMap<u32, Quota>,
     /// Bytes locked for all users together.
     pub total: u64,
-    /// Cross-user connections allowed (refused for now: the mediated data
-    /// path does not exist yet).
+    /// Cross-user connections allowed (over the sockets NIC only).
     pub grants: Vec<Grant>,
 }
 
@@ -855,7 +857,15 @@ impl Broker {
             Request::Fetch { session, key } => {
                 let me = self.sessions[&s].cred.uid;
                 let owner = self.sessions.get(&session).map(|x| x.cred.uid);
-                if self.system.is_some() && owner.is_some_and(|u| u != me) {
+                // The TCP connection of a request offered to `s` (a granted
+                // cross-user request over the sockets NIC): a socket, no
+                // memory of the other user.
+                let offered_stream = key.kind == ObjKind::Stream
+                    && self.sessions[&s]
+                        .offered
+                        .iter()
+                        .any(|c| self.connects.get(c).is_some_and(|c| c.session == session));
+                if self.system.is_some() && owner.is_some_and(|u| u != me) && !offered_stream {
                     // Another user's memory: answered as for an object that
                     // does not exist (nothing is told about the other user).
                     log::warn!(
@@ -925,11 +935,16 @@ impl Broker {
                     });
                 } else if !self.local_host(&remote.host) {
                     refuse(&mut out, Refusal::NoMatch);
-                } else if let Some(g) = self.cross_user_grant(s, &remote.discriminator) {
-                    // Allowed by the configuration, but the data path that
-                    // would keep the two users' memory apart does not exist.
+                } else if let Some(g) = self
+                    .cross_user_grant(s, &remote.discriminator)
+                    .filter(|_| !self.is_remote(s))
+                {
+                    // Allowed by the configuration, but the shared-memory
+                    // NIC would map one user's memory into the other's
+                    // process: only the sockets NIC, whose data path
+                    // shares no memory, carries a cross-user connection.
                     log::warn!(
-                        "session {s} (uid {}): connection to discriminator {:?} of uid {} is granted by the configuration, but cross-user connections are not supported yet (no mediated data path): refused (VIP_REJECT)",
+                        "session {s} (uid {}): connection to discriminator {:?} of uid {} is granted by the configuration, but not on the shared-memory NIC (it would share memory between the users): refused (VIP_REJECT); open a sockets NIC (via_<ifname>) for cross-user connections",
                         g.client_uid,
                         String::from_utf8_lossy(&remote.discriminator),
                         g.server_uid
@@ -938,7 +953,20 @@ impl Broker {
                 } else {
                     let conn = self.id();
                     let d = deadline(now, timeout_ms);
-                    let uid = self.sessions[&s].cred.uid;
+                    // A granted request of another user over the sockets NIC
+                    // waits for the listeners of the user it is granted to.
+                    let uid = match self.cross_user_grant(s, &remote.discriminator) {
+                        Some(g) => {
+                            log::info!(
+                                "session {s} (uid {}, over TCP): connection to discriminator {:?} of uid {} granted by the configuration",
+                                g.client_uid,
+                                String::from_utf8_lossy(&remote.discriminator),
+                                g.server_uid
+                            );
+                            g.server_uid
+                        }
+                        None => self.sessions[&s].cred.uid,
+                    };
                     self.connects.insert(
                         conn,
                         Connect {
@@ -1152,9 +1180,7 @@ impl Broker {
                 }
             }
             Request::OpenTcp { host } => {
-                if host.len() != 4 || self.system.is_some() {
-                    // System mode keys everything by uid, and a remote
-                    // requester has none: not offered there (yet).
+                if host.len() != 4 {
                     refuse(&mut out, Refusal::Invalid);
                 } else {
                     out.push(Out::OpenTcp { to: s, id, host });
@@ -2093,10 +2119,13 @@ mod tests {
         assert_eq!(r.len(), 2, "{r:?}");
     }
 
-    /// A grant of the configuration is refused at once (`Reject`) until the
-    /// mediated data path exists; the other user's listener is untouched.
+    /// A grant of the configuration: a request of the other user over the
+    /// sockets NIC (a remote session: a TCP connection, no memory shared)
+    /// reaches the granted listener, which may fetch that connection and
+    /// nothing else of the requester; the same request on the shared-memory
+    /// NIC is refused at once (`Reject`) and the listener is untouched.
     #[test]
-    fn granted_cross_user_connection_is_refused_for_now() {
+    fn granted_cross_user_connections_go_over_sockets_only() {
         let grant = Grant {
             client_uid: B,
             server_uid: A,
@@ -2126,6 +2155,49 @@ mod tests {
             matches!(r[..], [(to, 6, Reply::Incoming { .. })] if to == x),
             "{r:?}"
         );
+        // Over TCP (a remote session of B): offered to A's listener, which
+        // may fetch the request's connection but no other object of it.
+        assert!(listen(&mut b, a1, 8, "svc-z", proto::INFINITE).is_empty());
+        let t = b.open_remote_session(Cred { uid: B, pid: 0 });
+        let stream = ObjKey {
+            kind: ObjKind::Stream,
+            nic: 0,
+            id: 0,
+            generation: 0,
+        };
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let req = Request::Publish {
+            key: stream.clone(),
+        };
+        assert!(matches!(
+            replies(&b.on_request(t, 1, req, vec![fd], Instant::now()))[..],
+            [(_, 1, Reply::Ok)]
+        ));
+        let fetch = |b: &mut Broker, id, key| {
+            let req = Request::Fetch { session: t, key };
+            b.on_request(a1, id, req, vec![], Instant::now())
+        };
+        assert!(matches!(
+            replies(&fetch(&mut b, 9, stream.clone()))[..],
+            [(_, 9, Reply::Refused(Refusal::Gone))]
+        ));
+        let r = connect_req(&mut b, t, 10, "svc-z", 1000);
+        assert!(
+            matches!(r[..], [(to, 8, Reply::Incoming { .. })] if to == a1),
+            "{r:?}"
+        );
+        assert!(matches!(
+            fetch(&mut b, 11, stream.clone())[..],
+            [Out::SendFd { id: 11, .. }]
+        ));
+        let arena = ObjKey {
+            kind: ObjKind::Arena,
+            ..stream.clone()
+        };
+        assert!(matches!(
+            replies(&fetch(&mut b, 12, arena))[..],
+            [(_, 12, Reply::Refused(Refusal::Gone))]
+        ));
         // Per-user mode knows no grants.
         let mut u = Broker::new(vec![1], "h".into(), vec![]);
         let s = hello(&mut u);

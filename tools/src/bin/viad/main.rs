@@ -279,7 +279,7 @@ fn main() {
         Some((c, path)) => {
             let p = &c.policy;
             log::info!(
-                "viad {} in system mode on {}, serving every user (host address {shown_host}); configuration {}: pinning per process {}, per user {}, all users {}, {} per-user quotas, {} cross-user grants (refused: no mediated data path yet)",
+                "viad {} in system mode on {}, serving every user (host address {shown_host}); configuration {}: pinning per process {}, per user {}, all users {}, {} per-user quotas, {} cross-user grants (over sockets NICs)",
                 std::process::id(),
                 sock_path.display(),
                 path.display(),
@@ -636,8 +636,7 @@ impl Daemon {
                     Source::Pid(s) => dead.push((s, "process exited")),
                     Source::Tcp(tcp::Watch::Listener(i)) => self.tcp.accept(i),
                     Source::Tcp(tcp::Watch::Unread(k)) => {
-                        let uid = self.uid.unwrap_or(u32::MAX);
-                        self.tcp.read(k, &mut self.broker, uid, &mut outs);
+                        self.tcp.read(k, &mut self.broker, self.uid, &mut outs);
                     }
                     Source::Tcp(tcp::Watch::Session(s)) => {
                         if self.tcp.readable(s) {

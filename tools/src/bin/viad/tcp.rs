@@ -159,7 +159,10 @@ impl Tcp {
     }
 
     /// Reads more of request `k`; once complete, hands it to the broker.
-    pub fn read(&mut self, k: u64, broker: &mut Broker, uid: u32, out: &mut Vec<Out>) {
+    ///
+    /// `uid`: the user requests are served as (the per-user daemon's); in
+    /// system mode `None`: the requester's own, found by its socket.
+    pub fn read(&mut self, k: u64, broker: &mut Broker, uid: Option<u32>, out: &mut Vec<Out>) {
         let Some(u) = self.unread.get_mut(&k) else {
             return;
         };
@@ -219,7 +222,7 @@ impl Tcp {
         mut stream: TcpStream,
         req: SetupRequest,
         broker: &mut Broker,
-        uid: u32,
+        uid: Option<u32>,
         out: &mut Vec<Out>,
     ) {
         // The one thing checked about the other host: its address is the
@@ -237,6 +240,20 @@ impl Tcp {
             let _ = stream.write_all(&SetupAnswer::Refused(Refusal::Invalid).encode());
             return;
         }
+        // The system daemon serves every user of this host: a request is
+        // served as the user whose socket it came from, which the kernel
+        // knows for connections within this host; another host's users are
+        // not known (nothing authenticates them), so it serves none.
+        let uid = match uid.or_else(|| local_owner(peer, here)) {
+            Some(u) => u,
+            None => {
+                log::warn!(
+                    "request from {peer}: not from this host, and the system daemon serves only this host's users: refused"
+                );
+                let _ = stream.write_all(&SetupAnswer::Refused(Refusal::Reject).encode());
+                return;
+            }
+        };
         let Ok(dup) = stream.try_clone().map(OwnedFd::from) else {
             return;
         };
@@ -318,5 +335,61 @@ impl Tcp {
     /// Drops requests past their deadline.
     pub fn expire(&mut self, now: Instant) {
         self.unread.retain(|_, u| u.deadline > now);
+    }
+}
+
+/// The user owning the local TCP socket `peer` connected to `here` (both
+/// ends on this host, in this network namespace), from the kernel's socket
+/// table (`/proc/net/tcp`); `None` for a connection from another host.
+fn local_owner(peer: std::net::SocketAddrV4, here: std::net::SocketAddrV4) -> Option<u32> {
+    // The table prints an address as the in-memory u32 of its network-order
+    // bytes, and the port in host order, both in hex.
+    let fmt = |a: std::net::SocketAddrV4| {
+        format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(a.ip().octets()),
+            a.port()
+        )
+    };
+    let (local, remote) = (fmt(peer), fmt(here));
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    owner_in(&table, &local, &remote)
+}
+
+/// The uid column of the line of `table` with these local and remote
+/// addresses.
+fn owner_in(table: &str, local: &str, remote: &str) -> Option<u32> {
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 7 && f[1] == local && f[2] == remote)
+            .then(|| f[7].parse().ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_of_a_local_connection_is_read_from_the_socket_table() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_s, _) = l.accept().unwrap();
+        let (SocketAddr::V4(peer), SocketAddr::V4(here)) =
+            (c.local_addr().unwrap(), l.local_addr().unwrap())
+        else {
+            panic!("IPv4")
+        };
+        assert_eq!(local_owner(peer, here), Some(via_sys::getuid()));
+        // A peer that is not in the table: another host.
+        let other = std::net::SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 7), 4000);
+        assert_eq!(local_owner(other, here), None);
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:9C40 0100007F:1C02 01 00000000:00000000 00:00000000 00000000  1001        0 1234 1 0 20 4 30 10 -1\n";
+        assert_eq!(
+            owner_in(table, "0100007F:9C40", "0100007F:1C02"),
+            Some(1001)
+        );
+        assert_eq!(owner_in(table, "0100007F:9C41", "0100007F:1C02"), None);
     }
 }
