@@ -2166,9 +2166,7 @@ mod tests {
             generation: 0,
         };
         let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        let req = Request::Publish {
-            key: stream.clone(),
-        };
+        let req = Request::Publish { key: stream };
         assert!(matches!(
             replies(&b.on_request(t, 1, req, vec![fd], Instant::now()))[..],
             [(_, 1, Reply::Ok)]
@@ -2178,7 +2176,7 @@ mod tests {
             b.on_request(a1, id, req, vec![], Instant::now())
         };
         assert!(matches!(
-            replies(&fetch(&mut b, 9, stream.clone()))[..],
+            replies(&fetch(&mut b, 9, stream))[..],
             [(_, 9, Reply::Refused(Refusal::Gone))]
         ));
         let r = connect_req(&mut b, t, 10, "svc-z", 1000);
@@ -2187,12 +2185,12 @@ mod tests {
             "{r:?}"
         );
         assert!(matches!(
-            fetch(&mut b, 11, stream.clone())[..],
+            fetch(&mut b, 11, stream)[..],
             [Out::SendFd { id: 11, .. }]
         ));
         let arena = ObjKey {
             kind: ObjKind::Arena,
-            ..stream.clone()
+            ..stream
         };
         assert!(matches!(
             replies(&fetch(&mut b, 12, arena))[..],
