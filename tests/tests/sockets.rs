@@ -176,6 +176,7 @@ fn stream(rel: &str) {
     let mut b = h.peer(Side::B, PEER, &[]);
     connect(&h, &mut a, &mut b, &format!("{rel} 4194304 0 0"), "stream");
     let total = 100u64 << 20;
+    assert_eq!(a.cmd("stream_arm 65536 32"), "OK");
     b.say(&format!("stream_rx {total} 65536 32"));
     let t = Instant::now();
     let sent = a.cmd_expect(&format!("stream_tx {total} 65536 32"), "SENT");
