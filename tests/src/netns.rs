@@ -113,6 +113,32 @@ impl Hosts {
         Peer::from_command(cmd)
     }
 
+    /// Drops each packet arriving at side `s` with probability `p`
+    /// (`iptables -m statistic`). `false` (after a loud `SKIPPED` line) if
+    /// iptables or its statistic match is missing. The kernel here has no
+    /// `netem`: reordering, duplication and delay cannot be injected.
+    pub fn drop_incoming(&self, s: Side, p: f64) -> bool {
+        let i = Self::i(s);
+        let prob = format!("{p}");
+        let ok = Command::new("ip")
+            .args(["netns", "exec", &self.ns[i], "iptables", "-A", "INPUT"])
+            .args([
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                &prob,
+            ])
+            .args(["-j", "DROP"])
+            .status()
+            .is_ok_and(|st| st.success());
+        if !ok {
+            eprintln!("SKIPPED (no iptables statistic match): random loss on {s:?}");
+        }
+        ok
+    }
+
     /// Takes side `s`'s end of the link down (a cut cable).
     pub fn cut(&self, s: Side) {
         let i = Self::i(s);

@@ -167,22 +167,30 @@ fn unreliable_protection_errors_keep_the_connection() {
 }
 
 /// 100 MiB in 64 KiB messages, checked message by message (index and
-/// bytes) and by checksum, on `rel`.
-fn stream(rel: &str) {
-    let Some(h) = Hosts::new(&format!("st{rel}")) else {
+/// bytes) and by checksum, on `rel`; with `loss`, each side drops that
+/// share of the packets it receives (TCP retransmits).
+fn stream(rel: &str, loss: Option<f64>) {
+    let tag = format!("st{rel}{}", if loss.is_some() { "l" } else { "" });
+    let Some(h) = Hosts::new(&tag) else {
         return;
     };
     let mut a = h.peer(Side::A, PEER, &[]);
     let mut b = h.peer(Side::B, PEER, &[]);
     connect(&h, &mut a, &mut b, &format!("{rel} 4194304 0 0"), "stream");
+    if let Some(p) = loss {
+        if !(h.drop_incoming(Side::A, p) && h.drop_incoming(Side::B, p)) {
+            return;
+        }
+    }
     let total = 100u64 << 20;
+    assert_eq!(a.cmd("stream_arm 65536 32"), "OK");
     b.say(&format!("stream_rx {total} 65536 32"));
     let t = Instant::now();
     let sent = a.cmd_expect(&format!("stream_tx {total} 65536 32"), "SENT");
     let got = b.expect("RECEIVED");
     let secs = t.elapsed().as_secs_f64();
     eprintln!(
-        "sockets stream {rel}: {total} bytes in {secs:.2} s ({:.0} MB/s)",
+        "sockets stream {rel} (loss {loss:?}): {total} bytes in {secs:.2} s ({:.0} MB/s)",
         total as f64 / secs / 1e6
     );
     let (s, g) = (
@@ -199,12 +207,27 @@ fn stream(rel: &str) {
 
 #[test]
 fn stream_100mb_reliable_delivery() {
-    stream("rd");
+    stream("rd", None);
 }
 
 #[test]
 fn stream_100mb_reliable_reception() {
-    stream("rr");
+    stream("rr", None);
+}
+
+#[test]
+fn stream_100mb_reliable_delivery_5pct_loss() {
+    stream("rd", Some(0.05));
+}
+
+#[test]
+fn stream_100mb_reliable_reception_5pct_loss() {
+    stream("rr", Some(0.05));
+}
+
+#[test]
+fn stream_100mb_unreliable_5pct_loss() {
+    stream("u", Some(0.05));
 }
 
 #[test]

@@ -72,7 +72,8 @@
 //! | `stream <raddr> <rhandle> <bytes>` | `STREAMING`, then RDMA writes forever |
 //! | `stream_send <bytes> [<credit off>]` | `STREAMING`, then sends forever (`[round: u64]` + pattern), message r once the u64 at `<credit off>` reaches r |
 //! | `read <desc> <raddr> <rhandle> <seg>...` | RDMA read: `OK` or `POSTERR <error>` |
-//! | `stream_tx <total> <msg> <window>` | sends `total` bytes in messages of `msg` bytes, `window` at a time after each `go` message of the receiver: `SENT <bytes> <checksum>` or `STREAMERR <what>` |
+//! | `stream_arm <msg> <window>` | posts `stream_tx`'s first `go` receive (before the receiver starts): `OK` |
+//! | `stream_tx <total> <msg> <window>` | (after `stream_arm`) sends `total` bytes in messages of `msg` bytes, `window` at a time after each `go` message of the receiver: `SENT <bytes> <checksum>` or `STREAMERR <what>` |
 //! | `stream_rx <total> <msg> <window>` | the receiving side: `RECEIVED <bytes> <checksum> <bad messages>` or `STREAMERR <what>` |
 //! | `exit` | (exits 0) |
 //!
@@ -353,6 +354,13 @@ impl Interp {
                 let b = DescBuilder::rdma_read(num(a[2]), num(a[3]) as u32);
                 let b = self.segs(b, &a[4..]);
                 self.post(num(a[1]) as usize, b, true)
+            }
+            "stream_arm" => {
+                let (msg, window) = (num(a[1]) as usize, num(a[2]) as usize);
+                match post_go(self.vi(), self.region(0), msg, window) {
+                    Ok(()) => "OK".into(),
+                    Err(e) => format!("STREAMERR {e}"),
+                }
             }
             "stream_tx" => {
                 let (total, msg, window) = (num(a[1]), num(a[2]) as usize, num(a[3]) as usize);
@@ -695,6 +703,16 @@ fn ok(c: via::Result<via::Completion>, what: &str) -> Result<via::Completion, St
     }
 }
 
+/// Posts the receive of a `go` message of `stream_rx`.
+fn post_go(vi: &Vi, m: &Region, msg: usize, window: usize) -> Result<(), String> {
+    let d = DescBuilder::recv()
+        .segment(m, STREAM_DATA + window * msg, 64)
+        .write(m, window * 64)
+        .unwrap();
+    vi.post_recv(m, d)
+        .map_err(|e| format!("post go:{:?}", e.kind()))
+}
+
 /// The sending side of a checksummed stream (see `stream_rx`).
 fn stream_tx(
     vi: &Vi,
@@ -703,19 +721,11 @@ fn stream_tx(
     msg: usize,
     window: usize,
 ) -> Result<(u64, u64), String> {
-    let go = window * 64;
     let mut buf = vec![0u8; msg];
     let (mut sent, mut i, mut sum) = (0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
-    // The next `go` receive is posted before the batch that provokes it.
-    let post_go = || {
-        let d = DescBuilder::recv()
-            .segment(m, STREAM_DATA + window * msg, 64)
-            .write(m, go)
-            .unwrap();
-        vi.post_recv(m, d)
-            .map_err(|e| format!("post go:{:?}", e.kind()))
-    };
-    post_go()?;
+    // The next `go` receive is posted before the batch that provokes it
+    // (the first one by `stream_arm`, before the receiver starts).
+    let post_go = || post_go(vi, m, msg, window);
     while sent < total {
         ok(vi.recv_wait(WAIT), "go")?;
         let n = window.min(((total - sent) as usize).div_ceil(msg));

@@ -307,6 +307,10 @@ pub(crate) trait Device: Send + Sync {
         Err(Error::Resource)
     }
 
+    /// A thread polls for a completion of `vi` that has not come: the
+    /// device may progress inline (no locks of the object model held).
+    fn poll(&self, _nic: &NicInner, _vi: &ViCore) {}
+
     /// Lets queued work run (after the send-queue lock is released); `vi`
     /// is the VI that just posted, if any.
     fn kick(&self, _nic: &NicInner, _vi: Option<&ViCore>) {}

@@ -959,6 +959,25 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Lets the calling thread run on every CPU (undoes a pinning it
+/// inherited from the thread that created it).
+pub fn allow_all_cpus() -> io::Result<()> {
+    // SAFETY: `set` is a plain bit set initialised by CPU_ZERO/CPU_SET.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        for cpu in 0..cpu_count().min(libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        cvt(libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ))?;
+    }
+    Ok(())
+}
+
 /// Number of online CPUs (not limited by this process's affinity mask).
 pub fn cpu_count() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -200,6 +200,24 @@ enum Cmd {
     Tcp {
         #[arg(long)]
         cpu: Option<usize>,
+        /// Address to listen on (default 127.0.0.1, any port).
+        #[arg(long)]
+        bind: Option<String>,
+    },
+    /// The plain TCP baseline against a `__tcp --bind` server elsewhere:
+    /// ping-pong half round trip and streaming bandwidth per size (the
+    /// sockets NIC's comparison over the same link).
+    #[command(name = "__tcp_client", hide = true)]
+    TcpClient {
+        /// `address:port` of the server.
+        #[arg(long)]
+        connect: String,
+        /// Message sizes (K/M suffixes).
+        #[arg(long, default_value = "8,64K,1M")]
+        lens: String,
+        /// Time budget per size and pattern, ms.
+        #[arg(long, default_value_t = 1000)]
+        budget_ms: u64,
     },
 }
 
@@ -373,7 +391,12 @@ fn main() {
         Cmd::Serve { args } => serve(&args),
         Cmd::Loopback { rounds } => loopback(rounds.unwrap_or(100_000)),
         Cmd::Sink => syscost::sink(),
-        Cmd::Tcp { cpu } => compare::tcp_server(cpu),
+        Cmd::Tcp { cpu, bind } => compare::tcp_server(cpu, bind.as_deref()),
+        Cmd::TcpClient {
+            connect,
+            lens,
+            budget_ms,
+        } => compare::tcp_client(&connect, &lens, budget_ms),
         Cmd::Reg(a) => run_reg("reg", &c, a),
         Cmd::Regpp(a) => run_reg("regpp", &c, a),
         Cmd::Regcost(a) => run_reg("regcost", &c, a),

@@ -823,7 +823,7 @@ pub fn alt_fragment(ctx: &mut Ctx) {
         "fragment size 512 B..64 KiB",
         NOT_AVAILABLE,
         &format!(
-            "device {} is of the shared-memory kind, which moves a message with one copy and has no fragments; the sockets kind does not exist yet",
+            "device {} is of the shared-memory kind, which moves a message with one copy and has no fragments (the sockets kind writes whole messages to TCP, which segments them)",
             ctx.c.device
         ),
     ));

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::frame::{self, Header};
+use super::progress::Rx;
 use crate::completion;
 use crate::descriptor::status;
 use crate::nic::NicInner;
@@ -80,6 +81,9 @@ pub(crate) struct Conn {
     pub awaiting: Mutex<VecDeque<Awaiting>>,
     /// See [`Taken`]; `disconnect` completes it as flushed.
     pub taken: Mutex<Option<Taken>>,
+    /// The reading state: whoever holds it reads the socket (the progress
+    /// thread, or a thread polling for a completion).
+    pub rx: Mutex<Rx>,
     /// Milliseconds since `epoch` of the last byte read and written.
     pub last_rx: AtomicU64,
     pub last_tx: AtomicU64,
@@ -104,6 +108,7 @@ impl Conn {
             outbox: Mutex::new(Outbox::default()),
             awaiting: Mutex::new(VecDeque::new()),
             taken: Mutex::new(None),
+            rx: Mutex::new(Rx::default()),
             last_rx: AtomicU64::new(0),
             last_tx: AtomicU64::new(0),
             epoch: Instant::now(),

@@ -664,6 +664,10 @@ impl Device for Sockets {
         }
     }
 
+    fn poll(&self, nic: &NicInner, vi: &ViCore) {
+        progress::poll(nic, &self.shared, vi);
+    }
+
     fn post_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, wr: &RecvWr) -> Result<()> {
         self.shared.vis[vi.slot as usize]
             .recvs

@@ -40,8 +40,12 @@ enum Target {
     Denied,
 }
 
+/// Bytes read from a socket at once.
+const READ_CHUNK: usize = 64 << 10;
+
 /// The reading state of one connection.
-struct Rx {
+pub(crate) struct Rx {
+    buf: Vec<u8>,
     hdr: [u8; HEADER],
     hgot: usize,
     cur: Option<(Header, Target)>,
@@ -55,6 +59,7 @@ struct Rx {
 impl Default for Rx {
     fn default() -> Rx {
         Rx {
+            buf: Vec::new(),
             hdr: [0; HEADER],
             hgot: 0,
             cur: None,
@@ -84,8 +89,12 @@ fn pollfd(fd: i32, events: i16) -> libc::pollfd {
 /// The thread's body; returns when the NIC closes.
 pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
     use std::os::fd::AsRawFd;
-    let mut buf = vec![0u8; 256 << 10];
-    let mut conns: Vec<(Arc<Conn>, Rx)> = Vec::new();
+    // A pinned creator (a benchmark, an MPI rank) must not pin the thread
+    // that progresses its receives to the core its own polling loop holds.
+    if let Err(e) = via_sys::allow_all_cpus() {
+        log::debug!("sockets progress: affinity: {e}");
+    }
+    let mut conns: Vec<Arc<Conn>> = Vec::new();
     let mut version = u32::MAX;
     let mut last_active = Instant::now();
     let settings = shared.settings;
@@ -100,25 +109,19 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
         let v = shared.conns_version.load(Ordering::Acquire);
         if v != version {
             version = v;
-            let mut old = std::mem::take(&mut conns);
+            conns.clear();
             for w in shared.vis.iter() {
                 let Some(c) = w.conn.read().unwrap().clone() else {
                     continue;
                 };
-                if c.closed.load(Ordering::Acquire) {
-                    continue;
+                if !c.closed.load(Ordering::Acquire) {
+                    conns.push(c);
                 }
-                let rx = old
-                    .iter()
-                    .position(|(o, _)| Arc::ptr_eq(o, &c))
-                    .map(|i| old.swap_remove(i).1)
-                    .unwrap_or_default();
-                conns.push((c, rx));
             }
         }
         fds.clear();
         fds.push(pollfd(shared.wake_rx.as_raw_fd(), libc::POLLIN));
-        for (c, _) in &conns {
+        for c in &conns {
             let ev = if c.outbox_pending() {
                 libc::POLLIN | libc::POLLOUT
             } else {
@@ -146,7 +149,7 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
             return;
         };
         let mut breaks = Vec::new();
-        for (i, (c, rx)) in conns.iter_mut().enumerate() {
+        for (i, c) in conns.iter().enumerate() {
             if c.closed.load(Ordering::Acquire) {
                 continue;
             }
@@ -156,9 +159,13 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
             }
             if re & !libc::POLLOUT != 0 {
                 last_active = Instant::now();
-                if let Err(b) = read_conn(&nic, &shared, c, rx, &mut buf) {
-                    breaks.push((c.clone(), b));
-                    continue;
+                // Busy: a polling thread reads it now.
+                if let Ok(mut rx) = c.rx.try_lock() {
+                    if let Err(b) = read_conn(&nic, &shared, c, &mut rx) {
+                        drop(rx);
+                        breaks.push((c.clone(), b));
+                        continue;
+                    }
                 }
             }
             let now = c.now_ms();
@@ -185,8 +192,29 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
     }
 }
 
+/// Progress by a thread that polls for a completion of `vi`: reads its
+/// connection if nobody else does.
+pub(crate) fn poll(nic: &NicInner, shared: &Shared, vi: &ViCore) {
+    let Some(c) = shared.vis[vi.slot as usize].conn.read().unwrap().clone() else {
+        return;
+    };
+    if c.closed.load(Ordering::Acquire) {
+        return;
+    }
+    if c.outbox_pending() {
+        c.flush_outbox();
+    }
+    let r = match c.rx.try_lock() {
+        Ok(mut rx) => read_conn(nic, shared, &c, &mut rx),
+        Err(_) => return,
+    };
+    if let Err(b) = r {
+        settle(nic, &c, b);
+    }
+}
+
 /// Breaks the connection of `c` for `b`.
-fn settle(nic: &NicInner, c: &Conn, b: Break) {
+pub(crate) fn settle(nic: &NicInner, c: &Conn, b: Break) {
     if let Some(vi) = nic.vi(b.vi.0, b.vi.1) {
         if b.orderly {
             vi.peer_disconnected(nic);
@@ -200,14 +228,23 @@ fn settle(nic: &NicInner, c: &Conn, b: Break) {
 }
 
 /// Reads what `c` has; `Err`: the connection must break.
-fn read_conn(
+fn read_conn(nic: &NicInner, shared: &Shared, c: &Conn, rx: &mut Rx) -> Result<(), Break> {
+    let vi = nic.vi(c.vi.0, c.vi.1).ok_or_else(|| lost(c))?;
+    let mut buf = std::mem::take(&mut rx.buf);
+    buf.resize(READ_CHUNK, 0);
+    let r = read_into(nic, shared, c, &vi, rx, &mut buf);
+    rx.buf = buf;
+    r
+}
+
+fn read_into(
     nic: &NicInner,
     shared: &Shared,
     c: &Conn,
+    vi: &ViCore,
     rx: &mut Rx,
     buf: &mut [u8],
 ) -> Result<(), Break> {
-    let vi = nic.vi(c.vi.0, c.vi.1).ok_or_else(|| lost(c))?;
     loop {
         let n = match (&c.stream).read(buf) {
             Ok(0) => return Err(lost(c)),
@@ -227,7 +264,7 @@ fn read_conn(
                 if rx.hgot == HEADER {
                     rx.hgot = 0;
                     let h = Header::decode(&rx.hdr).map_err(|e| violation(c, e.0))?;
-                    begin(nic, shared, c, &vi, rx, h)?;
+                    begin(nic, shared, c, vi, rx, h)?;
                 }
             } else {
                 let k = rx.left.min(n - p);
@@ -236,7 +273,7 @@ fn read_conn(
                 rx.off += k;
                 p += k;
                 if rx.left == 0 {
-                    finish(nic, c, &vi, rx)?;
+                    finish(nic, c, vi, rx)?;
                 }
             }
         }
