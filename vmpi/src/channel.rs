@@ -39,6 +39,12 @@ const DESC: usize = 64;
 /// Largest transfer one descriptor carries (the provider's limit is 1 GiB).
 pub const MAX_TRANSFER: u32 = 1 << 30;
 
+/// The largest transfer of one descriptor on `nic`: [`MAX_TRANSFER`], or
+/// less where the kind of NIC allows less (the sockets NIC: 4 MiB).
+pub fn transfer_limit(nic: &Nic) -> u32 {
+    MAX_TRANSFER.min(nic.attributes().max_transfer_size.min(u32::MAX as u64) as u32)
+}
+
 fn via_err(what: &str, peer: u32, e: via::Error) -> Error {
     Error::Transport(format!("{what} (rank {peer}): {e:?}"))
 }
@@ -115,7 +121,7 @@ impl Channel {
     /// Creates the VI and region for `peer` and posts every receive slot.
     pub fn new(nic: &Nic, ptag: Ptag, cq: &Cq, peer: u32, shape: Shape) -> Result<Channel> {
         let mut attrs = ViAttributes::new(Reliability::ReliableDelivery, ptag);
-        attrs.max_transfer_size = MAX_TRANSFER;
+        attrs.max_transfer_size = transfer_limit(nic);
         attrs.enable_rdma_write = true;
         attrs.enable_rdma_read = true;
         let vi = nic.create_vi(&attrs, Some(cq), Some(cq))?;

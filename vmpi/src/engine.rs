@@ -34,7 +34,7 @@ use std::time::Duration;
 use via::{Cq, Nic, Ptag, Region};
 
 use crate::buffer::UserBuf;
-use crate::channel::{Channel, MAX_TRANSFER, SendOp, Shape};
+use crate::channel::{Channel, SendOp, Shape};
 use crate::error::{Error, Result};
 use crate::pmi::Pmi;
 use crate::wire::{Header, Kind};
@@ -749,11 +749,12 @@ impl Engine {
                         }
                     },
                 );
-                let chunks = n.div_ceil(MAX_TRANSFER as usize);
+                let mts = crate::channel::transfer_limit(&nic) as usize;
+                let chunks = n.div_ceil(mts);
                 r.reads_left = chunks as u32;
                 for c in 0..chunks {
-                    let off = c * MAX_TRANSFER as usize;
-                    let len = (n - off).min(MAX_TRANSFER as usize) as u32;
+                    let off = c * mts;
+                    let len = (n - off).min(mts) as u32;
                     self.push(
                         peer,
                         Out::Read {
