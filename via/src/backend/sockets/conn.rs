@@ -92,10 +92,17 @@ pub(crate) struct Conn {
     pub closed: AtomicBool,
     /// Bound of a blocking write and of silence from the peer.
     pub timeout: Duration,
+    /// Most bytes per write system call (0: no bound).
+    fragment: usize,
 }
 
 impl Conn {
-    pub fn new(vi: (u32, u16), stream: TcpStream, timeout: Duration) -> io::Result<Conn> {
+    pub fn new(
+        vi: (u32, u16),
+        stream: TcpStream,
+        timeout: Duration,
+        fragment: usize,
+    ) -> io::Result<Conn> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
         Ok(Conn {
@@ -114,6 +121,7 @@ impl Conn {
             epoch: Instant::now(),
             closed: AtomicBool::new(false),
             timeout,
+            fragment,
         })
     }
 
@@ -130,7 +138,12 @@ impl Conn {
             if self.closed.load(Ordering::Acquire) {
                 return Err(io::Error::new(io::ErrorKind::BrokenPipe, "closed"));
             }
-            match (&self.stream).write_vectored(bufs) {
+            let written = if self.fragment == 0 {
+                (&self.stream).write_vectored(bufs)
+            } else {
+                (&self.stream).write_vectored(&first_bytes(bufs, self.fragment))
+            };
+            match written {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     IoSlice::advance_slices(&mut bufs, n);
@@ -280,5 +293,35 @@ impl Conn {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The first `n` bytes of `bufs`, as slices.
+fn first_bytes<'a>(bufs: &'a [IoSlice<'a>], mut n: usize) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if n == 0 {
+            break;
+        }
+        let k = b.len().min(n);
+        out.push(IoSlice::new(&b[..k]));
+        n -= k;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_bytes_cuts_across_slices() {
+        let (a, b, c) = ([1u8; 3], [2u8; 4], [3u8; 5]);
+        let bufs = [IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)];
+        let lens = |v: &[IoSlice<'_>]| v.iter().map(|s| s.len()).collect::<Vec<_>>();
+        assert_eq!(lens(&first_bytes(&bufs, 5)), [3, 2]);
+        assert_eq!(lens(&first_bytes(&bufs, 3)), [3]);
+        assert_eq!(lens(&first_bytes(&bufs, 100)), [3, 4, 5]);
+        assert_eq!(&*first_bytes(&bufs, 5)[1], &[2, 2]);
     }
 }

@@ -85,6 +85,11 @@ pub(crate) struct Settings {
     /// `$VIA_SOCK_TIMEOUT_MS`: a connection that hears nothing for this
     /// long, or cannot write for this long, breaks (`CONN_LOST`).
     pub timeout: Duration,
+    /// `$VIA_SOCK_FRAGMENT`: the most bytes one system call writes (the
+    /// fragment size of the thesis's Ethernet VIA; default 0: a whole
+    /// frame per call, as the socket takes it). For the design-alternative
+    /// benchmark (`via-bench alt fragment`).
+    pub fragment: usize,
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -104,6 +109,7 @@ impl Settings {
             timeout: Duration::from_millis(
                 env_u64("VIA_SOCK_TIMEOUT_MS", DEFAULT_TIMEOUT_MS).max(10),
             ),
+            fragment: env_u64("VIA_SOCK_FRAGMENT", 0) as usize,
         }
     }
 }
@@ -523,6 +529,7 @@ impl Device for Sockets {
             (vi.slot, vi.generation),
             stream,
             self.shared.settings.timeout,
+            self.shared.settings.fragment,
         )
         .map_err(|e| Error::failed("setting up the connection", e))?;
         *self.shared.vis[vi.slot as usize].conn.write().unwrap() = Some(Arc::new(c));
