@@ -184,22 +184,21 @@ impl Channel {
         self.remote_credit = Some((addr, handle));
     }
 
-    /// Starts the peer-to-peer connection (`local`/`remote` discriminators).
-    pub fn connect_start(
-        &self,
-        nic: &Nic,
-        local: &[u8],
-        remote: &[u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.vi
-            .connect_peer(&nic.address(local), &nic.address(remote), Some(timeout))?;
+    /// Accepts the peer's request (client/server set-up, server side).
+    pub fn accept(&self, req: via::ConnRequest) -> Result<()> {
+        req.accept(&self.vi)?;
         Ok(())
     }
 
-    /// Waits for the connection.
-    pub fn connect_wait(&self) -> Result<()> {
-        self.vi.connect_peer_wait()?;
+    /// Requests the connection to the peer listening on `remote`
+    /// (client/server set-up, client side).
+    pub fn connect(
+        &self,
+        local: &via::NetAddr,
+        remote: &via::NetAddr,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.vi.connect(local, remote, timeout)?;
         Ok(())
     }
 
