@@ -12,13 +12,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-vm=${SOFTROCE_RUN:-$root/../shared/softroce-vm/run.sh}
+# The VM script is vendored (tools/softroce-vm/, from the shared
+# softroce-vm study) so that a clean clone has it.
+vm=${SOFTROCE_RUN:-$root/tools/softroce-vm/run.sh}
 
 fail() { printf '\n!!!!! verbs-vm: %s\n\n' "$*" >&2; exit 1; }
 
 command -v qemu-system-x86_64 >/dev/null ||
     fail "qemu-system-x86_64 is missing: the verbs tests on Soft-RoCE cannot run (apt-get install qemu-system-x86)"
-[ -x "$vm" ] || fail "no Soft-RoCE VM script at $vm (shared/softroce-vm/run.sh)"
+[ -x "$vm" ] || fail "no Soft-RoCE VM script at $vm (tools/softroce-vm/run.sh)"
 
 tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(verbs c)

@@ -493,6 +493,8 @@ impl Harness {
                         };
                         self.reply(to, id, &reply)
                     }
+                    // The I/O loop opens the TCP listener and answers.
+                    Out::OpenTcp { to, id, .. } => self.reply(to, id, &Reply::Ok),
                     Out::Close { session, .. } => {
                         if self.live.remove(&session) {
                             self.owed.retain(|k, _| k.0 != session);

@@ -13,6 +13,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, Once, mpsc};
 use std::time::{Duration, Instant};
 
+pub mod netns;
+
 use via::{AsyncError, DescBuilder, ErrorCode, Nic, Ptag, Region, Reliability, Vi, ViAttributes};
 
 /// A discriminator unique to this process, this test (thread) and `tag`,

@@ -39,6 +39,8 @@ struct System {
     config: PathBuf,
     log: PathBuf,
     pid: i32,
+    /// The network namespace it runs in (`None`: the test's).
+    netns: Option<String>,
 }
 
 fn tmp(tag: &str) -> PathBuf {
@@ -48,6 +50,11 @@ fn tmp(tag: &str) -> PathBuf {
 impl System {
     /// Writes `config` and starts `viad --system` on a new directory.
     fn start(tag: &str, config: &str) -> System {
+        Self::start_in(None, tag, config)
+    }
+
+    /// As `start`, inside network namespace `netns`.
+    fn start_in(netns: Option<&str>, tag: &str, config: &str) -> System {
         let dir = tmp(tag);
         let _ = std::fs::remove_dir_all(&dir);
         let config_path = PathBuf::from(format!("{}.toml", dir.display()));
@@ -57,6 +64,7 @@ impl System {
             dir,
             config: config_path,
             pid: 0,
+            netns: netns.map(str::to_string),
         };
         let _ = std::fs::remove_file(&s.log);
         s.launch();
@@ -67,7 +75,15 @@ impl System {
     /// exits then).
     fn launch(&mut self) {
         let (_, viad) = runnable_by_all(PEER);
-        let st = Command::new(viad)
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(viad);
+                c
+            }
+            None => Command::new(viad),
+        };
+        let st = cmd
             .args(["--system", "--daemon", "--dir"])
             .arg(&self.dir)
             .arg("--config")
@@ -78,7 +94,23 @@ impl System {
             .status()
             .expect("run viad --system");
         assert!(st.success(), "viad --system: {st}\n{}", self.log_text());
-        self.pid = listener_pid(&self.socket()).expect("the system daemon's pid");
+        self.pid = match &self.netns {
+            // The socket table is per namespace; the daemon is the only
+            // process in this one when it starts.
+            Some(ns) => {
+                let out = Command::new("ip")
+                    .args(["netns", "pids", ns])
+                    .output()
+                    .unwrap();
+                let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect();
+                assert_eq!(pids.len(), 1, "processes in {ns}: {pids:?}");
+                pids[0]
+            }
+            None => listener_pid(&self.socket()).expect("the system daemon's pid"),
+        };
     }
 
     fn socket(&self) -> PathBuf {
@@ -122,7 +154,24 @@ impl System {
     /// A client `via-peer <args>` as `uid` (root if `None`) with this
     /// daemon's directory, a private per-user instance and extra `env`.
     fn client(&self, uid: Option<u32>, args: &[&str], env: &[(&str, &str)]) -> Peer {
-        client(&self.dir, uid, args, env)
+        match &self.netns {
+            None => client(&self.dir, uid, args, env),
+            Some(ns) => {
+                // Into the namespace as root, then the user (setpriv).
+                let (peer, _) = runnable_by_all(PEER);
+                let mut wrapped = vec!["netns", "exec", ns.as_str()];
+                let ids;
+                if let Some(u) = uid {
+                    ids = [format!("--reuid={u}"), format!("--regid={u}")];
+                    wrapped.extend(["setpriv", &ids[0], &ids[1], "--clear-groups"]);
+                }
+                wrapped.push(peer.to_str().unwrap());
+                wrapped.extend(args);
+                let mut cmd = Command::new("ip");
+                cmd.args(&wrapped);
+                client_with(&self.dir, None, cmd, env)
+            }
+        }
     }
 }
 
@@ -146,10 +195,16 @@ impl Drop for System {
 
 /// `via-peer <args>` as `uid` with `VIA_SYSTEM_DIR=<dir>`.
 fn client(dir: &Path, uid: Option<u32>, args: &[&str], env: &[(&str, &str)]) -> Peer {
-    let (peer, viad) = runnable_by_all(PEER);
+    let (peer, _) = runnable_by_all(PEER);
     let mut cmd = Command::new(peer);
-    cmd.args(args)
-        .env("VIA_SYSTEM_DIR", dir)
+    cmd.args(args);
+    client_with(dir, uid, cmd, env)
+}
+
+/// `cmd` (which runs via-peer) as a client of the daemon at `dir`.
+fn client_with(dir: &Path, uid: Option<u32>, mut cmd: Command, env: &[(&str, &str)]) -> Peer {
+    let (_, viad) = runnable_by_all(PEER);
+    cmd.env("VIA_SYSTEM_DIR", dir)
         .env(
             "VIA_INSTANCE",
             format!(
@@ -540,12 +595,13 @@ fn restart_under_clients() {
     }
 }
 
-/// A cross-user connection the configuration grants is refused at once
-/// (`VIP_REJECT`) with a log line saying why (no mediated data path yet),
-/// and the listener of the other user is left for its own user.
+/// On the shared-memory NIC a cross-user connection the configuration
+/// grants is refused at once (`VIP_REJECT`: it would map one user's memory
+/// into the other's process) with a log line saying why and what to use
+/// instead, and the listener of the other user is left for its own user.
 #[test]
-fn granted_cross_user_connection_is_refused_for_now() {
-    if !have_root("granted_cross_user_connection_is_refused_for_now") {
+fn granted_cross_user_connection_is_refused_on_shared_memory() {
+    if !have_root("granted_cross_user_connection_is_refused_on_shared_memory") {
         return;
     }
     let (ua, ub) = users();
@@ -571,9 +627,8 @@ fn granted_cross_user_connection_is_refused_for_now() {
     );
     let log = sys.log_text();
     assert!(
-        log.contains(
-            "granted by the configuration, but cross-user connections are not supported yet"
-        ),
+        log.contains("granted by the configuration, but not on the shared-memory NIC")
+            && log.contains("open a sockets NIC (via_<ifname>) for cross-user connections"),
         "{log}"
     );
     let mut a2 = sys.client(Some(ua), &["serve"], &[]);
@@ -583,6 +638,127 @@ fn granted_cross_user_connection_is_refused_for_now() {
     for p in [a1, a2, b1] {
         p.exit();
     }
+}
+
+/// Over the sockets NIC the system daemon mediates between users: it
+/// serves a TCP request as the user whose socket it came from (the
+/// kernel's socket table), passes a granted one to the other user's
+/// listener and nothing else of the requester, and each process checks
+/// every access to its own memory. Here, in a network namespace with the
+/// daemon and two users' processes: a request the configuration does not
+/// grant never reaches A's listener (`NoMatch`, and A's own user
+/// still connects to it); a granted one connects and moves data both
+/// ways (send/receive, RDMA write, RDMA read); a write with a wrong
+/// memory handle is refused by A's process with A's memory unchanged;
+/// neither process maps any memory of the other.
+#[test]
+fn granted_cross_user_connection_over_the_sockets_nic() {
+    use via::descriptor::status::*;
+    let Some(h) = via_tests::netns::Hosts::new("xuser") else {
+        return;
+    };
+    let side = via_tests::netns::Side::A;
+    let (ua, ub) = users();
+    let sys = System::start_in(
+        Some(h.namespace(side)),
+        "xuser",
+        &format!(
+            "[[grant]]\nclient_uid = {ub}\nserver_uid = {ua}\ndiscriminator_prefix = \"svc-\"\n"
+        ),
+    );
+    let dev = h.device(side);
+    let env = [("VIA_PEER_DEVICE", dev.as_str())];
+    let (granted, private) = (
+        format!("svc-{}", disc_str("xg")),
+        format!("own-{}", disc_str("xp")),
+    );
+    let mut a = sys.client(Some(ua), &["serve"], &env);
+    let m = RemoteMem::parse(&a.cmd_expect("open rd 1048576 1 1", "MEM"));
+    let mut a_private = sys.client(Some(ua), &["serve"], &env);
+    a_private.cmd_expect("open rd 65536 1 1", "MEM");
+    a_private.say(&format!("listen {private} accept 30000"));
+    a_private.expect("LISTENING");
+    let mut b = sys.client(Some(ub), &["serve"], &env);
+    b.cmd_expect("open rd 1048576 1 1", "MEM");
+    // Not granted: B's request never reaches A's listener.
+    assert_eq!(b.cmd(&format!("connect {private} 1500")), "CONNECT NoMatch");
+    // A's own user still reaches it.
+    let mut a2 = sys.client(Some(ua), &["serve"], &env);
+    a2.cmd_expect("open rd 65536 1 1", "MEM");
+    assert_eq!(a2.cmd(&format!("connect {private} 20000")), "CONNECT ok");
+    assert_eq!(a_private.line(), "ACCEPT ok");
+    // Granted: B connects to A.
+    a.say(&format!("listen {granted} accept 30000"));
+    a.expect("LISTENING");
+    assert_eq!(b.cmd(&format!("connect {granted} 20000")), "CONNECT ok");
+    assert_eq!(a.line(), "ACCEPT ok");
+    let log = sys.log_text();
+    assert!(log.contains("granted by the configuration"), "{log}");
+    // Send and receive, both ways.
+    let st =
+        |p: &mut Peer, what: &str| nums(&p.cmd_expect(what, &what[5..9].to_uppercase()))[0] as u32;
+    assert_eq!(b.cmd("fill 0 65536 5000 1"), "OK");
+    assert_eq!(a.cmd("recv 0 100000:5000"), "OK");
+    assert_eq!(b.cmd("send 64 65536:5000"), "OK");
+    assert_eq!(st(&mut b, "wait_send"), DONE | OP_SEND, "B's send");
+    assert_eq!(st(&mut a, "wait_recv"), DONE | OP_RECEIVE, "A's receive");
+    assert!(unhex(&a.cmd_expect("peek 0 100000 5000", "DATA")) == pattern(5000, 1));
+    assert_eq!(a.cmd("fill 0 200000 3000 2"), "OK");
+    assert_eq!(b.cmd("recv 128 300000:3000"), "OK");
+    assert_eq!(a.cmd("send 192 200000:3000"), "OK");
+    assert_eq!(st(&mut a, "wait_send"), DONE | OP_SEND, "A's send");
+    assert_eq!(st(&mut b, "wait_recv"), DONE | OP_RECEIVE, "B's receive");
+    assert!(unhex(&b.cmd_expect("peek 0 300000 3000", "DATA")) == pattern(3000, 2));
+    // RDMA write and read of A's region by B.
+    assert_eq!(b.cmd("fill 0 400000 8192 3"), "OK");
+    let w = format!("write 256 {:#x} {} 400000:8192", m.addr + 500000, m.handle);
+    assert_eq!(b.cmd(&w), "OK");
+    assert_eq!(
+        st(&mut b, "wait_send"),
+        DONE | OP_RDMA_WRITE,
+        "B's RDMA write"
+    );
+    assert_eq!(a.cmd("check 0 500000 8192 3"), "SAME");
+    assert_eq!(a.cmd("fill 0 600000 4096 4"), "OK");
+    let r = format!("read 320 {:#x} {} 700000:4096", m.addr + 600000, m.handle);
+    assert_eq!(b.cmd(&r), "OK");
+    assert_eq!(
+        st(&mut b, "wait_send"),
+        DONE | OP_RDMA_READ,
+        "B's RDMA read"
+    );
+    assert_eq!(b.cmd("check 0 700000 4096 4"), "SAME");
+    // A wrong memory handle: refused by A's process, A's memory unchanged.
+    assert_eq!(a.cmd("fill 0 800000 8192 5"), "OK");
+    let w = format!(
+        "write 384 {:#x} {} 400000:8192",
+        m.addr + 800000,
+        m.handle ^ 0x5a5a_0000
+    );
+    assert_eq!(b.cmd(&w), "OK");
+    let s = st(&mut b, "wait_send");
+    assert_eq!(s, DONE | OP_RDMA_WRITE | RDMA_PROT_ERROR, "status {s:#x}");
+    assert_eq!(a.cmd("check 0 800000 8192 5"), "SAME");
+    // Neither maps the other's memory.
+    let maps = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let (pa, pb) = (peer_pid(&a), peer_pid(&b));
+    assert!(
+        !maps(pb).contains(&format!("via-arena:{pa}:")),
+        "B maps A's memory"
+    );
+    assert!(
+        !maps(pa).contains(&format!("via-arena:{pb}:")),
+        "A maps B's memory"
+    );
+    for p in [a, a2, a_private, b] {
+        p.exit();
+    }
+}
+
+/// The pid of the via-peer process a client runs (under `ip netns exec`
+/// and `setpriv`, which exec it: the same pid).
+fn peer_pid(p: &Peer) -> i32 {
+    p.pid()
 }
 
 /// The command line: `--help` explains both modes and every option; a

@@ -70,12 +70,25 @@ fn instance() -> String {
 }
 
 fn run(name: &str, args: &[&str]) -> Run {
+    run_in(None, name, args)
+}
+
+/// `run`, inside network namespace `netns` when given.
+fn run_in(netns: Option<&str>, name: &str, args: &[&str]) -> Run {
     let dir = std::env::temp_dir().join(format!("via-bench-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let j = dir.join("out.json");
     let c = dir.join("out.csv");
     let p = dir.join("out.svg");
-    let out = Command::new(BIN)
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, BIN]);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    let out = cmd
         .args(args)
         .args(["--quick", "--time-ms", "5"])
         .arg("--json")
@@ -551,5 +564,89 @@ fn registration_benchmarks() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
     for k in ["regpp", "regcost", "regscale", "reuse", "regbig"] {
         assert!(v[k].is_object(), "{k}");
+    }
+}
+
+/// A network namespace with a veth pair (both ends inside), removed with
+/// every process in it on drop.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn ip(args: &[&str]) {
+        let out = Command::new("ip").args(args).output().expect("run ip");
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `None` (after a loud SKIPPED line) when not root.
+    fn new(tag: &str) -> Option<(Netns, String)> {
+        let uid = Command::new("id").arg("-u").output().expect("id -u");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            eprintln!("SKIPPED (needs root to create a network namespace): {tag}");
+            return None;
+        }
+        let pid = std::process::id();
+        let n = Netns {
+            name: format!("via-bench-{tag}-{pid}"),
+        };
+        let (a, b) = (
+            format!("vb{}a", pid % 100_000),
+            format!("vb{}b", pid % 100_000),
+        );
+        Self::ip(&["netns", "add", &n.name]);
+        Self::ip(&[
+            "link", "add", &a, "netns", &n.name, "type", "veth", "peer", "name", &b, "netns",
+            &n.name,
+        ]);
+        let cidr = format!("10.251.{}.1/24", pid % 250);
+        Self::ip(&["-n", &n.name, "addr", "add", &cidr, "dev", &a]);
+        for i in [a.as_str(), b.as_str(), "lo"] {
+            Self::ip(&["-n", &n.name, "link", "set", i, "up"]);
+        }
+        Some((n, a))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
+            for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", p]).status();
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// The fragment-size alternative on a real sockets NIC (a veth interface in
+/// a network namespace; needs root, skipped loudly otherwise): one row per
+/// fragment size, measured, with the ratio against whole frames.
+#[test]
+fn fragment_sweep_on_a_sockets_nic() {
+    let Some((ns, ifname)) = Netns::new("frag") else {
+        return;
+    };
+    let dev = format!("via_{ifname}");
+    let r = run_in(
+        Some(&ns.name),
+        "fragment-sockets",
+        &["alt", "fragment", "--device", &dev, "--sizes", "65536"],
+    );
+    let rows = rows_of(&r, "alt-fragment");
+    let configs: Vec<&str> = rows.iter().filter_map(|x| x["config"].as_str()).collect();
+    assert_eq!(configs, ["whole frames", "fragment 4K"], "{rows:?}");
+    for x in &rows {
+        assert_eq!(x["status"], "ok", "{x}");
+        assert!(x["ratio"].as_f64().is_some_and(|v| v > 0.0), "{x}");
     }
 }

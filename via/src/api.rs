@@ -137,7 +137,7 @@ impl Nic {
 
     /// This host's VIA address.
     pub fn host_address(&self) -> Vec<u8> {
-        self.inner.process.host.clone()
+        self.inner.host_address()
     }
 
     /// Creates a protection tag.
@@ -406,12 +406,12 @@ impl Vi {
 
     /// Dequeues a completed send.
     pub fn send_done(&self) -> Result<Completion> {
-        self.core.done(Which::Send)
+        self.core.done_polling(&self.nic, Which::Send)
     }
 
     /// Dequeues a completed receive.
     pub fn recv_done(&self) -> Result<Completion> {
-        self.core.done(Which::Recv)
+        self.core.done_polling(&self.nic, Which::Recv)
     }
 
     /// Waits for a completed send.

@@ -298,6 +298,13 @@ impl NicInner {
         Ok(nic)
     }
 
+    /// The host part of this NIC's addresses.
+    pub fn host_address(&self) -> Vec<u8> {
+        self.dev
+            .local_address()
+            .unwrap_or_else(|| self.process.host.clone())
+    }
+
     /// `VipQueryNic`.
     pub fn attributes(&self) -> NicAttributes {
         // The real limits: memory, the daemon's pinning quota (system
@@ -315,7 +322,7 @@ impl NicInner {
             name: self.name.clone(),
             hardware_version: 1,
             provider_version: PROVIDER_VERSION,
-            local_address: self.process.host.clone(),
+            local_address: self.host_address(),
             thread_safe: true,
             max_discriminator_len: MAX_DISCRIMINATOR,
             max_register_bytes: mem,

@@ -440,6 +440,18 @@ impl ViCore {
         Ok(Completion { desc, status: st })
     }
 
+    /// [`ViCore::done`]; if nothing completed, lets the device progress
+    /// inline once (a polling program need not wait for a thread switch).
+    pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
+        match self.done(w) {
+            Err(e) if e.kind() == ErrorKind::NotDone => {
+                nic.dev.poll(nic, self);
+                self.done(w)
+            }
+            r => r,
+        }
+    }
+
     fn head_done(&self, w: Which) -> bool {
         let q = self.queue(w).lock().unwrap();
         q.fifo

@@ -39,6 +39,12 @@ const DESC: usize = 64;
 /// Largest transfer one descriptor carries (the provider's limit is 1 GiB).
 pub const MAX_TRANSFER: u32 = 1 << 30;
 
+/// The largest transfer of one descriptor on `nic`: [`MAX_TRANSFER`], or
+/// less where the kind of NIC allows less (the sockets NIC: 4 MiB).
+pub fn transfer_limit(nic: &Nic) -> u32 {
+    MAX_TRANSFER.min(nic.attributes().max_transfer_size.min(u32::MAX as u64) as u32)
+}
+
 fn via_err(what: &str, peer: u32, e: via::Error) -> Error {
     Error::Transport(format!("{what} (rank {peer}): {e:?}"))
 }
@@ -115,7 +121,7 @@ impl Channel {
     /// Creates the VI and region for `peer` and posts every receive slot.
     pub fn new(nic: &Nic, ptag: Ptag, cq: &Cq, peer: u32, shape: Shape) -> Result<Channel> {
         let mut attrs = ViAttributes::new(Reliability::ReliableDelivery, ptag);
-        attrs.max_transfer_size = MAX_TRANSFER;
+        attrs.max_transfer_size = transfer_limit(nic);
         attrs.enable_rdma_write = true;
         attrs.enable_rdma_read = true;
         let vi = nic.create_vi(&attrs, Some(cq), Some(cq))?;
@@ -178,22 +184,21 @@ impl Channel {
         self.remote_credit = Some((addr, handle));
     }
 
-    /// Starts the peer-to-peer connection (`local`/`remote` discriminators).
-    pub fn connect_start(
-        &self,
-        nic: &Nic,
-        local: &[u8],
-        remote: &[u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.vi
-            .connect_peer(&nic.address(local), &nic.address(remote), Some(timeout))?;
+    /// Accepts the peer's request (client/server set-up, server side).
+    pub fn accept(&self, req: via::ConnRequest) -> Result<()> {
+        req.accept(&self.vi)?;
         Ok(())
     }
 
-    /// Waits for the connection.
-    pub fn connect_wait(&self) -> Result<()> {
-        self.vi.connect_peer_wait()?;
+    /// Requests the connection to the peer listening on `remote`
+    /// (client/server set-up, client side).
+    pub fn connect(
+        &self,
+        local: &via::NetAddr,
+        remote: &via::NetAddr,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.vi.connect(local, remote, timeout)?;
         Ok(())
     }
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 use via::{Cq, Nic, Ptag, Region};
 
 use crate::buffer::UserBuf;
-use crate::channel::{Channel, MAX_TRANSFER, SendOp, Shape};
+use crate::channel::{Channel, SendOp, Shape};
 use crate::error::{Error, Result};
 use crate::pmi::Pmi;
 use crate::wire::{Header, Kind};
@@ -180,6 +180,17 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (s.len() % 2 == 0)
+        .then(|| {
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+                .collect()
+        })
+        .flatten()
+}
+
 /// Opens the NIC and connects a set of channels to every other process:
 /// the channel set of the engine, or of the offload context (`kind`).
 pub(crate) fn connect_all(
@@ -221,15 +232,30 @@ pub(crate) fn connect_all(
             .and_then(|(a, h)| Some((a.parse().ok()?, h.parse().ok()?)))
             .ok_or_else(|| Error::Intern(format!("bad credit word {v:?}")))?;
         ch.set_remote_credit(a, h);
-        ch.connect_start(
-            &nic,
-            &disc(&job, rank, p, kind),
-            &disc(&job, p, rank, kind),
-            Duration::from_secs(60),
-        )?;
     }
-    for ch in channels.iter().flatten() {
-        ch.connect_wait()?;
+    // Client/server set-up, which every kind of NIC offers (the sockets
+    // NIC has no peer-to-peer set-up across hosts): the lower rank of a
+    // pair requests, the higher accepts. Each rank accepts from the ranks
+    // below it in order, then requests to those above in order: a request
+    // waits in the broker until its listener comes, and rank 0 never
+    // waits to accept, so by induction every wait ends.
+    let timeout = Some(Duration::from_secs(60));
+    for ch in channels.iter().flatten().filter(|c| c.peer() < rank) {
+        let p = ch.peer();
+        let req = nic.connect_wait(&nic.address(&disc(&job, p, rank, kind)), timeout)?;
+        ch.accept(req)?;
+    }
+    for ch in channels.iter().flatten().filter(|c| c.peer() > rank) {
+        let p = ch.peer();
+        let host = pmi
+            .get(&format!("{kind}.host.{p}"))
+            .and_then(unhex)
+            .ok_or_else(|| Error::Intern(format!("rank {p} published no host address")))?;
+        let remote = via::NetAddr {
+            host,
+            discriminator: disc(&job, rank, p, kind),
+        };
+        ch.connect(&nic.address(&disc(&job, rank, p, kind)), &remote, timeout)?;
     }
     Ok((nic, ptag, cq, channels))
 }
@@ -749,11 +775,12 @@ impl Engine {
                         }
                     },
                 );
-                let chunks = n.div_ceil(MAX_TRANSFER as usize);
+                let mts = crate::channel::transfer_limit(&nic) as usize;
+                let chunks = n.div_ceil(mts);
                 r.reads_left = chunks as u32;
                 for c in 0..chunks {
-                    let off = c * MAX_TRANSFER as usize;
-                    let len = (n - off).min(MAX_TRANSFER as usize) as u32;
+                    let off = c * mts;
+                    let len = (n - off).min(mts) as u32;
                     self.push(
                         peer,
                         Out::Read {

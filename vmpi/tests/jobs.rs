@@ -102,3 +102,42 @@ fn offloaded_barrier_and_bcast() {
         &["coll", "quick"],
     );
 }
+
+/// The same layer, unchanged, on another kind of NIC: the sockets NIC
+/// (TCP through a veth interface in a network namespace; needs root,
+/// skipped loudly otherwise), point-to-point and every collective.
+#[test]
+fn on_the_sockets_nic() {
+    let Some(ns) = common::Netns::new("sock") else {
+        return;
+    };
+    common::build(false);
+    let dev = format!("via_{}", ns.ifname);
+    for (name, n, args) in [
+        ("sock-p2p", 3, &["p2p"][..]),
+        ("sock-coll", 4, &["coll", "quick"]),
+    ] {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_via-run")])
+            .arg("-n")
+            .arg(n.to_string())
+            .arg(env!("CARGO_BIN_EXE_vmpi-check"))
+            .args(args)
+            .env("VIA_DEVICE", &dev)
+            // One instance for both jobs: one viad per host serves the
+            // sockets NIC's TCP port.
+            .env("VIA_INSTANCE", format!("vmpi-{}-sock", std::process::id()))
+            .env_remove("VMPI_COLL")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let o = common::finish(c.spawn().expect("ip netns exec via-run"));
+        assert!(
+            o.code == Some(0) && o.output.contains("PASS"),
+            "{name} on {dev} failed (exit {:?} after {:?}):\n{}",
+            o.code,
+            o.elapsed,
+            o.output
+        );
+    }
+}

@@ -71,7 +71,15 @@
 //! | `disconnect` | `OK` or `<error>` |
 //! | `stream <raddr> <rhandle> <bytes>` | `STREAMING`, then RDMA writes forever |
 //! | `stream_send <bytes> [<credit off>]` | `STREAMING`, then sends forever (`[round: u64]` + pattern), message r once the u64 at `<credit off>` reaches r |
+//! | `read <desc> <raddr> <rhandle> <seg>...` | RDMA read: `OK` or `POSTERR <error>` |
+//! | `stream_arm <msg> <window>` | posts `stream_tx`'s first `go` receive (before the receiver starts): `OK` |
+//! | `stream_tx <total> <msg> <window>` | (after `stream_arm`) sends `total` bytes in messages of `msg` bytes, `window` at a time after each `go` message of the receiver: `SENT <bytes> <checksum>` or `STREAMERR <what>` |
+//! | `stream_rx <total> <msg> <window>` | the receiving side: `RECEIVED <bytes> <checksum> <bad messages>` or `STREAMERR <what>` |
 //! | `exit` | (exits 0) |
+//!
+//! Environment of the interpreter: `VIA_PEER_DEVICE` (the NIC `open`
+//! opens; default: the default NIC), `VIA_PEER_REMOTE` (IPv4 host address
+//! `connect` reaches; default: this NIC's host).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -251,7 +259,8 @@ impl Interp {
     fn exec(&mut self, a: &[&str]) -> String {
         match a[0] {
             "open" => {
-                let nic = Nic::open(None).expect("open NIC");
+                let dev = std::env::var("VIA_PEER_DEVICE").ok();
+                let nic = Nic::open(dev.as_deref()).expect("open NIC");
                 let errors = ErrorLog::install(&nic);
                 let ptag = nic.create_ptag().unwrap();
                 let (w, r) = (flag(a[3]), flag(a[4]));
@@ -297,7 +306,11 @@ impl Interp {
             }
             "connect" => {
                 let local = self.nic().address(b"peer");
-                let remote = self.nic().address(a[1].as_bytes());
+                let mut remote = self.nic().address(a[1].as_bytes());
+                if let Ok(h) = std::env::var("VIA_PEER_REMOTE") {
+                    let ip: std::net::Ipv4Addr = h.parse().expect("VIA_PEER_REMOTE: IPv4");
+                    remote.host = ip.octets().to_vec();
+                }
                 match self.vi().connect(&local, &remote, ms(a.get(2), WAIT)) {
                     Ok(_) => "CONNECT ok".into(),
                     Err(e) => format!("CONNECT {:?}", e.kind()),
@@ -336,6 +349,32 @@ impl Interp {
                 }
                 let b = self.segs(b, rest);
                 self.post(num(a[1]) as usize, b, true)
+            }
+            "read" => {
+                let b = DescBuilder::rdma_read(num(a[2]), num(a[3]) as u32);
+                let b = self.segs(b, &a[4..]);
+                self.post(num(a[1]) as usize, b, true)
+            }
+            "stream_arm" => {
+                let (msg, window) = (num(a[1]) as usize, num(a[2]) as usize);
+                match post_go(self.vi(), self.region(0), msg, window) {
+                    Ok(()) => "OK".into(),
+                    Err(e) => format!("STREAMERR {e}"),
+                }
+            }
+            "stream_tx" => {
+                let (total, msg, window) = (num(a[1]), num(a[2]) as usize, num(a[3]) as usize);
+                match stream_tx(self.vi(), self.region(0), total, msg, window) {
+                    Ok((n, sum)) => format!("SENT {n} {sum:#x}"),
+                    Err(e) => format!("STREAMERR {e}"),
+                }
+            }
+            "stream_rx" => {
+                let (total, msg, window) = (num(a[1]), num(a[2]) as usize, num(a[3]) as usize);
+                match stream_rx(self.vi(), self.region(0), total, msg, window) {
+                    Ok((n, sum, bad)) => format!("RECEIVED {n} {sum:#x} {bad}"),
+                    Err(e) => format!("STREAMERR {e}"),
+                }
             }
             "wait_recv" => self.completion("RECV", self.vi().recv_wait(WAIT)),
             "wait_send" => self.completion("SEND", self.vi().send_wait(WAIT)),
@@ -628,6 +667,142 @@ impl Interp {
         self.regions.push(Some(m));
         out
     }
+}
+
+/// Region layout of `stream_tx`/`stream_rx`: descriptors at 64-byte
+/// steps from 0 (`window` data descriptors, then the `go` one), data from
+/// [`STREAM_DATA`].
+const STREAM_DATA: usize = 1 << 16;
+
+/// Message `i` of a stream: `[i: u64]`, then bytes that depend on `i` and
+/// the position.
+fn stream_msg(i: u64, msg: usize, out: &mut [u8]) {
+    out[..8].copy_from_slice(&i.to_le_bytes());
+    let mut x = (i as u32).wrapping_mul(0x9e37_79b9) | 1;
+    for b in &mut out[8..msg] {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+}
+
+/// FNV-1a over `b`, continuing `h`.
+fn fnv(mut h: u64, b: &[u8]) -> u64 {
+    for &x in b {
+        h = (h ^ x as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+fn ok(c: via::Result<via::Completion>, what: &str) -> Result<via::Completion, String> {
+    match c {
+        Ok(c) if c.status & status::ERROR_MASK == 0 => Ok(c),
+        Ok(c) => Err(format!("{what}:status:{:#x}", c.status)),
+        Err(e) => Err(format!("{what}:{:?}", e.kind())),
+    }
+}
+
+/// Posts the receive of a `go` message of `stream_rx`.
+fn post_go(vi: &Vi, m: &Region, msg: usize, window: usize) -> Result<(), String> {
+    let d = DescBuilder::recv()
+        .segment(m, STREAM_DATA + window * msg, 64)
+        .write(m, window * 64)
+        .unwrap();
+    vi.post_recv(m, d)
+        .map_err(|e| format!("post go:{:?}", e.kind()))
+}
+
+/// The sending side of a checksummed stream (see `stream_rx`).
+fn stream_tx(
+    vi: &Vi,
+    m: &Region,
+    total: u64,
+    msg: usize,
+    window: usize,
+) -> Result<(u64, u64), String> {
+    let mut buf = vec![0u8; msg];
+    let (mut sent, mut i, mut sum) = (0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
+    // The next `go` receive is posted before the batch that provokes it
+    // (the first one by `stream_arm`, before the receiver starts).
+    let post_go = || post_go(vi, m, msg, window);
+    while sent < total {
+        ok(vi.recv_wait(WAIT), "go")?;
+        let n = window.min(((total - sent) as usize).div_ceil(msg));
+        if sent + ((n * msg) as u64) < total {
+            post_go()?;
+        }
+        let mut batch = 0u64;
+        for k in 0..n {
+            let len = msg.min((total - sent) as usize - k * msg);
+            batch += len as u64;
+            let at = STREAM_DATA + k * msg;
+            stream_msg(i + k as u64, len.max(8), &mut buf);
+            m.write(at, &buf[..len]).unwrap();
+            sum = fnv(sum, &buf[..len]);
+            let d = DescBuilder::send()
+                .segment(m, at, len as u32)
+                .write(m, k * 64)
+                .unwrap();
+            vi.post_send(m, d)
+                .map_err(|e| format!("post send:{:?}", e.kind()))?;
+        }
+        for _ in 0..n {
+            ok(vi.send_wait(WAIT), "send")?;
+        }
+        sent += batch;
+        i += n as u64;
+    }
+    Ok((sent, sum))
+}
+
+/// The receiving side: posts `window` receives, sends `go`, checks each
+/// message (its index first: every message exactly once and in order, and
+/// its bytes), and returns the bytes, their checksum and the number of bad
+/// messages.
+fn stream_rx(
+    vi: &Vi,
+    m: &Region,
+    total: u64,
+    msg: usize,
+    window: usize,
+) -> Result<(u64, u64, u64), String> {
+    let go = window * 64;
+    let mut want = vec![0u8; msg];
+    let mut got = vec![0u8; msg];
+    let (mut recvd, mut i, mut bad, mut sum) = (0u64, 0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
+    while recvd < total {
+        let n = window.min(((total - recvd) as usize).div_ceil(msg));
+        for k in 0..n {
+            let d = DescBuilder::recv()
+                .segment(m, STREAM_DATA + k * msg, msg as u32)
+                .write(m, k * 64)
+                .unwrap();
+            vi.post_recv(m, d)
+                .map_err(|e| format!("post recv:{:?}", e.kind()))?;
+        }
+        let d = DescBuilder::send()
+            .segment(m, STREAM_DATA + window * msg, 1)
+            .write(m, go)
+            .unwrap();
+        vi.post_send(m, d)
+            .map_err(|e| format!("post go:{:?}", e.kind()))?;
+        ok(vi.send_wait(WAIT), "go")?;
+        for k in 0..n {
+            let c = ok(vi.recv_wait(WAIT), "recv")?;
+            let len = m.word(k * 64 + 24) as usize;
+            let expect = msg.min((total - recvd) as usize);
+            m.read(STREAM_DATA + k * msg, &mut got[..len]).unwrap();
+            stream_msg(i, len.max(8), &mut want);
+            if len != expect || got[..len] != want[..len] || c.desc != m.addr(k * 64).unwrap() {
+                bad += 1;
+            }
+            sum = fnv(sum, &got[..len]);
+            recvd += len as u64;
+            i += 1;
+        }
+    }
+    Ok((recvd, sum, bad))
 }
 
 /// An optional timeout argument in milliseconds (`inf`: none), else `default`.

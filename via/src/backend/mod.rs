@@ -14,7 +14,8 @@
 //!
 //! | kind | directory | names |
 //! |---|---|---|
-//! | shared memory between the processes of a host | [`soft`] | default, `via_lo`, `via_<ifname>` (until the sockets kind lands) |
+//! | shared memory between the processes of a host | [`soft`] | default, `via_lo` |
+//! | TCP through a network interface, between hosts (and processes of one host) | [`sockets`] | `via_<ifname>` for an interface other than `lo` |
 //! | InfiniBand / RoCE through libibverbs (feature `verbs`) | `verbs` | `verbs` (first device), `rxe0`, `mlx5_0`, ... (any ibverbs device), `/dev/via_<ibdev>` |
 //! | in-process loopback, for unit tests | `loopback` (tests only) | none (opened directly) |
 //!
@@ -23,6 +24,7 @@
 
 #[cfg(test)]
 pub(crate) mod loopback;
+pub(crate) mod sockets;
 pub(crate) mod soft;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
@@ -37,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::mem::arena::Extent;
 use crate::nic::{AsyncError, NicInner};
 use crate::process::Process;
-use crate::proto::Endpoint;
+use crate::proto::{Endpoint, NetAddr};
 use crate::shm::rings::MappedRing;
 use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
@@ -156,6 +158,12 @@ pub(crate) trait Device: Send + Sync {
     /// What the kind supports.
     fn limits(&self) -> Limits;
 
+    /// The NIC's own host address (`VipQueryNic`'s `LocalNicAddress`, the
+    /// host part of its addresses), if it is not the host's VIA address.
+    fn local_address(&self) -> Option<Vec<u8>> {
+        None
+    }
+
     /// Starts background work, if the kind has any.
     fn start(&self, _nic: &Arc<NicInner>) {}
 
@@ -262,6 +270,20 @@ pub(crate) trait Device: Send + Sync {
         Err(Error::Resource)
     }
 
+    /// Asks for a connection of `vi` to `remote` itself instead of through
+    /// the local viad (`None`: through viad). Returns the peer as the
+    /// broker would have; [`Device::connect`] follows with it.
+    fn request_connection(
+        &self,
+        _nic: &NicInner,
+        _vi: &ViCore,
+        _local: &NetAddr,
+        _remote: &NetAddr,
+        _timeout: Option<std::time::Duration>,
+    ) -> Option<Result<Endpoint>> {
+        None
+    }
+
     /// Tears down the device side of `vi`'s connection; `tell_peer`: the
     /// peer hears `CONN_LOST` through the device. No descriptor of `vi`
     /// runs on the old connection once [`Device::quiesce`] returns.
@@ -284,6 +306,10 @@ pub(crate) trait Device: Send + Sync {
     ) -> Result<()> {
         Err(Error::Resource)
     }
+
+    /// A thread polls for a completion of `vi` that has not come: the
+    /// device may progress inline (no locks of the object model held).
+    fn poll(&self, _nic: &NicInner, _vi: &ViCore) {}
 
     /// Lets queued work run (after the send-queue lock is released); `vi`
     /// is the VI that just posted, if any.
@@ -339,6 +365,11 @@ pub(crate) static KINDS: &[Kind] = &[
         name: "soft",
         accepts: soft::accepts,
         open: soft::open,
+    },
+    Kind {
+        name: "sockets",
+        accepts: sockets::accepts,
+        open: sockets::open,
     },
     #[cfg(feature = "verbs")]
     Kind {

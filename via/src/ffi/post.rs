@@ -48,8 +48,8 @@ pub(crate) unsafe fn done(
 ) -> Result<()> {
     // SAFETY: the caller's contract for `out`.
     let out = unsafe { Out::new(out) }?;
-    let (_nic, vi) = vi_from(vi_h)?;
-    out.write(descriptor(vi.done(w)?));
+    let (nic, vi) = vi_from(vi_h)?;
+    out.write(descriptor(vi.done_polling(&nic, w)?));
     Ok(())
 }
 

@@ -959,6 +959,25 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Lets the calling thread run on every CPU (undoes a pinning it
+/// inherited from the thread that created it).
+pub fn allow_all_cpus() -> io::Result<()> {
+    // SAFETY: `set` is a plain bit set initialised by CPU_ZERO/CPU_SET.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        for cpu in 0..cpu_count().min(libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        cvt(libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ))?;
+    }
+    Ok(())
+}
+
 /// Number of online CPUs (not limited by this process's affinity mask).
 pub fn cpu_count() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -1143,4 +1162,35 @@ pub fn atfork(
         return Err(io::Error::from_raw_os_error(r));
     }
     Ok(())
+}
+
+/// The IPv4 addresses of network interface `ifname` (`getifaddrs`), in the
+/// order the kernel lists them.
+pub fn interface_ipv4(ifname: &str) -> io::Result<Vec<std::net::Ipv4Addr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a valid out-pointer; on success the list is freed
+    // below with `freeifaddrs`.
+    cvt(unsafe { libc::getifaddrs(&mut head) })?;
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list `getifaddrs` returned, alive
+        // until `freeifaddrs`; its name is a NUL-terminated string and its
+        // address, when not NULL and of family AF_INET, a `sockaddr_in`.
+        unsafe {
+            let ifa = &*p;
+            let name = std::ffi::CStr::from_ptr(ifa.ifa_name);
+            if !ifa.ifa_addr.is_null()
+                && (*ifa.ifa_addr).sa_family as libc::c_int == libc::AF_INET
+                && name.to_bytes() == ifname.as_bytes()
+            {
+                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                out.push(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            p = ifa.ifa_next;
+        }
+    }
+    // SAFETY: `head` came from a successful `getifaddrs` and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
 }

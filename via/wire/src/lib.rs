@@ -6,11 +6,13 @@
 //! | [`proto`] | the messages, their encoding, and the limits both sides check |
 //! | [`place`] | where the daemon listens, and whether a place can be trusted |
 //! | [`hosts`] | the hosts file of the name service |
+//! | [`tcp`] | connection set-up of the sockets NIC between hosts (library to a remote viad) |
 #![forbid(unsafe_code)]
 
 pub mod hosts;
 pub mod place;
 pub mod proto;
+pub mod tcp;
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -46,6 +46,10 @@ pub enum ObjKind {
     Arena = 2,
     /// A CQ ring (`id` = CQ index, `generation` = ring generation).
     CqRing = 3,
+    /// A TCP connection from another host waiting for a listener of the
+    /// sockets NIC (`id` = the remote request; held by viad's remote
+    /// sessions only).
+    Stream = 4,
 }
 
 impl TryFrom<u8> for ObjKind {
@@ -55,6 +59,7 @@ impl TryFrom<u8> for ObjKind {
             1 => Ok(ObjKind::Nic),
             2 => Ok(ObjKind::Arena),
             3 => Ok(ObjKind::CqRing),
+            4 => Ok(ObjKind::Stream),
             _ => Err(DecodeError("object kind")),
         }
     }
@@ -279,6 +284,14 @@ pub enum Request {
         /// Token from the event.
         token: u64,
     },
+    /// A sockets NIC opened on the interface with address `host` (IPv4):
+    /// listen for connection requests from other hosts there, on
+    /// [`crate::tcp::port`] (answer `Ok`, or `Refused(Limit)` if the port
+    /// cannot be opened).
+    OpenTcp {
+        /// IPv4 address, 4 bytes.
+        host: Vec<u8>,
+    },
     /// VipNSGetHostByName.
     ResolveName {
         /// Host name.
@@ -308,6 +321,7 @@ impl Request {
             Request::DisconnectAck { .. } => "DisconnectAck",
             Request::ResolveName { .. } => "ResolveName",
             Request::ResolveAddr { .. } => "ResolveAddr",
+            Request::OpenTcp { .. } => "OpenTcp",
         }
     }
 }
@@ -384,19 +398,19 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-struct W(Vec<u8>);
+pub(crate) struct W(pub(crate) Vec<u8>);
 
 impl W {
-    fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    fn u32(&mut self, v: u32) {
+    pub(crate) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn bytes(&mut self, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
         self.u32(b.len() as u32);
         self.0.extend_from_slice(b);
     }
@@ -406,7 +420,7 @@ impl W {
         self.u32(k.id);
         self.u32(k.generation);
     }
-    fn addr(&mut self, a: &NetAddr) {
+    pub(crate) fn addr(&mut self, a: &NetAddr) {
         self.bytes(&a.host);
         self.bytes(&a.discriminator);
     }
@@ -423,10 +437,10 @@ impl W {
     }
 }
 
-struct R<'a>(&'a [u8]);
+pub(crate) struct R<'a>(pub(crate) &'a [u8]);
 
 impl<'a> R<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.0.len() < n {
             return Err(DecodeError("short body"));
         }
@@ -434,23 +448,23 @@ impl<'a> R<'a> {
         self.0 = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
-    fn bool(&mut self) -> Result<bool, DecodeError> {
+    pub(crate) fn bool(&mut self) -> Result<bool, DecodeError> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
             _ => Err(DecodeError("bool")),
         }
     }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
     }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
-    fn bytes(&mut self, max: usize) -> Result<Vec<u8>, DecodeError> {
+    pub(crate) fn bytes(&mut self, max: usize) -> Result<Vec<u8>, DecodeError> {
         let n = self.u32()? as usize;
         if n > max {
             return Err(DecodeError("field too long"));
@@ -468,7 +482,7 @@ impl<'a> R<'a> {
             generation: self.u32()?,
         })
     }
-    fn addr(&mut self) -> Result<NetAddr, DecodeError> {
+    pub(crate) fn addr(&mut self) -> Result<NetAddr, DecodeError> {
         Ok(NetAddr {
             host: self.bytes(MAX_HOST)?,
             discriminator: self.bytes(MAX_DISCRIMINATOR)?,
@@ -487,7 +501,7 @@ impl<'a> R<'a> {
             device: self.bytes(MAX_DEVICE_BLOB)?,
         })
     }
-    fn end(self) -> Result<(), DecodeError> {
+    pub(crate) fn end(self) -> Result<(), DecodeError> {
         if self.0.is_empty() {
             Ok(())
         } else {
@@ -602,6 +616,10 @@ impl Request {
                 w.bytes(host);
                 13
             }
+            Request::OpenTcp { host } => {
+                w.bytes(host);
+                14
+            }
         };
         frame(kind, id, w)
     }
@@ -650,6 +668,9 @@ impl Request {
                 name: r.string(MAX_NAME)?,
             },
             13 => Request::ResolveAddr {
+                host: r.bytes(MAX_HOST)?,
+            },
+            14 => Request::OpenTcp {
                 host: r.bytes(MAX_HOST)?,
             },
             _ => return Err(DecodeError("request kind")),

@@ -160,3 +160,68 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// A network namespace with a veth pair (both ends inside, the first with
+/// an IPv4 address), removed with every process in it on drop: a sockets
+/// NIC (`via_<ifname>`) for jobs run inside it.
+pub struct Netns {
+    pub name: String,
+    /// The interface with the address.
+    pub ifname: String,
+}
+
+impl Netns {
+    fn ip(args: &[&str]) {
+        let out = Command::new("ip").args(args).output().expect("run ip");
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `None` (after a loud SKIPPED line) when not root.
+    pub fn new(tag: &str) -> Option<Netns> {
+        let uid = Command::new("id").arg("-u").output().expect("id -u");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            eprintln!("SKIPPED (needs root to create a network namespace): {tag}");
+            return None;
+        }
+        let pid = std::process::id();
+        let (a, b) = (
+            format!("vm{}a", pid % 100_000),
+            format!("vm{}b", pid % 100_000),
+        );
+        let n = Netns {
+            name: format!("vmpi-{tag}-{pid}"),
+            ifname: a.clone(),
+        };
+        Self::ip(&["netns", "add", &n.name]);
+        Self::ip(&[
+            "link", "add", &a, "netns", &n.name, "type", "veth", "peer", "name", &b, "netns",
+            &n.name,
+        ]);
+        let cidr = format!("10.252.{}.1/24", pid % 250);
+        Self::ip(&["-n", &n.name, "addr", "add", &cidr, "dev", &a]);
+        for i in [a.as_str(), b.as_str(), "lo"] {
+            Self::ip(&["-n", &n.name, "link", "set", i, "up"]);
+        }
+        Some(n)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
+            for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", p]).status();
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}

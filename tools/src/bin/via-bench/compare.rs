@@ -238,11 +238,11 @@ fn mpi(ctx: &Ctx, exe: &str, size: usize) -> Result<Res, String> {
 
 // ------------------------------------------------------------------ TCP
 
-/// `via-bench __tcp`: a TCP echo server on 127.0.0.1 (prints its port).
-/// Requests: mode (0 ping-pong, 1 stream), size, count, as u64s.
-pub fn tcp_server(cpu: Option<usize>) {
+/// `via-bench __tcp`: a TCP echo server on 127.0.0.1 or `bind` (prints
+/// its port). Requests: mode (0 ping-pong, 1 stream), size, count, as u64s.
+pub fn tcp_server(cpu: Option<usize>, bind: Option<&str>) {
     crate::xfer::pin(cpu);
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let l = TcpListener::bind(bind.unwrap_or("127.0.0.1:0")).expect("bind");
     println!("{}", l.local_addr().unwrap().port());
     std::io::stdout().flush().unwrap();
     let (mut s, _) = l.accept().expect("accept");
@@ -260,6 +260,55 @@ pub fn tcp_server(cpu: Option<usize>) {
         }
         if mode == 1 {
             s.write_all(&[1]).unwrap();
+        }
+    }
+}
+
+/// `via-bench __tcp_client`: the plain TCP baseline against a remote
+/// `__tcp --bind` server: prints `tcp pingpong <size> <half round trip us>`
+/// and `tcp stream <size> <MB/s>` (medians of 5 runs) per size.
+pub fn tcp_client(connect: &str, sizes: &str, time_ms: u64) {
+    let mut s = TcpStream::connect(connect).expect("connect");
+    s.set_nodelay(true).unwrap();
+    let mut buf = vec![3u8; 4 * MIB];
+    let mut run = |mode: u64, size: usize, count: u64| {
+        let mut h = Vec::new();
+        for w in [mode, size as u64, count] {
+            h.extend_from_slice(&w.to_ne_bytes());
+        }
+        let t0 = Instant::now();
+        s.write_all(&h).unwrap();
+        for _ in 0..count {
+            s.write_all(&buf[..size]).unwrap();
+            if mode == 0 {
+                s.read_exact(&mut buf[..size]).unwrap();
+            }
+        }
+        if mode == 1 {
+            s.read_exact(&mut buf[..1]).unwrap();
+        }
+        t0.elapsed()
+    };
+    for size in sizes.split(',') {
+        let size = crate::parse_size(size).expect("size");
+        for mode in [0u64, 1] {
+            // Calibrate a count that takes about a fifth of the budget.
+            let mut count = 4u64;
+            while run(mode, size, count) < Duration::from_millis(time_ms / 25 + 1)
+                && count < 1 << 24
+            {
+                count *= 2;
+            }
+            let mut v: Vec<f64> = (0..5)
+                .map(|_| run(mode, size, count).as_secs_f64() / count as f64)
+                .collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            let per = v[2];
+            if mode == 0 {
+                println!("tcp pingpong {size} {:.2}", per / 2.0 * 1e6);
+            } else {
+                println!("tcp stream {size} {:.1}", size as f64 / per / 1e6);
+            }
         }
     }
 }
@@ -417,6 +466,13 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
             "bare shared-memory ping-pong (floor)",
             8,
             (Some(floor), None),
+        );
+        let lines = crate::shm_floor_via_lines(iters(8, ctx.c.quick), ctx.cpus());
+        add(
+            &mut res,
+            "bare ping-pong, VIA's 3 lines",
+            8,
+            (Some(lines), None),
         );
         ctx.progress.inc();
         for &size in &sizes {

@@ -200,6 +200,24 @@ enum Cmd {
     Tcp {
         #[arg(long)]
         cpu: Option<usize>,
+        /// Address to listen on (default 127.0.0.1, any port).
+        #[arg(long)]
+        bind: Option<String>,
+    },
+    /// The plain TCP baseline against a `__tcp --bind` server elsewhere:
+    /// ping-pong half round trip and streaming bandwidth per size (the
+    /// sockets NIC's comparison over the same link).
+    #[command(name = "__tcp_client", hide = true)]
+    TcpClient {
+        /// `address:port` of the server.
+        #[arg(long)]
+        connect: String,
+        /// Message sizes (K/M suffixes).
+        #[arg(long, default_value = "8,64K,1M")]
+        lens: String,
+        /// Time budget per size and pattern, ms.
+        #[arg(long, default_value_t = 1000)]
+        budget_ms: u64,
     },
 }
 
@@ -373,7 +391,12 @@ fn main() {
         Cmd::Serve { args } => serve(&args),
         Cmd::Loopback { rounds } => loopback(rounds.unwrap_or(100_000)),
         Cmd::Sink => syscost::sink(),
-        Cmd::Tcp { cpu } => compare::tcp_server(cpu),
+        Cmd::Tcp { cpu, bind } => compare::tcp_server(cpu, bind.as_deref()),
+        Cmd::TcpClient {
+            connect,
+            lens,
+            budget_ms,
+        } => compare::tcp_client(&connect, &lens, budget_ms),
         Cmd::Reg(a) => run_reg("reg", &c, a),
         Cmd::Regpp(a) => run_reg("regpp", &c, a),
         Cmd::Regcost(a) => run_reg("regcost", &c, a),
@@ -566,11 +589,12 @@ fn pin(cpu: usize) {
 /// `via-bench serve shm <pid> <fd> <iters>` | `serve regpp <disc> <max> <each|fixed>`
 fn serve(args: &[String]) {
     match args.first().map(String::as_str) {
-        Some("shm") => {
+        Some(role @ ("shm" | "shmvia")) => {
             if let Some(c) = args.get(4).and_then(|c| c.parse().ok()) {
                 xfer::pin(Some(c));
             }
             serve_shm(
+                role == "shmvia",
                 args[1].parse().unwrap(),
                 args[2].parse().unwrap(),
                 args[3].parse().unwrap(),
@@ -622,7 +646,7 @@ fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
     c.status
 }
 
-fn serve_shm(pid: u32, fd: i32, iters: u64) {
+fn serve_shm(via_shaped: bool, pid: u32, fd: i32, iters: u64) {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -635,6 +659,14 @@ fn serve_shm(pid: u32, fd: i32, iters: u64) {
     let pong_data = map.view::<AtomicU64>(136).unwrap();
     println!("READY");
     std::io::stdout().flush().unwrap();
+    if via_shaped {
+        let (from, to) = (via_lines(&map, 0), via_lines(&map, 1));
+        for i in 1..=iters {
+            let v = via_lines_recv(from, i);
+            via_lines_send(to, i, v);
+        }
+        return;
+    }
     for i in 1..=iters {
         // Acquire/Release: the payload word travels with the sequence word.
         while ping.load(Ordering::Acquire) != i {
@@ -683,13 +715,61 @@ fn unique(tag: &str) -> String {
 
 /// The floor: a bare shared-memory ping-pong of one 8-byte word between
 /// two processes; mean half round trip, microseconds.
-pub fn shm_floor(iters: u64, (a, b): (Option<usize>, Option<usize>)) -> f64 {
+pub fn shm_floor(iters: u64, cpus: (Option<usize>, Option<usize>)) -> f64 {
+    shm_pingpong("shm", iters, cpus)
+}
+
+/// A bare ping-pong with the cache-line pattern a VIA send cannot avoid
+/// on shared memory: the sender reads the line where the receiver posted
+/// its receive, stores the payload into the receive buffer and the status
+/// into the receive descriptor (three lines), and the receiver, seeing the
+/// status, reads the payload and posts its next receive. No library code:
+/// the lower bound of VIA's semantics here, beside the one-line floor.
+pub fn shm_floor_via_lines(iters: u64, cpus: (Option<usize>, Option<usize>)) -> f64 {
+    shm_pingpong("shmvia", iters, cpus)
+}
+
+/// Lines of the VIA-shaped floor, 256 bytes apart (no adjacent-line
+/// prefetch between them): direction `d` (0: to the server, 1: back).
+fn via_lines(map: &Mapping, d: usize) -> [&AtomicU64; 3] {
+    let base = 1024 + d * 768;
+    [0, 256, 512].map(|o| map.view::<AtomicU64>(base + o).unwrap())
+}
+
+/// One direction of the VIA-shaped floor: wait for the posted receive
+/// `i`, store payload and status.
+fn via_lines_send(l: [&AtomicU64; 3], i: u64, payload: u64) {
+    let [slot, data, status] = l;
+    while slot.load(Ordering::Acquire) < i {
+        std::hint::spin_loop();
+    }
+    data.store(payload, Ordering::Relaxed);
+    status.store(i, Ordering::Release);
+}
+
+/// The other: wait for status `i`, read the payload, post receive `i + 1`.
+fn via_lines_recv(l: [&AtomicU64; 3], i: u64) -> u64 {
+    let [slot, data, status] = l;
+    while status.load(Ordering::Acquire) != i {
+        std::hint::spin_loop();
+    }
+    let v = data.load(Ordering::Relaxed);
+    slot.store(i + 1, Ordering::Release);
+    v
+}
+
+fn shm_pingpong(role: &str, iters: u64, (a, b): (Option<usize>, Option<usize>)) -> f64 {
     xfer::pin(a);
     let (fd, map) = Mapping::create("via-bench-floor", 4096).expect("memfd");
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     via::sys::clear_cloexec(raw).ok();
+    if role == "shmvia" {
+        // Receive 1 is posted in both directions before the first round.
+        via_lines(&map, 0)[0].store(1, Ordering::Relaxed);
+        via_lines(&map, 1)[0].store(1, Ordering::Relaxed);
+    }
     let mut args = vec![
-        "shm".to_string(),
+        role.to_string(),
         std::process::id().to_string(),
         raw.to_string(),
         iters.to_string(),
@@ -702,12 +782,18 @@ pub fn shm_floor(iters: u64, (a, b): (Option<usize>, Option<usize>)) -> f64 {
     let ping_data = map.view::<AtomicU64>(8).unwrap();
     let pong = map.view::<AtomicU64>(128).unwrap();
     let pong_data = map.view::<AtomicU64>(136).unwrap();
+    let (to, from) = (via_lines(&map, 0), via_lines(&map, 1));
     let mut sum = 0u64;
     let warm = iters / 10;
     let mut t0 = Instant::now();
     for i in 1..=iters {
         if i == warm + 1 {
             t0 = Instant::now();
+        }
+        if role == "shmvia" {
+            via_lines_send(to, i, i * 3);
+            sum = sum.wrapping_add(via_lines_recv(from, i));
+            continue;
         }
         ping_data.store(i * 3, Ordering::Relaxed);
         ping.store(i, Ordering::Release);

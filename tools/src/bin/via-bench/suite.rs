@@ -817,16 +817,63 @@ pub fn alt_inline(ctx: &mut Ctx, thresholds: &[usize]) {
     );
 }
 
+/// Fragment size of the sockets NIC (`VIA_SOCK_FRAGMENT`: the most bytes
+/// one system call writes), as the thesis swept the fragment size of its
+/// Ethernet VIA: ping-pong latency and bandwidth per fragment size, against
+/// whole frames (one call writes as much as the socket takes).
 pub fn alt_fragment(ctx: &mut Ctx) {
-    ctx.push(Row::absent(
-        "alt-fragment",
-        "fragment size 512 B..64 KiB",
-        NOT_AVAILABLE,
-        &format!(
-            "device {} is of the shared-memory kind, which moves a message with one copy and has no fragments; the sockets kind does not exist yet",
-            ctx.c.device
-        ),
-    ));
+    let dev = ctx.c.device.clone();
+    let base = dev.strip_prefix("/dev/").unwrap_or(&dev);
+    if !base.strip_prefix("via_").is_some_and(|i| i != "lo") {
+        ctx.push(Row::absent(
+            "alt-fragment",
+            "fragment size 512 B..64 KiB",
+            NOT_AVAILABLE,
+            &format!(
+                "device {dev} is not a sockets NIC: the shared-memory NIC moves a message with one copy and has no fragments; run with --device via_<interface>"
+            ),
+        ));
+        return;
+    }
+    let q = ctx.c.quick;
+    let fragments: &[usize] = if q {
+        &[0, 4 * KIB]
+    } else {
+        &[0, 512, KIB, 4 * KIB, 16 * KIB, 64 * KIB]
+    };
+    let sizes = ctx.c.sizes.clone().unwrap_or_else(|| {
+        if q {
+            vec![64 * KIB]
+        } else {
+            vec![8, 64 * KIB, MIB]
+        }
+    });
+    let mut whole: HashMap<usize, f64> = HashMap::new();
+    for &f in fragments {
+        let name = if f == 0 {
+            "whole frames".to_string()
+        } else {
+            format!("fragment {}", crate::out::fmt_size(f as u64))
+        };
+        ctx.progress.grow(sizes.len());
+        for &size in &sizes {
+            let s = ctx.spec(Mode::PingPong, size);
+            let row = Row::new("alt-fragment", &name)
+                .bytes(size)
+                .x("fragment", f as f64);
+            if let Some(m) = ctx.measured(row, &s, &env1("VIA_SOCK_FRAGMENT", &f.to_string())) {
+                let x = m.median_us.unwrap_or(f64::NAN);
+                if f == 0 {
+                    whole.insert(size, x);
+                }
+                let r = ctx.rows.last_mut().unwrap();
+                if let Some(b) = whole.get(&size) {
+                    r.ratio = Some(x / b);
+                    r.note = "ratio: median half round trip / whole frames".into();
+                }
+            }
+        }
+    }
 }
 
 pub fn alt_notify(ctx: &mut Ctx) {

@@ -321,7 +321,7 @@ fn quiet_errors(nic: &Nic) {
 pub fn open_nic(device: &str) -> Result<Nic, String> {
     Nic::open(Some(device)).map_err(|e| match e.kind() {
         via::ErrorKind::InvalidParameter => format!(
-            "device {device:?}: no such NIC (this build has the shared-memory kind: via_lo, /dev/via_lo, via_<interface>, /dev/via_<interface>; the sockets and verbs kinds do not exist yet)"
+            "device {device:?}: no such NIC (this build has the shared-memory kind: via_lo, /dev/via_lo, and the sockets kind: via_<interface>, /dev/via_<interface>; the verbs kind does not exist yet)"
         ),
         _ => format!("device {device:?}: cannot open: {e} (see the log above)"),
     })

@@ -20,8 +20,11 @@
 //! listens, connects and peer requests match within one uid (each uid has
 //! its own discriminator namespace, so a request for another user's
 //! discriminator finds nobody and ends as `NoMatch` at its deadline; a
-//! cross-user grant of the configuration is refused at once with `Reject`
-//! until the mediated data path exists); and each published arena is
+//! cross-user grant of the configuration lets a request over TCP, the
+//! sockets NIC, reach the granted user's listener, which may then fetch
+//! that request's connection and nothing else of the requester, and is
+//! refused at once with `Reject` on the shared-memory NIC); and each
+//! published arena is
 //! mapped and locked in memory by the daemon, within a per-process, a
 //! per-user and a total pinning quota (`Refused(Quota)` beyond), released
 //! on `Retire` and on the session's death.
@@ -106,8 +109,7 @@ pub struct SystemPolicy {
     pub users: HashMap<u32, Quota>,
     /// Bytes locked for all users together.
     pub total: u64,
-    /// Cross-user connections allowed (refused for now: the mediated data
-    /// path does not exist yet).
+    /// Cross-user connections allowed (over the sockets NIC only).
     pub grants: Vec<Grant>,
 }
 
@@ -150,11 +152,17 @@ pub enum Out {
     },
     /// Drop the session (protocol violation).
     Close { session: u64, why: &'static str },
+    /// Open the TCP listener for other hosts on `host` (a sockets NIC was
+    /// opened there), then answer `to`.
+    OpenTcp { to: u64, id: u32, host: Vec<u8> },
 }
 
 struct Session {
     cred: Cred,
     hello: bool,
+    /// A connection request from another host (`tcp.rs`): nobody watches
+    /// it, since it ends when the TCP connection is handed to a listener.
+    remote: bool,
     objects: HashMap<ObjKey, Obj>,
     /// Its waiting listens, connects and peer requests.
     listens: HashSet<u64>,
@@ -176,6 +184,7 @@ impl Session {
         Session {
             cred,
             hello: false,
+            remote: false,
             objects: HashMap::new(),
             listens: HashSet::new(),
             connects: HashSet::new(),
@@ -267,6 +276,9 @@ fn unqueue<K: std::hash::Hash + Eq + Clone>(q: &mut HashMap<K, VecDeque<u64>>, k
 /// The broker.
 pub struct Broker {
     host: Vec<u8>,
+    /// IPv4 addresses of this host's sockets NICs (listened on for other
+    /// hosts): local addresses too.
+    tcp_hosts: Vec<Vec<u8>>,
     name: String,
     hosts: Vec<(String, Vec<u8>)>,
     limits: Limits,
@@ -309,6 +321,7 @@ impl Broker {
     pub fn new(host: Vec<u8>, name: String, hosts: Vec<(String, Vec<u8>)>) -> Broker {
         Broker {
             host,
+            tcp_hosts: Vec::new(),
             name,
             hosts,
             limits: Limits::default(),
@@ -562,7 +575,12 @@ impl Broker {
 
     /// `a` and `b` must hear of each other's death.
     fn watch(&mut self, a: u64, b: u64) {
-        if a == b || !self.sessions.contains_key(&a) || !self.sessions.contains_key(&b) {
+        if a == b
+            || !self.sessions.contains_key(&a)
+            || !self.sessions.contains_key(&b)
+            || self.is_remote(a)
+            || self.is_remote(b)
+        {
             return;
         }
         for (x, y) in [(a, b), (b, a)] {
@@ -574,7 +592,7 @@ impl Broker {
 
     /// `fetcher` maps memory of `owner`: it must hear of `owner`'s death.
     fn watch_owner(&mut self, fetcher: u64, owner: u64) {
-        if fetcher == owner || !self.sessions.contains_key(&owner) {
+        if fetcher == owner || !self.sessions.contains_key(&owner) || self.is_remote(owner) {
             return;
         }
         self.sessions
@@ -615,7 +633,29 @@ impl Broker {
     }
 
     fn local_host(&self, h: &[u8]) -> bool {
-        h.is_empty() || h == self.host.as_slice()
+        h.is_empty() || h == self.host.as_slice() || self.tcp_hosts.iter().any(|t| t == h)
+    }
+
+    /// `host` is the address of a sockets NIC of this host (its TCP
+    /// listener is open): requests and listens on it are local.
+    pub fn add_tcp_host(&mut self, host: Vec<u8>) {
+        if !self.tcp_hosts.contains(&host) {
+            self.tcp_hosts.push(host);
+        }
+    }
+
+    /// A session for a connection request that came from another host over
+    /// TCP (it says no Hello; nobody hears of its end).
+    pub fn open_remote_session(&mut self, cred: Cred) -> u64 {
+        let s = self.open_session(cred);
+        let sess = self.sessions.get_mut(&s).unwrap();
+        sess.hello = true;
+        sess.remote = true;
+        s
+    }
+
+    fn is_remote(&self, s: u64) -> bool {
+        self.sessions.get(&s).is_some_and(|x| x.remote)
     }
 
     fn remove_listen(&mut self, lid: u64) -> Option<Listen> {
@@ -817,7 +857,15 @@ impl Broker {
             Request::Fetch { session, key } => {
                 let me = self.sessions[&s].cred.uid;
                 let owner = self.sessions.get(&session).map(|x| x.cred.uid);
-                if self.system.is_some() && owner.is_some_and(|u| u != me) {
+                // The TCP connection of a request offered to `s` (a granted
+                // cross-user request over the sockets NIC): a socket, no
+                // memory of the other user.
+                let offered_stream = key.kind == ObjKind::Stream
+                    && self.sessions[&s]
+                        .offered
+                        .iter()
+                        .any(|c| self.connects.get(c).is_some_and(|c| c.session == session));
+                if self.system.is_some() && owner.is_some_and(|u| u != me) && !offered_stream {
                     // Another user's memory: answered as for an object that
                     // does not exist (nothing is told about the other user).
                     log::warn!(
@@ -887,11 +935,16 @@ impl Broker {
                     });
                 } else if !self.local_host(&remote.host) {
                     refuse(&mut out, Refusal::NoMatch);
-                } else if let Some(g) = self.cross_user_grant(s, &remote.discriminator) {
-                    // Allowed by the configuration, but the data path that
-                    // would keep the two users' memory apart does not exist.
+                } else if let Some(g) = self
+                    .cross_user_grant(s, &remote.discriminator)
+                    .filter(|_| !self.is_remote(s))
+                {
+                    // Allowed by the configuration, but the shared-memory
+                    // NIC would map one user's memory into the other's
+                    // process: only the sockets NIC, whose data path
+                    // shares no memory, carries a cross-user connection.
                     log::warn!(
-                        "session {s} (uid {}): connection to discriminator {:?} of uid {} is granted by the configuration, but cross-user connections are not supported yet (no mediated data path): refused (VIP_REJECT)",
+                        "session {s} (uid {}): connection to discriminator {:?} of uid {} is granted by the configuration, but not on the shared-memory NIC (it would share memory between the users): refused (VIP_REJECT); open a sockets NIC (via_<ifname>) for cross-user connections",
                         g.client_uid,
                         String::from_utf8_lossy(&remote.discriminator),
                         g.server_uid
@@ -900,7 +953,20 @@ impl Broker {
                 } else {
                     let conn = self.id();
                     let d = deadline(now, timeout_ms);
-                    let uid = self.sessions[&s].cred.uid;
+                    // A granted request of another user over the sockets NIC
+                    // waits for the listeners of the user it is granted to.
+                    let uid = match self.cross_user_grant(s, &remote.discriminator) {
+                        Some(g) => {
+                            log::info!(
+                                "session {s} (uid {}, over TCP): connection to discriminator {:?} of uid {} granted by the configuration",
+                                g.client_uid,
+                                String::from_utf8_lossy(&remote.discriminator),
+                                g.server_uid
+                            );
+                            g.server_uid
+                        }
+                        None => self.sessions[&s].cred.uid,
+                    };
                     self.connects.insert(
                         conn,
                         Connect {
@@ -1111,6 +1177,13 @@ impl Broker {
                         reply: Reply::Address { host },
                     }),
                     None => refuse(&mut out, Refusal::NameService),
+                }
+            }
+            Request::OpenTcp { host } => {
+                if host.len() != 4 {
+                    refuse(&mut out, Refusal::Invalid);
+                } else {
+                    out.push(Out::OpenTcp { to: s, id, host });
                 }
             }
             Request::ResolveAddr { host } => {
@@ -2046,10 +2119,13 @@ mod tests {
         assert_eq!(r.len(), 2, "{r:?}");
     }
 
-    /// A grant of the configuration is refused at once (`Reject`) until the
-    /// mediated data path exists; the other user's listener is untouched.
+    /// A grant of the configuration: a request of the other user over the
+    /// sockets NIC (a remote session: a TCP connection, no memory shared)
+    /// reaches the granted listener, which may fetch that connection and
+    /// nothing else of the requester; the same request on the shared-memory
+    /// NIC is refused at once (`Reject`) and the listener is untouched.
     #[test]
-    fn granted_cross_user_connection_is_refused_for_now() {
+    fn granted_cross_user_connections_go_over_sockets_only() {
         let grant = Grant {
             client_uid: B,
             server_uid: A,
@@ -2079,6 +2155,47 @@ mod tests {
             matches!(r[..], [(to, 6, Reply::Incoming { .. })] if to == x),
             "{r:?}"
         );
+        // Over TCP (a remote session of B): offered to A's listener, which
+        // may fetch the request's connection but no other object of it.
+        assert!(listen(&mut b, a1, 8, "svc-z", proto::INFINITE).is_empty());
+        let t = b.open_remote_session(Cred { uid: B, pid: 0 });
+        let stream = ObjKey {
+            kind: ObjKind::Stream,
+            nic: 0,
+            id: 0,
+            generation: 0,
+        };
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let req = Request::Publish { key: stream };
+        assert!(matches!(
+            replies(&b.on_request(t, 1, req, vec![fd], Instant::now()))[..],
+            [(_, 1, Reply::Ok)]
+        ));
+        let fetch = |b: &mut Broker, id, key| {
+            let req = Request::Fetch { session: t, key };
+            b.on_request(a1, id, req, vec![], Instant::now())
+        };
+        assert!(matches!(
+            replies(&fetch(&mut b, 9, stream))[..],
+            [(_, 9, Reply::Refused(Refusal::Gone))]
+        ));
+        let r = connect_req(&mut b, t, 10, "svc-z", 1000);
+        assert!(
+            matches!(r[..], [(to, 8, Reply::Incoming { .. })] if to == a1),
+            "{r:?}"
+        );
+        assert!(matches!(
+            fetch(&mut b, 11, stream)[..],
+            [Out::SendFd { id: 11, .. }]
+        ));
+        let arena = ObjKey {
+            kind: ObjKind::Arena,
+            ..stream
+        };
+        assert!(matches!(
+            replies(&fetch(&mut b, 12, arena))[..],
+            [(_, 12, Reply::Refused(Refusal::Gone))]
+        ));
         // Per-user mode knows no grants.
         let mut u = Broker::new(vec![1], "h".into(), vec![]);
         let s = hello(&mut u);

@@ -23,7 +23,7 @@
 //! max_queue = 1048576
 //! hello_timeout_ms = 5000
 //!
-//! [[grant]]                 # a cross-user connection (refused for now)
+//! [[grant]]                 # a cross-user connection (sockets NICs only)
 //! client_uid = 1001
 //! server_uid = 1000
 //! discriminator_prefix = "svc-"
@@ -380,7 +380,7 @@ impl fmt::Display for Config {
         for g in &p.grants {
             writeln!(
                 f,
-                "\n[[grant]]  # refused for now: no mediated data path\nclient_uid = {}\nserver_uid = {}\ndiscriminator_prefix = {:?}",
+                "\n[[grant]]  # over sockets NICs only\nclient_uid = {}\nserver_uid = {}\ndiscriminator_prefix = {:?}",
                 g.client_uid,
                 g.server_uid,
                 String::from_utf8_lossy(&g.prefix)

@@ -23,6 +23,7 @@
 
 mod broker;
 mod config;
+mod tcp;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -278,7 +279,7 @@ fn main() {
         Some((c, path)) => {
             let p = &c.policy;
             log::info!(
-                "viad {} in system mode on {}, serving every user (host address {shown_host}); configuration {}: pinning per process {}, per user {}, all users {}, {} per-user quotas, {} cross-user grants (refused: no mediated data path yet)",
+                "viad {} in system mode on {}, serving every user (host address {shown_host}); configuration {}: pinning per process {}, per user {}, all users {}, {} per-user quotas, {} cross-user grants (over sockets NICs)",
                 std::process::id(),
                 sock_path.display(),
                 path.display(),
@@ -315,6 +316,7 @@ fn main() {
         reserve: open_reserve(),
         out_of_fds: Repeated::new("out of file descriptors"),
         refused: Repeated::new("connections refused"),
+        tcp: tcp::Tcp::default(),
         sock_path,
     }
     .run();
@@ -514,6 +516,8 @@ struct Daemon {
     reserve: Option<std::fs::File>,
     out_of_fds: Repeated,
     refused: Repeated,
+    /// Listeners and connection requests of other hosts (sockets NICs).
+    tcp: tcp::Tcp,
 }
 
 #[derive(Clone, Copy)]
@@ -522,6 +526,7 @@ enum Source {
     Signal,
     Socket(u64),
     Pid(u64),
+    Tcp(tcp::Watch),
 }
 
 fn open_reserve() -> Option<std::fs::File> {
@@ -564,6 +569,9 @@ impl Daemon {
             if let Some(t) = self.paused_until {
                 at(t);
             }
+            if let Some(t) = self.tcp.next_deadline() {
+                at(t);
+            }
             let timeout = deadline.map_or(-1, |d| {
                 d.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1
             });
@@ -590,6 +598,12 @@ impl Daemon {
                     fds.push(pollfd(p.as_raw_fd(), libc::POLLIN));
                     src.push(Source::Pid(s));
                 }
+            }
+            let mut tcp_fds = Vec::new();
+            self.tcp.fds(&mut tcp_fds);
+            for (fd, w) in tcp_fds {
+                fds.push(pollfd(fd, libc::POLLIN));
+                src.push(Source::Tcp(w));
             }
             if let Err(e) = sys::poll(&mut fds, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -620,6 +634,15 @@ impl Daemon {
                         return 0;
                     }
                     Source::Pid(s) => dead.push((s, "process exited")),
+                    Source::Tcp(tcp::Watch::Listener(i)) => self.tcp.accept(i),
+                    Source::Tcp(tcp::Watch::Unread(k)) => {
+                        self.tcp.read(k, &mut self.broker, self.uid, &mut outs);
+                    }
+                    Source::Tcp(tcp::Watch::Session(s)) => {
+                        if self.tcp.readable(s) {
+                            dead.push((s, "the requester on the network gave up"));
+                        }
+                    }
                     Source::Socket(s) => {
                         if p.revents & libc::POLLOUT != 0 {
                             if let Err(why) = self.flush(s) {
@@ -645,6 +668,7 @@ impl Daemon {
                     dead.push((s, "no Hello in time"));
                 }
             }
+            self.tcp.expire(now);
             outs.extend(self.broker.on_tick(now));
             for (s, why) in dead {
                 outs.extend(self.kill(s, why));
@@ -796,6 +820,7 @@ impl Daemon {
     }
 
     fn kill(&mut self, s: u64, why: &str) -> Vec<Out> {
+        self.tcp.end(s);
         if let Some(c) = self.clients.remove(&s) {
             log::info!("session {s} (pid {}, uid {}) ended: {why}", c.pid, c.uid);
             if let Some(n) = self.per_pid.get_mut(&c.pid) {
@@ -891,6 +916,28 @@ impl Daemon {
             let mut more = Vec::new();
             for o in outs {
                 let (to, r) = match o {
+                    Out::Send { to, reply, .. } if self.tcp.is_session(to) => {
+                        if self.tcp.reply(to, &reply) {
+                            more.extend(self.kill(to, "answered"));
+                        }
+                        continue;
+                    }
+                    Out::OpenTcp { to, id, host } => {
+                        let reply = match self.tcp.open(&host) {
+                            Ok(()) => {
+                                self.broker.add_tcp_host(host);
+                                Reply::Ok
+                            }
+                            Err(e) => {
+                                log::warn!(
+                                    "cannot listen for other hosts on {host:?} port {}: {e}",
+                                    via_wire::tcp::port()
+                                );
+                                Reply::Refused(proto::Refusal::Invalid)
+                            }
+                        };
+                        (to, self.enqueue(to, reply.encode(id), None, Vec::new))
+                    }
                     Out::Send { to, id, reply } => {
                         (to, self.enqueue(to, reply.encode(id), None, Vec::new))
                     }

@@ -1,0 +1,293 @@
+//! The sockets NIC between two hosts: network namespaces joined by a veth
+//! pair (`via_tests::netns`), a viad in each, a `via-peer` interpreter in
+//! each. Needs root (skipped loudly otherwise).
+
+use std::time::{Duration, Instant};
+
+use via::descriptor::status::*;
+use via_tests::netns::{Hosts, Side};
+use via_tests::*;
+
+const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
+
+/// `(status, length, immediate)` of a peer's `RECV`/`SEND` answer.
+fn comp(s: &str) -> (u32, u32, u32) {
+    let v = nums(s);
+    (v[0] as u32, v[1] as u32, v[2] as u32)
+}
+
+/// Opens both sides (`open` arguments), has B listen on `disc` and A
+/// connect; returns B's region 0.
+fn connect(h: &Hosts, a: &mut Peer, b: &mut Peer, open: &str, disc: &str) -> RemoteMem {
+    a.cmd_expect(&format!("open {open}"), "MEM");
+    let m = RemoteMem::parse(&b.cmd_expect(&format!("open {open}"), "MEM"));
+    b.say(&format!("listen {disc} accept"));
+    b.expect("LISTENING");
+    assert_eq!(a.cmd(&format!("connect {disc}")), "CONNECT ok");
+    assert_eq!(b.line(), "ACCEPT ok");
+    let _ = h;
+    m
+}
+
+#[test]
+fn send_recv_rdma_and_target_protection() {
+    let Some(h) = Hosts::new("xfer") else { return };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    let m = connect(&h, &mut a, &mut b, "rd 1048576 1 1", "xfer");
+
+    // Gather 2 pieces with immediate data, scatter into 3 other pieces.
+    assert_eq!(a.cmd("fill 0 65536 3000 1"), "OK");
+    assert_eq!(a.cmd("fill 0 70000 7000 2"), "OK");
+    assert_eq!(b.cmd("recv 0 100000:5000 200003:1 300001:13000"), "OK");
+    assert_eq!(a.cmd("send 64 imm=0x1234 65536:3000 70000:7000"), "OK");
+    assert_eq!(comp(&a.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    let (st, len, imm) = comp(&b.cmd_expect("wait_recv", "RECV"));
+    assert_eq!(
+        (st, len, imm),
+        (DONE | OP_RECEIVE | IMMEDIATE, 10000, 0x1234)
+    );
+    let mut sent = unhex(&a.cmd_expect("peek 0 65536 3000", "DATA"));
+    sent.extend(unhex(&a.cmd_expect("peek 0 70000 7000", "DATA")));
+    let mut got = unhex(&b.cmd_expect("peek 0 100000 5000", "DATA"));
+    got.extend(unhex(&b.cmd_expect("peek 0 200003 1", "DATA")));
+    got.extend(unhex(&b.cmd_expect("peek 0 300001 4999", "DATA")));
+    assert!(got == sent, "scattered bytes differ");
+
+    // RDMA write with immediate data: consumes a receive.
+    assert_eq!(a.cmd("fill 0 400000 8192 7"), "OK");
+    assert_eq!(b.cmd("recv 128 0:0"), "OK");
+    let w = format!(
+        "write 192 {:#x} {} imm=77 400000:8192",
+        m.addr + 500000,
+        m.handle
+    );
+    assert_eq!(a.cmd(&w), "OK");
+    assert_eq!(
+        comp(&a.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_RDMA_WRITE
+    );
+    let (st, _, imm) = comp(&b.cmd_expect("wait_recv", "RECV"));
+    assert_eq!((st, imm), (DONE | OP_REMOTE_RDMA_WRITE | IMMEDIATE, 77));
+    assert_eq!(b.cmd("check 0 500000 8192 7"), "SAME");
+
+    // RDMA write without immediate: the target only sees its memory change.
+    assert_eq!(a.cmd("fill 0 420000 60000 8"), "OK");
+    let w = format!("write 256 {:#x} {} 420000:60000", m.addr + 600000, m.handle);
+    assert_eq!(a.cmd(&w), "OK");
+    assert_eq!(
+        comp(&a.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_RDMA_WRITE
+    );
+    assert_eq!(b.cmd("check 0 600000 60000 8"), "SAME");
+
+    // RDMA read into two local pieces.
+    assert_eq!(b.cmd("fill 0 700000 12000 9"), "OK");
+    let r = format!(
+        "read 320 {:#x} {} 800000:5000 900000:7000",
+        m.addr + 700000,
+        m.handle
+    );
+    assert_eq!(a.cmd(&r), "OK");
+    assert_eq!(
+        comp(&a.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_RDMA_READ
+    );
+    let mut read = unhex(&a.cmd_expect("peek 0 800000 5000", "DATA"));
+    read.extend(unhex(&a.cmd_expect("peek 0 900000 7000", "DATA")));
+    assert!(read == pattern(12000, 9), "read bytes differ");
+
+    // A write past the end of the target region: refused by the target,
+    // RDMA_PROT_ERROR in the initiator's descriptor, the target's memory
+    // unchanged, and (Reliable Delivery) the connection breaks.
+    assert_eq!(b.cmd("fill 0 1040000 8576 10"), "OK");
+    let w = format!(
+        "write 384 {:#x} {} 400000:8192",
+        m.addr + 1048576 - 4096,
+        m.handle
+    );
+    assert_eq!(a.cmd(&w), "OK");
+    let st = comp(&a.cmd_expect("wait_send", "SEND")).0;
+    assert_eq!(st, DONE | OP_RDMA_WRITE | RDMA_PROT_ERROR, "status {st:#x}");
+    assert!(b.cmd("wait_error RdmawProt").starts_with("ERROR RdmawProt"));
+    assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    assert_eq!(b.cmd("check 0 1040000 8576 10"), "SAME");
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn unreliable_protection_errors_keep_the_connection() {
+    let Some(h) = Hosts::new("prot") else { return };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    // B's VI allows RDMA write; its region 0 does not (w = 0 for both
+    // sides' region and VI here), then a second region that does.
+    let m = connect(&h, &mut a, &mut b, "u 1048576 0 0", "prot");
+    assert_eq!(b.cmd("fill 0 4096 4096 3"), "OK");
+    assert_eq!(a.cmd("fill 0 8192 4096 4"), "OK");
+    // Wrong memory handle, then right handle without the RDMA write enable.
+    for (handle, what) in [(m.handle ^ 0x5a5a, "handle"), (m.handle, "enable")] {
+        let w = format!("write 0 {:#x} {handle} 8192:4096", m.addr + 4096);
+        assert_eq!(a.cmd(&w), "OK");
+        let st = comp(&a.cmd_expect("wait_send", "SEND")).0;
+        assert_eq!(
+            st,
+            DONE | OP_RDMA_WRITE | RDMA_PROT_ERROR,
+            "{what}: {st:#x}"
+        );
+        assert!(b.cmd("wait_error RdmawProt").starts_with("ERROR RdmawProt"));
+        assert_eq!(b.cmd("check 0 4096 4096 3"), "SAME", "{what}");
+    }
+    // RDMA read is refused on Unreliable at post time by the VI (no read
+    // enable); the connection still carries messages.
+    assert_eq!(b.cmd("recv 64 100000:4096"), "OK");
+    assert_eq!(a.cmd("send 64 8192:4096"), "OK");
+    assert_eq!(comp(&a.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    assert_eq!(
+        comp(&b.cmd_expect("wait_recv", "RECV")),
+        (DONE | OP_RECEIVE, 4096, 0)
+    );
+    assert_eq!(b.cmd("check 0 100000 4096 4"), "SAME");
+    // Unreliable without a posted receive: dropped, the connection stays.
+    assert_eq!(a.cmd("send 64 8192:4096"), "OK");
+    assert_eq!(comp(&a.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    assert_eq!(b.cmd("recv 64 100000:4096"), "OK");
+    assert_eq!(a.cmd("fill 0 8192 4096 5"), "OK");
+    assert_eq!(a.cmd("send 64 8192:4096"), "OK");
+    assert_eq!(comp(&a.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    assert_eq!(
+        comp(&b.cmd_expect("wait_recv", "RECV")),
+        (DONE | OP_RECEIVE, 4096, 0)
+    );
+    assert_eq!(b.cmd("check 0 100000 4096 5"), "SAME");
+    assert_eq!(b.cmd("state"), "STATE Connected");
+    a.exit();
+    b.exit();
+}
+
+/// 100 MiB in 64 KiB messages, checked message by message (index and
+/// bytes) and by checksum, on `rel`; with `loss`, each side drops that
+/// share of the packets it receives (TCP retransmits).
+fn stream(rel: &str, loss: Option<f64>) {
+    let tag = format!("st{rel}{}", if loss.is_some() { "l" } else { "" });
+    let Some(h) = Hosts::new(&tag) else {
+        return;
+    };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    connect(&h, &mut a, &mut b, &format!("{rel} 4194304 0 0"), "stream");
+    if let Some(p) = loss {
+        if !(h.drop_incoming(Side::A, p) && h.drop_incoming(Side::B, p)) {
+            return;
+        }
+    }
+    let total = 100u64 << 20;
+    assert_eq!(a.cmd("stream_arm 65536 32"), "OK");
+    b.say(&format!("stream_rx {total} 65536 32"));
+    let t = Instant::now();
+    let sent = a.cmd_expect(&format!("stream_tx {total} 65536 32"), "SENT");
+    let got = b.expect("RECEIVED");
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "sockets stream {rel} (loss {loss:?}): {total} bytes in {secs:.2} s ({:.0} MB/s)",
+        total as f64 / secs / 1e6
+    );
+    let (s, g) = (
+        sent.split(' ').collect::<Vec<_>>(),
+        got.split(' ').collect::<Vec<_>>(),
+    );
+    assert_eq!(s[0], total.to_string());
+    assert_eq!(g[0], total.to_string());
+    assert_eq!(s[1], g[1], "checksums differ");
+    assert_eq!(g[2], "0", "messages out of order, duplicated or corrupt");
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn stream_100mb_reliable_delivery() {
+    stream("rd", None);
+}
+
+#[test]
+fn stream_100mb_reliable_reception() {
+    stream("rr", None);
+}
+
+#[test]
+fn stream_100mb_reliable_delivery_5pct_loss() {
+    stream("rd", Some(0.05));
+}
+
+#[test]
+fn stream_100mb_reliable_reception_5pct_loss() {
+    stream("rr", Some(0.05));
+}
+
+#[test]
+fn stream_100mb_unreliable_5pct_loss() {
+    stream("u", Some(0.05));
+}
+
+#[test]
+fn cut_link_breaks_both_sides_within_the_bound() {
+    let Some(h) = Hosts::new("cut") else { return };
+    let bound = Duration::from_millis(1000);
+    let env = [("VIA_SOCK_TIMEOUT_MS", "1000")];
+    let mut a = h.peer(Side::A, PEER, &env);
+    let mut b = h.peer(Side::B, PEER, &env);
+    connect(&h, &mut a, &mut b, "rd 65536 0 0", "cut");
+    // Outstanding receives must come back flushed.
+    assert_eq!(b.cmd("recv 0 0:4096"), "OK");
+    let t = Instant::now();
+    h.cut(Side::A);
+    assert!(b.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    let took = t.elapsed();
+    assert!(
+        took <= bound + Duration::from_millis(1500),
+        "CONN_LOST after {took:?} (bound {bound:?})"
+    );
+    assert!(
+        took >= bound / 2,
+        "CONN_LOST after {took:?}: before the bound"
+    );
+    let (st, _, _) = comp(&b.cmd_expect("wait_recv", "RECV"));
+    assert_eq!(st & DESC_FLUSHED_ERROR, DESC_FLUSHED_ERROR);
+    assert_eq!(b.cmd("state"), "STATE Error");
+    assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn reject_timeout_and_reliability_mismatch() {
+    let Some(h) = Hosts::new("rej") else { return };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    a.cmd_expect("open rd 65536 0 0", "MEM");
+    b.cmd_expect("open rd 65536 0 0", "MEM");
+    // Rejected by the server.
+    b.say("listen rej reject");
+    b.expect("LISTENING");
+    assert_eq!(a.cmd("connect rej"), "CONNECT Reject");
+    assert_eq!(b.line(), "REJECT ok");
+    // Nobody listens: the request ends at its timeout.
+    let t = Instant::now();
+    let r = a.cmd("connect nobody 300");
+    assert!(
+        r == "CONNECT NoMatch" || r == "CONNECT Timeout",
+        "answer {r:?}"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    // Reliability levels differ: refused, and the VI can connect again.
+    b.cmd_expect("close", "OK");
+    b.cmd_expect("open rr 65536 0 0", "MEM");
+    b.say("listen rel accept");
+    b.expect("LISTENING");
+    assert_eq!(a.cmd("connect rel"), "CONNECT InvalidReliabilityLevel");
+    assert_eq!(b.line(), "ACCEPT InvalidReliabilityLevel");
+    assert_eq!(a.cmd("state"), "STATE Idle");
+    a.exit();
+    b.exit();
+}

@@ -1,0 +1,327 @@
+//! One VI's TCP connection: the write side and the initiator's queue of
+//! requests waiting for their completion.
+//!
+//! Writers: the posting thread writes its frame itself (blocking until the
+//! kernel takes it, bounded by the connection timeout), under `tx`. The
+//! progress thread never blocks on a write: its frames (acks, read
+//! responses, heartbeats) go to `outbox`, written when `tx` is free and the
+//! socket takes them; a poster flushes the outbox before its own frame. So
+//! the two progress threads of a connection always read, and no pair of
+//! writers can wait on each other.
+//!
+//! Completion order: a VI's sends complete in posting order. `awaiting`
+//! holds every posted request not completed yet; its head completes first.
+//! A send on Unreliable or Reliable Delivery knows its status once written;
+//! a request that needs an answer (Reliable Reception sends, every RDMA
+//! write, every RDMA read) gets its status from the peer's `ACK` or
+//! `READ_RESP`, which answer those requests in order.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::frame::{self, Header};
+use super::progress::Rx;
+use crate::completion;
+use crate::descriptor::status;
+use crate::nic::NicInner;
+use crate::translate::{RecvWr, WrSeg};
+use crate::vi::ViCore;
+
+/// A request of the initiator not completed yet.
+pub(crate) struct Awaiting {
+    pub desc_va: u64,
+    pub desc_handle: u32,
+    /// `status::OP_*` of the operation.
+    pub op_status: u32,
+    /// Waits for an `ACK` or `READ_RESP` (not answered yet).
+    pub answer: bool,
+    /// RDMA read: where the bytes go.
+    pub read_into: Option<Vec<WrSeg>>,
+    /// Error bits once known.
+    pub status: Option<u32>,
+}
+
+/// The receive the progress thread is filling (taken from the posted
+/// queue at the header of a `SEND`, or of a `WRITE` with immediate data).
+pub(crate) struct Taken {
+    pub wr: RecvWr,
+    /// Error bits found so far (`LENGTH_ERROR`, `PROTECTION_ERROR`).
+    pub fault: u32,
+}
+
+/// The writer's state.
+pub(crate) struct Tx {
+    /// Requests written so far (the next request's `seq`).
+    pub seq: u32,
+    /// Header + gathered payload of the frame being written.
+    pub staging: Vec<u8>,
+}
+
+/// Frames of the progress thread not written yet, and how much of the
+/// first one the socket took.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    pub bytes: Vec<u8>,
+    pub done: usize,
+}
+
+/// One VI's connection.
+pub(crate) struct Conn {
+    /// The VI (slot, generation).
+    pub vi: (u32, u16),
+    pub stream: TcpStream,
+    pub tx: Mutex<Tx>,
+    pub outbox: Mutex<Outbox>,
+    pub awaiting: Mutex<VecDeque<Awaiting>>,
+    /// See [`Taken`]; `disconnect` completes it as flushed.
+    pub taken: Mutex<Option<Taken>>,
+    /// The reading state: whoever holds it reads the socket (the progress
+    /// thread, or a thread polling for a completion).
+    pub rx: Mutex<Rx>,
+    /// Milliseconds since `epoch` of the last byte read and written.
+    pub last_rx: AtomicU64,
+    pub last_tx: AtomicU64,
+    epoch: Instant,
+    /// No more frames are read or written (broken or disconnected).
+    pub closed: AtomicBool,
+    /// Bound of a blocking write and of silence from the peer.
+    pub timeout: Duration,
+    /// Most bytes per write system call (0: no bound).
+    fragment: usize,
+}
+
+impl Conn {
+    pub fn new(
+        vi: (u32, u16),
+        stream: TcpStream,
+        timeout: Duration,
+        fragment: usize,
+    ) -> io::Result<Conn> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            vi,
+            stream,
+            tx: Mutex::new(Tx {
+                seq: 0,
+                staging: Vec::new(),
+            }),
+            outbox: Mutex::new(Outbox::default()),
+            awaiting: Mutex::new(VecDeque::new()),
+            taken: Mutex::new(None),
+            rx: Mutex::new(Rx::default()),
+            last_rx: AtomicU64::new(0),
+            last_tx: AtomicU64::new(0),
+            epoch: Instant::now(),
+            closed: AtomicBool::new(false),
+            timeout,
+            fragment,
+        })
+    }
+
+    /// Milliseconds since the connection was made.
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Writes every byte of `bufs`, waiting for room at most `timeout`
+    /// without progress. The caller holds `tx`.
+    fn write_blocking(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let mut deadline = Instant::now() + self.timeout;
+        while !bufs.is_empty() {
+            if self.closed.load(Ordering::Acquire) {
+                return Err(io::Error::new(io::ErrorKind::BrokenPipe, "closed"));
+            }
+            let written = if self.fragment == 0 {
+                (&self.stream).write_vectored(bufs)
+            } else {
+                (&self.stream).write_vectored(&first_bytes(bufs, self.fragment))
+            };
+            match written {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    IoSlice::advance_slices(&mut bufs, n);
+                    deadline = Instant::now() + self.timeout;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    let mut p = [libc::pollfd {
+                        fd: self.stream.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    }];
+                    // Short polls: a close by another thread ends the wait.
+                    let _ = via_sys::poll(&mut p, (left.as_millis() as i32).clamp(1, 100));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.last_tx.store(self.now_ms(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes what the progress thread queued, then the request `h` (its
+    /// `seq` filled in here) with the payload in `tx.staging`.
+    pub fn send_frame(&self, tx: &mut Tx, mut h: Header) -> io::Result<()> {
+        let pending = {
+            let mut o = self.outbox.lock().unwrap();
+            let done = o.done;
+            let rest = o.bytes.split_off(done);
+            o.bytes.clear();
+            o.done = 0;
+            rest
+        };
+        h.seq = tx.seq;
+        tx.seq = tx.seq.wrapping_add(1);
+        let head = h.encode();
+        let mut bufs = [
+            IoSlice::new(&pending),
+            IoSlice::new(&head),
+            IoSlice::new(&tx.staging),
+        ];
+        self.write_blocking(&mut bufs)
+    }
+
+    /// Queues a frame of the progress thread (an answer or a heartbeat:
+    /// `seq` 0, only requests are counted) and tries to write it.
+    pub fn queue(&self, h: Header, payload: &[u8]) {
+        {
+            let mut o = self.outbox.lock().unwrap();
+            o.bytes.extend_from_slice(&h.encode());
+            o.bytes.extend_from_slice(payload);
+        }
+        self.flush_outbox();
+    }
+
+    /// Writes queued frames if no poster writes now and the socket takes
+    /// them. True if bytes remain queued.
+    pub fn flush_outbox(&self) -> bool {
+        let Ok(_tx) = self.tx.try_lock() else {
+            return true;
+        };
+        let mut o = self.outbox.lock().unwrap();
+        while o.done < o.bytes.len() {
+            match (&self.stream).write(&o.bytes[o.done..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    o.done += n;
+                    self.last_tx.store(self.now_ms(), Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        if o.done == o.bytes.len() {
+            o.bytes.clear();
+            o.done = 0;
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Whether the outbox holds bytes.
+    pub fn outbox_pending(&self) -> bool {
+        let o = self.outbox.lock().unwrap();
+        o.done < o.bytes.len()
+    }
+
+    /// Completes, in order, every request at the head of `q` whose status
+    /// is known.
+    pub fn drain(nic: &NicInner, vi: &ViCore, q: &mut VecDeque<Awaiting>) {
+        while q.front().is_some_and(|a| a.status.is_some()) {
+            let a = q.pop_front().unwrap();
+            Self::complete(nic, vi, &a, a.status.unwrap());
+        }
+    }
+
+    fn complete(nic: &NicInner, vi: &ViCore, a: &Awaiting, err: u32) {
+        let desc = nic
+            .regions
+            .get(a.desc_handle)
+            .filter(|r| r.covers(a.desc_va, 32));
+        completion::send(
+            nic,
+            vi,
+            desc.as_deref(),
+            a.desc_va,
+            status::DONE | a.op_status | err,
+        );
+    }
+
+    /// Completes every request not completed yet as flushed.
+    pub fn flush_sends(&self, nic: &NicInner, vi: &ViCore) {
+        let mut q = self.awaiting.lock().unwrap();
+        while let Some(a) = q.pop_front() {
+            let st = a.status.unwrap_or(status::DESC_FLUSHED_ERROR);
+            Self::complete(nic, vi, &a, st);
+        }
+    }
+
+    /// The answer (`ACK` or `READ_RESP` status `err`) to the oldest
+    /// request waiting for one (a read's payload is placed before); an
+    /// error if no request waits (a protocol violation).
+    pub fn answered(&self, nic: &NicInner, vi: &ViCore, err: u32) -> Result<(), frame::BadFrame> {
+        let mut q = self.awaiting.lock().unwrap();
+        let Some(a) = q.iter_mut().find(|a| a.answer) else {
+            return Err(frame::BadFrame("answer without a request"));
+        };
+        a.answer = false;
+        a.status = Some(err);
+        Self::drain(nic, vi, &mut q);
+        Ok(())
+    }
+
+    /// The local segments of the oldest request waiting for an answer, if
+    /// it is a read.
+    pub fn next_read(&self) -> Option<Option<Vec<WrSeg>>> {
+        let q = self.awaiting.lock().unwrap();
+        q.iter().find(|a| a.answer).map(|a| a.read_into.clone())
+    }
+
+    /// Stops reading and writing; the peer sees the end of the stream.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The first `n` bytes of `bufs`, as slices.
+fn first_bytes<'a>(bufs: &'a [IoSlice<'a>], mut n: usize) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if n == 0 {
+            break;
+        }
+        let k = b.len().min(n);
+        out.push(IoSlice::new(&b[..k]));
+        n -= k;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_bytes_cuts_across_slices() {
+        let (a, b, c) = ([1u8; 3], [2u8; 4], [3u8; 5]);
+        let bufs = [IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)];
+        let lens = |v: &[IoSlice<'_>]| v.iter().map(|s| s.len()).collect::<Vec<_>>();
+        assert_eq!(lens(&first_bytes(&bufs, 5)), [3, 2]);
+        assert_eq!(lens(&first_bytes(&bufs, 3)), [3]);
+        assert_eq!(lens(&first_bytes(&bufs, 100)), [3, 4, 5]);
+        assert_eq!(&*first_bytes(&bufs, 5)[1], &[2, 2]);
+    }
+}

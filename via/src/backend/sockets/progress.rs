@@ -1,0 +1,622 @@
+//! The progress thread of a sockets NIC: reads the frames of every
+//! connection, checks and places them, completes receives in the user's
+//! descriptors, answers requests, sends heartbeats and breaks silent
+//! connections. So a receiver or an RDMA target that never calls the
+//! library still progresses.
+//!
+//! It polls the connections (and a wake-up socket), spinning without
+//! sleeping for `$VIA_SOCK_SPIN_US` after the last activity, then sleeping
+//! in `poll` until data arrives or the next heartbeat is due. `poll`
+//! rather than epoll: a NIC has few VIs, and the set changes only when a
+//! connection comes or goes. It never blocks on a write (see `conn.rs`).
+#![forbid(unsafe_code)]
+
+use std::io::{self, Read};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use super::conn::{Conn, Taken};
+use super::frame::{self, HEADER, Header};
+use super::{Break, MAX_TRANSFER, Shared};
+use crate::completion;
+use crate::descriptor::status;
+use crate::mem::region::Resolved;
+use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode, flags};
+use crate::translate::{RecvWr, WrSeg};
+use crate::vi::{ViCore, Which};
+
+/// Where the payload of the frame being read goes.
+enum Target {
+    /// The taken receive (`Conn::taken`).
+    Recv,
+    /// An RDMA target region that passed the checks.
+    Rdma(Arc<Resolved>),
+    /// The local segments of our RDMA read.
+    Read(Vec<WrSeg>),
+    /// Nowhere (Unreliable without a receive).
+    Discard,
+    /// Nowhere: the RDMA write failed the target's protection checks.
+    Denied,
+}
+
+/// Bytes read from a socket at once.
+const READ_CHUNK: usize = 64 << 10;
+
+/// The reading state of one connection.
+pub(crate) struct Rx {
+    buf: Vec<u8>,
+    hdr: [u8; HEADER],
+    hgot: usize,
+    cur: Option<(Header, Target)>,
+    /// Payload bytes still to read, and read so far.
+    left: usize,
+    off: usize,
+    /// The `seq` the next request frame must carry.
+    expect_seq: u32,
+}
+
+impl Default for Rx {
+    fn default() -> Rx {
+        Rx {
+            buf: Vec::new(),
+            hdr: [0; HEADER],
+            hgot: 0,
+            cur: None,
+            left: 0,
+            off: 0,
+            expect_seq: 0,
+        }
+    }
+}
+
+fn lost(c: &Conn) -> Break {
+    Break {
+        vi: c.vi,
+        code: ErrorCode::ConnLost,
+        orderly: false,
+    }
+}
+
+fn pollfd(fd: i32, events: i16) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// The thread's body; returns when the NIC closes.
+pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
+    use std::os::fd::AsRawFd;
+    // A pinned creator (a benchmark, an MPI rank) must not pin the thread
+    // that progresses its receives to the core its own polling loop holds.
+    if let Err(e) = via_sys::allow_all_cpus() {
+        log::debug!("sockets progress: affinity: {e}");
+    }
+    let mut conns: Vec<Arc<Conn>> = Vec::new();
+    let mut version = u32::MAX;
+    let mut last_active = Instant::now();
+    let settings = shared.settings;
+    let beat = settings.timeout / 4;
+    let mut fds = Vec::new();
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // Acquire: pairs with the Release bump after a connection is
+        // installed or removed.
+        let v = shared.conns_version.load(Ordering::Acquire);
+        if v != version {
+            version = v;
+            conns.clear();
+            for w in shared.vis.iter() {
+                let Some(c) = w.conn.read().unwrap().clone() else {
+                    continue;
+                };
+                if !c.closed.load(Ordering::Acquire) {
+                    conns.push(c);
+                }
+            }
+        }
+        fds.clear();
+        fds.push(pollfd(shared.wake_rx.as_raw_fd(), libc::POLLIN));
+        for c in &conns {
+            let ev = if c.outbox_pending() {
+                libc::POLLIN | libc::POLLOUT
+            } else {
+                libc::POLLIN
+            };
+            fds.push(pollfd(c.stream.as_raw_fd(), ev));
+        }
+        let timeout = if last_active.elapsed() < settings.spin {
+            0
+        } else {
+            beat.as_millis().clamp(1, 1000) as i32
+        };
+        if let Err(e) = via_sys::poll(&mut fds, timeout) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                log::error!("sockets progress: poll: {e}");
+                return;
+            }
+            continue;
+        }
+        if fds[0].revents != 0 {
+            let mut b = [0u8; 64];
+            while matches!((&shared.wake_rx).read(&mut b), Ok(n) if n > 0) {}
+        }
+        let Some(nic) = nic.upgrade() else {
+            return;
+        };
+        let mut breaks = Vec::new();
+        for (i, c) in conns.iter().enumerate() {
+            if c.closed.load(Ordering::Acquire) {
+                continue;
+            }
+            let re = fds[i + 1].revents;
+            if re & libc::POLLOUT != 0 {
+                c.flush_outbox();
+            }
+            if re & !libc::POLLOUT != 0 {
+                last_active = Instant::now();
+                // Busy: a polling thread reads it now.
+                if let Ok(mut rx) = c.rx.try_lock() {
+                    if let Err(b) = read_conn(&nic, &shared, c, &mut rx) {
+                        drop(rx);
+                        breaks.push((c.clone(), b));
+                        continue;
+                    }
+                }
+            }
+            let now = c.now_ms();
+            if now.saturating_sub(c.last_rx.load(Ordering::Relaxed))
+                > settings.timeout.as_millis() as u64
+            {
+                log::debug!("VI {}: nothing heard for {:?}", c.vi.0, settings.timeout);
+                breaks.push((c.clone(), lost(c)));
+            } else if now.saturating_sub(c.last_tx.load(Ordering::Relaxed))
+                >= beat.as_millis() as u64
+            {
+                c.queue(
+                    Header {
+                        op: frame::HEARTBEAT,
+                        ..Header::default()
+                    },
+                    &[],
+                );
+            }
+        }
+        for (c, b) in breaks {
+            settle(&nic, &c, b);
+        }
+    }
+}
+
+/// Progress by a thread that polls for a completion of `vi`: reads its
+/// connection if nobody else does.
+pub(crate) fn poll(nic: &NicInner, shared: &Shared, vi: &ViCore) {
+    let Some(c) = shared.vis[vi.slot as usize].conn.read().unwrap().clone() else {
+        return;
+    };
+    if c.closed.load(Ordering::Acquire) {
+        return;
+    }
+    if c.outbox_pending() {
+        c.flush_outbox();
+    }
+    let r = match c.rx.try_lock() {
+        Ok(mut rx) => read_conn(nic, shared, &c, &mut rx),
+        Err(_) => return,
+    };
+    if let Err(b) = r {
+        settle(nic, &c, b);
+    }
+}
+
+/// Breaks the connection of `c` for `b`.
+pub(crate) fn settle(nic: &NicInner, c: &Conn, b: Break) {
+    if let Some(vi) = nic.vi(b.vi.0, b.vi.1) {
+        if b.orderly {
+            vi.peer_disconnected(nic);
+        } else {
+            vi.break_connection(nic, b.code, false, false);
+        }
+    }
+    // Whatever the VI's state was (connecting, or already broken): this
+    // connection is over.
+    c.close();
+}
+
+/// Reads what `c` has; `Err`: the connection must break.
+fn read_conn(nic: &NicInner, shared: &Shared, c: &Conn, rx: &mut Rx) -> Result<(), Break> {
+    let vi = nic.vi(c.vi.0, c.vi.1).ok_or_else(|| lost(c))?;
+    let mut buf = std::mem::take(&mut rx.buf);
+    buf.resize(READ_CHUNK, 0);
+    let r = read_into(nic, shared, c, &vi, rx, &mut buf);
+    rx.buf = buf;
+    r
+}
+
+fn read_into(
+    nic: &NicInner,
+    shared: &Shared,
+    c: &Conn,
+    vi: &ViCore,
+    rx: &mut Rx,
+    buf: &mut [u8],
+) -> Result<(), Break> {
+    loop {
+        let n = match (&c.stream).read(buf) {
+            Ok(0) => return Err(lost(c)),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(lost(c)),
+        };
+        c.last_rx.store(c.now_ms(), Ordering::Relaxed);
+        let mut p = 0;
+        while p < n {
+            if rx.cur.is_none() {
+                let k = (HEADER - rx.hgot).min(n - p);
+                rx.hdr[rx.hgot..rx.hgot + k].copy_from_slice(&buf[p..p + k]);
+                rx.hgot += k;
+                p += k;
+                if rx.hgot == HEADER {
+                    rx.hgot = 0;
+                    let h = Header::decode(&rx.hdr).map_err(|e| violation(c, e.0))?;
+                    begin(nic, shared, c, vi, rx, h)?;
+                }
+            } else {
+                let k = rx.left.min(n - p);
+                place(nic, c, rx, &buf[p..p + k]);
+                rx.left -= k;
+                rx.off += k;
+                p += k;
+                if rx.left == 0 {
+                    finish(nic, c, vi, rx)?;
+                }
+            }
+        }
+        if n < buf.len() {
+            return Ok(());
+        }
+    }
+}
+
+fn violation(c: &Conn, what: &str) -> Break {
+    log::warn!("VI {}: the peer broke the protocol ({what})", c.vi.0);
+    lost(c)
+}
+
+fn answer(c: &Conn, op: u8, st: u32) {
+    c.queue(
+        Header {
+            op,
+            status: st,
+            ..Header::default()
+        },
+        &[],
+    );
+}
+
+/// The next posted receive of `vi`.
+fn take_recv(shared: &Shared, vi: &ViCore) -> Option<RecvWr> {
+    shared.vis[vi.slot as usize]
+        .recvs
+        .lock()
+        .unwrap()
+        .pop_front()
+        .map(|(_, wr)| wr)
+}
+
+/// An RDMA target region of `vi` allowing `need` and covering the frame's
+/// bytes: the target side's protection checks.
+fn rdma_target(nic: &NicInner, vi: &ViCore, h: &Header, need: u32) -> Option<Arc<Resolved>> {
+    let r = nic.regions.get(h.handle)?;
+    let a = vi.attributes();
+    let vi_ok = match need {
+        flags::RDMA_WRITE => a.enable_rdma_write,
+        _ => a.enable_rdma_read,
+    };
+    (vi_ok && r.flags & need != 0 && r.ptag == a.ptag.id() && r.covers(h.va, h.len as u64))
+        .then_some(r)
+}
+
+/// No receive for a message: Unreliable drops it; the reliable levels
+/// break the connection (`RECVQ_EMPTY`), after telling a waiting sender.
+fn recvq_empty(c: &Conn, vi: &ViCore, h: &Header) -> Result<Target, Break> {
+    if !vi.reliability().is_reliable() {
+        return Ok(Target::Discard);
+    }
+    if h.flags & frame::WANT_ACK != 0 {
+        answer(c, frame::ACK, status::REMOTE_DESC_ERROR);
+    }
+    Err(Break {
+        vi: c.vi,
+        code: ErrorCode::RecvqEmpty,
+        orderly: false,
+    })
+}
+
+/// A frame's header arrived: choose where its payload goes.
+fn begin(
+    nic: &NicInner,
+    shared: &Shared,
+    c: &Conn,
+    vi: &ViCore,
+    rx: &mut Rx,
+    h: Header,
+) -> Result<(), Break> {
+    if matches!(h.op, frame::SEND | frame::WRITE | frame::READ_REQ) {
+        if h.seq != rx.expect_seq {
+            return Err(violation(c, "sequence"));
+        }
+        rx.expect_seq = rx.expect_seq.wrapping_add(1);
+    }
+    if h.len > MAX_TRANSFER {
+        return Err(violation(c, "length"));
+    }
+    let target = match h.op {
+        frame::SEND => match take_recv(shared, vi) {
+            Some(wr) => {
+                let cap: u64 = wr.segs[..wr.n].iter().map(|s| s.1 as u64).sum();
+                let fault = if h.len as u64 > cap {
+                    status::LENGTH_ERROR
+                } else {
+                    0
+                };
+                *c.taken.lock().unwrap() = Some(Taken { wr, fault });
+                Target::Recv
+            }
+            None => recvq_empty(c, vi, &h)?,
+        },
+        frame::WRITE => match rdma_target(nic, vi, &h, flags::RDMA_WRITE) {
+            Some(r) if h.flags & frame::IMM != 0 => match take_recv(shared, vi) {
+                Some(wr) => {
+                    *c.taken.lock().unwrap() = Some(Taken { wr, fault: 0 });
+                    Target::Rdma(r)
+                }
+                None => recvq_empty(c, vi, &h)?,
+            },
+            Some(r) => Target::Rdma(r),
+            None => Target::Denied,
+        },
+        frame::READ_RESP => match c.next_read() {
+            Some(Some(segs)) => {
+                let want: u64 = segs.iter().map(|s| s.len as u64).sum();
+                if h.status == 0 && h.len as u64 != want || h.status != 0 && h.len != 0 {
+                    return Err(violation(c, "read response length"));
+                }
+                Target::Read(segs)
+            }
+            _ => return Err(violation(c, "read response without a read")),
+        },
+        _ => Target::Discard,
+    };
+    rx.cur = Some((h, target));
+    rx.left = h.payload();
+    rx.off = 0;
+    if rx.left == 0 {
+        finish(nic, c, vi, rx)?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes`, at offset `off` of the concatenated `segs`
+/// ((address, length, handle)), into the regions.
+fn scatter(
+    nic: &NicInner,
+    segs: impl Iterator<Item = (Option<u64>, u64, u32)>,
+    mut off: usize,
+    bytes: &[u8],
+) -> bool {
+    let mut done = 0usize;
+    for (va, len, handle) in segs {
+        let len = len as usize;
+        if off >= len {
+            off -= len;
+            continue;
+        }
+        let k = (len - off).min(bytes.len() - done);
+        let Some(r) = nic.regions.get(handle) else {
+            return false;
+        };
+        let at = va.unwrap_or(r.va);
+        if r.write(at + off as u64, &bytes[done..done + k]).is_err() {
+            return false;
+        }
+        done += k;
+        off = 0;
+        if done == bytes.len() {
+            break;
+        }
+    }
+    done == bytes.len()
+}
+
+/// Places payload bytes of the current frame.
+fn place(nic: &NicInner, c: &Conn, rx: &mut Rx, bytes: &[u8]) {
+    let Some((h, target)) = &mut rx.cur else {
+        return;
+    };
+    match target {
+        Target::Recv => {
+            let mut t = c.taken.lock().unwrap();
+            if let Some(t) = t.as_mut().filter(|t| t.fault == 0) {
+                // Receive segments are (offset in region, length, handle).
+                let segs = t.wr.segs[..t.wr.n].iter().map(|s| {
+                    let base = nic.regions.get(s.2).map_or(0, |r| r.va);
+                    (Some(base + s.0), s.1 as u64, s.2)
+                });
+                if !scatter(nic, segs, rx.off, bytes) {
+                    t.fault = status::PROTECTION_ERROR;
+                }
+            }
+        }
+        Target::Rdma(r) => {
+            if r.write(h.va + rx.off as u64, bytes).is_err() {
+                *target = Target::Denied;
+            }
+        }
+        Target::Read(segs) => {
+            let segs = segs.iter().map(|s| (Some(s.va), s.len as u64, s.handle));
+            if !scatter(nic, segs, rx.off, bytes) {
+                h.status |= status::PROTECTION_ERROR;
+            }
+        }
+        Target::Discard | Target::Denied => {}
+    }
+}
+
+fn report(nic: &NicInner, c: &Conn, code: ErrorCode) {
+    nic.report(AsyncError {
+        resource: ResourceCode::Vi,
+        code,
+        vi: Some(c.vi),
+        cq: None,
+        descriptor: 0,
+    });
+}
+
+/// A protection violation on the target: the initiator hears
+/// `RDMA_PROT_ERROR`; a reliable connection breaks.
+fn violated(nic: &NicInner, c: &Conn, vi: &ViCore, code: ErrorCode) -> Result<(), Break> {
+    if vi.reliability().is_reliable() {
+        Err(Break {
+            vi: c.vi,
+            code,
+            orderly: false,
+        })
+    } else {
+        report(nic, c, code);
+        Ok(())
+    }
+}
+
+/// Completes receive `wr` of `vi`.
+fn complete_recv(
+    nic: &NicInner,
+    vi: &ViCore,
+    wr: &RecvWr,
+    st: u32,
+    len: Option<u32>,
+    imm: Option<u32>,
+) {
+    if let Some(d) = nic.regions.get(wr.desc_handle) {
+        let va = d.va + wr.desc_off;
+        if completion::write_in_region(&d, va, st, len, imm).is_ok() {
+            completion::after_local(nic, vi, Which::Recv);
+        }
+    }
+}
+
+/// Completes the receive `c` was filling as flushed (the connection
+/// ended under it).
+pub(crate) fn flush_taken(nic: &NicInner, vi: &ViCore, c: &Conn) {
+    let t = c.taken.lock().unwrap().take();
+    if let Some(t) = t {
+        complete_recv(
+            nic,
+            vi,
+            &t.wr,
+            status::DONE | status::DESC_FLUSHED_ERROR | status::OP_RECEIVE,
+            None,
+            None,
+        );
+    }
+}
+
+/// The current frame is complete.
+fn finish(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Result<(), Break> {
+    let Some((h, target)) = rx.cur.take() else {
+        return Ok(());
+    };
+    let imm = (h.flags & frame::IMM != 0).then_some(h.imm);
+    let imm_bit = if imm.is_some() { status::IMMEDIATE } else { 0 };
+    let want_ack = h.flags & frame::WANT_ACK != 0;
+    match h.op {
+        frame::SEND => {
+            if !matches!(target, Target::Recv) {
+                return Ok(());
+            }
+            // None: flushed by a disconnect meanwhile.
+            let Some(t) = c.taken.lock().unwrap().take() else {
+                return Ok(());
+            };
+            let len = (t.fault == 0).then_some(h.len).or(Some(0));
+            complete_recv(
+                nic,
+                vi,
+                &t.wr,
+                status::DONE | status::OP_RECEIVE | t.fault | imm_bit,
+                len,
+                imm,
+            );
+            if t.fault != 0 {
+                if want_ack {
+                    answer(c, frame::ACK, status::REMOTE_DESC_ERROR);
+                }
+                if vi.reliability().is_reliable() {
+                    return Err(lost(c));
+                }
+            } else if want_ack {
+                answer(c, frame::ACK, 0);
+            }
+        }
+        frame::WRITE => match target {
+            Target::Denied => {
+                answer(c, frame::ACK, status::RDMA_PROT_ERROR);
+                return violated(nic, c, vi, ErrorCode::RdmawProt);
+            }
+            Target::Rdma(_) => {
+                if imm.is_some() {
+                    if let Some(t) = c.taken.lock().unwrap().take() {
+                        complete_recv(
+                            nic,
+                            vi,
+                            &t.wr,
+                            status::DONE | status::OP_REMOTE_RDMA_WRITE | imm_bit,
+                            Some(h.len),
+                            imm,
+                        );
+                    }
+                }
+                answer(c, frame::ACK, 0);
+            }
+            _ => answer(c, frame::ACK, 0),
+        },
+        frame::READ_REQ => {
+            let data = rdma_target(nic, vi, &h, flags::RDMA_READ).and_then(|r| {
+                let mut d = vec![0u8; h.len as usize];
+                r.read(h.va, &mut d).ok().map(|()| d)
+            });
+            match data {
+                Some(d) => c.queue(
+                    Header {
+                        op: frame::READ_RESP,
+                        len: h.len,
+                        ..Header::default()
+                    },
+                    &d,
+                ),
+                None => {
+                    answer(c, frame::READ_RESP, status::RDMA_PROT_ERROR);
+                    return violated(nic, c, vi, ErrorCode::RdmarProt);
+                }
+            }
+        }
+        frame::READ_RESP | frame::ACK => {
+            c.answered(nic, vi, h.status)
+                .map_err(|e| violation(c, e.0))?;
+        }
+        frame::BYE => {
+            return Err(Break {
+                vi: c.vi,
+                code: ErrorCode::ConnLost,
+                orderly: true,
+            });
+        }
+        _ => {}
+    }
+    Ok(())
+}
