@@ -384,8 +384,20 @@ impl Verbs {
     }
 
     /// Takes what the device CQ holds and completes it; how many.
-    fn poll(&self, nic: &NicInner) -> usize {
-        let _g = self.poll_lock.lock().unwrap();
+    fn take_completions(&self, nic: &NicInner) -> usize {
+        let g = self.poll_lock.lock().unwrap();
+        self.drain(nic, g)
+    }
+
+    /// [`Verbs::take_completions`] unless another thread is at it (then 0).
+    fn try_take_completions(&self, nic: &NicInner) -> usize {
+        match self.poll_lock.try_lock() {
+            Ok(g) => self.drain(nic, g),
+            Err(_) => 0,
+        }
+    }
+
+    fn drain(&self, nic: &NicInner, _poller: std::sync::MutexGuard<'_, ()>) -> usize {
         let mut wcs = [Wc::default(); 16];
         let mut total = 0;
         loop {
@@ -511,13 +523,13 @@ impl Verbs {
     fn progress(self: Arc<Self>, nic: Weak<NicInner>) {
         while !self.stop.load(Ordering::Acquire) {
             let Some(n) = nic.upgrade() else { break };
-            if self.poll(&n) > 0 {
+            if self.take_completions(&n) > 0 {
                 self.settle(&n);
                 continue;
             }
             self.cq.arm();
             // A completion may have arrived between the poll and the arm.
-            if self.poll(&n) > 0 {
+            if self.take_completions(&n) > 0 {
                 self.settle(&n);
                 continue;
             }
@@ -801,7 +813,7 @@ impl Device for Verbs {
                 log::warn!("verbs: VI {}: the device did not flush in time", vi.slot);
                 break;
             }
-            if self.poll(nic) == 0 {
+            if self.take_completions(nic) == 0 {
                 std::thread::yield_now();
             }
         }
@@ -903,6 +915,14 @@ impl Device for Verbs {
             self.complete_now(nic, vi, wr, status::TRANSPORT_ERROR | op_status);
         }
         Ok(())
+    }
+
+    fn poll(&self, nic: &NicInner, _vi: &ViCore) {
+        // A polling program takes its completion itself rather than wait
+        // for the progress thread to be scheduled.
+        if self.try_take_completions(nic) > 0 {
+            self.settle(nic);
+        }
     }
 
     fn kick(&self, nic: &NicInner, _vi: Option<&ViCore>) {
