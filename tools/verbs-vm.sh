@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
-# device rxe0) in a QEMU VM booted by ../shared/softroce-vm/run.sh.
+# device rxe0) in a QEMU VM booted by tools/softroce-vm/run.sh.
 #   tools/verbs-vm.sh [TEST...]      (default: verbs c; names of tests/tests/*.rs)
 #   tools/verbs-vm.sh c              the C conformance suite (tests/c/suite, the
 #                                    programs listed in $c_programs) on rxe0
