@@ -261,6 +261,51 @@ fn cut_link_breaks_both_sides_within_the_bound() {
 }
 
 #[test]
+fn peer_to_peer_between_hosts() {
+    let Some(h) = Hosts::new("p2p") else { return };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    a.cmd_expect("open rr 65536 0 0", "MEM");
+    b.cmd_expect("open rr 65536 0 0", "MEM");
+    // Either order: A (the smaller address) asks B's viad; B waits in its
+    // own viad for A's request.
+    a.say("peer left right 10000");
+    assert_eq!(b.cmd("peer right left 10000"), "PEER ok");
+    assert_eq!(a.line(), "PEER ok");
+    for turn in 0..2 {
+        let (x, y) = if turn == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        assert_eq!(y.cmd("recv 0 4096:4096"), "OK");
+        assert_eq!(x.cmd("fill 0 8192 4096 6"), "OK");
+        assert_eq!(x.cmd("send 64 8192:4096"), "OK");
+        assert_eq!(comp(&x.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+        assert_eq!(
+            comp(&y.cmd_expect("wait_recv", "RECV")),
+            (DONE | OP_RECEIVE, 4096, 0)
+        );
+        assert_eq!(y.cmd("check 0 4096 4096 6"), "SAME");
+    }
+    // The other order of arrival, on new VIs.
+    a.cmd_expect("close", "OK");
+    b.cmd_expect("close", "OK");
+    a.cmd_expect("open rd 65536 0 0", "MEM");
+    b.cmd_expect("open rd 65536 0 0", "MEM");
+    b.say("peer right2 left2 10000");
+    assert_eq!(a.cmd("peer left2 right2 10000"), "PEER ok");
+    assert_eq!(b.line(), "PEER ok");
+    // Nobody on the other side: the request ends at its timeout.
+    a.cmd_expect("close", "OK");
+    a.cmd_expect("open rd 65536 0 0", "MEM");
+    let r = a.cmd("peer alone nobody 300");
+    assert!(r == "PEER NoMatch" || r == "PEER Timeout", "answer {r:?}");
+    a.exit();
+    b.exit();
+}
+
+#[test]
 fn reject_timeout_and_reliability_mismatch() {
     let Some(h) = Hosts::new("rej") else { return };
     let mut a = h.peer(Side::A, PEER, &[]);

@@ -79,7 +79,7 @@
 //!
 //! Environment of the interpreter: `VIA_PEER_DEVICE` (the NIC `open`
 //! opens; default: the default NIC), `VIA_PEER_REMOTE` (IPv4 host address
-//! `connect` reaches; default: this NIC's host).
+//! `connect` and `peer` reach; default: this NIC's host).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -318,7 +318,11 @@ impl Interp {
             }
             "peer" => {
                 let local = self.nic().address(a[1].as_bytes());
-                let remote = self.nic().address(a[2].as_bytes());
+                let mut remote = self.nic().address(a[2].as_bytes());
+                if let Ok(h) = std::env::var("VIA_PEER_REMOTE") {
+                    let ip: std::net::Ipv4Addr = h.parse().expect("VIA_PEER_REMOTE: IPv4");
+                    remote.host = ip.octets().to_vec();
+                }
                 let r = self
                     .vi()
                     .connect_peer(&local, &remote, ms(a.get(3), WAIT))

@@ -1017,7 +1017,9 @@ impl Broker {
                     });
                     return out;
                 }
-                if !self.local_host(&remote.host) {
+                // A sockets NIC's request (its own address is a TCP host of
+                // ours) waits for its peer's request from the network.
+                if !self.local_host(&remote.host) && !self.tcp_hosts.contains(&local.host) {
                     refuse(&mut out, Refusal::NoMatch);
                     return out;
                 }
