@@ -238,6 +238,17 @@ fn cut_link_breaks_both_sides_within_the_bound() {
     let mut a = h.peer(Side::A, PEER, &env);
     let mut b = h.peer(Side::B, PEER, &env);
     connect(&h, &mut a, &mut b, "rd 65536 0 0", "cut");
+    // Idle for three bounds: heartbeats keep the connection (the idle time
+    // is what is tested here, not a synchronisation).
+    std::thread::sleep(3 * bound);
+    assert_eq!(a.cmd("state"), "STATE Connected");
+    assert_eq!(b.cmd("recv 0 0:4096"), "OK");
+    assert_eq!(a.cmd("send 64 4096:4096"), "OK");
+    assert_eq!(comp(&a.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    assert_eq!(
+        comp(&b.cmd_expect("wait_recv", "RECV")).0,
+        DONE | OP_RECEIVE
+    );
     // Outstanding receives must come back flushed.
     assert_eq!(b.cmd("recv 0 0:4096"), "OK");
     let t = Instant::now();
@@ -256,6 +267,28 @@ fn cut_link_breaks_both_sides_within_the_bound() {
     assert_eq!(st & DESC_FLUSHED_ERROR, DESC_FLUSHED_ERROR);
     assert_eq!(b.cmd("state"), "STATE Error");
     assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn recvq_empty_breaks_reliable_reception() {
+    let Some(h) = Hosts::new("rqe") else { return };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    connect(&h, &mut a, &mut b, "rr 65536 0 0", "rqe");
+    // No receive posted: the sender hears REMOTE_DESC_ERROR, the receiver
+    // RECVQ_EMPTY, both VIs break.
+    assert_eq!(a.cmd("send 64 4096:100"), "OK");
+    let st = comp(&a.cmd_expect("wait_send", "SEND")).0;
+    assert_eq!(st, DONE | OP_SEND | REMOTE_DESC_ERROR, "status {st:#x}");
+    assert!(
+        b.cmd("wait_error RecvqEmpty")
+            .starts_with("ERROR RecvqEmpty")
+    );
+    assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    assert_eq!(a.cmd("state"), "STATE Error");
+    assert_eq!(b.cmd("state"), "STATE Error");
     a.exit();
     b.exit();
 }
