@@ -271,6 +271,45 @@ fn cut_link_breaks_both_sides_within_the_bound() {
     b.exit();
 }
 
+/// viad's TCP port is the network's: silence, an oversized or malformed
+/// request and a false requester address are dropped or refused, and viad
+/// keeps serving.
+#[test]
+fn viad_port_refuses_hostile_requests() {
+    let Some(h) = Hosts::new("hostile") else {
+        return;
+    };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    // B's NIC makes its viad listen.
+    b.cmd_expect("open rd 65536 0 0", "MEM");
+    let port = format!("{}:{}", h.addr(Side::B), 7170);
+    for how in ["oversize", "garbage", "spoof", "silent"] {
+        let mut x = h.exec(Side::A, PEER, &["rawtcp", &port, how]);
+        let l = x.line();
+        match how {
+            "spoof" => assert_eq!(l, "ANSWER Refused(Invalid)", "{how}"),
+            "silent" => {
+                let ms: u64 = l.strip_prefix("CLOSED ").expect(&l).parse().unwrap();
+                assert!(
+                    (4000..20000).contains(&ms),
+                    "silent client closed after {ms} ms"
+                );
+            }
+            _ => assert!(l.starts_with("CLOSED"), "{how}: {l}"),
+        }
+        x.finish();
+    }
+    // Still serving.
+    a.cmd_expect("open rd 65536 0 0", "MEM");
+    b.say("listen ok accept");
+    b.expect("LISTENING");
+    assert_eq!(a.cmd("connect ok"), "CONNECT ok");
+    assert_eq!(b.line(), "ACCEPT ok");
+    a.exit();
+    b.exit();
+}
+
 #[test]
 fn recvq_empty_breaks_reliable_reception() {
     let Some(h) = Hosts::new("rqe") else { return };
