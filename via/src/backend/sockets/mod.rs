@@ -324,7 +324,11 @@ fn ask(
         mtu: a.max_transfer_size,
         rdma_write: a.enable_rdma_write,
         rdma_read: a.enable_rdma_read,
-        timeout_ms: crate::conn::timeout_ms(timeout.map(|t| t.saturating_sub(start.elapsed()))),
+        // What is left of the caller's timeout, rounded up to the next
+        // millisecond (never answered before the timeout passed).
+        timeout_ms: crate::conn::timeout_ms(
+            timeout.map(|t| t.saturating_sub(start.elapsed()) + Duration::from_micros(999)),
+        ),
         peer,
     };
     let io = |e| Error::failed("connection request", e);
