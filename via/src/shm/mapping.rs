@@ -290,36 +290,6 @@ impl Mapping {
         true
     }
 
-    /// Reads at most `len` bytes from `fd` straight into the mapping at
-    /// `off` (one `read`: a socket's bytes land in registered memory without
-    /// a bounce buffer). `Ok(None)` if the range is outside the mapping.
-    pub fn read_from(
-        &self,
-        fd: std::os::fd::BorrowedFd<'_>,
-        off: usize,
-        len: usize,
-    ) -> io::Result<Option<usize>> {
-        if !self.check(off, len) {
-            return Ok(None);
-        }
-        // SAFETY: `off..off + len` is inside the mapping (checked), which
-        // stays mapped while `self` lives; the kernel writes the bytes, and
-        // no Rust reference to them exists (other writers race only as in
-        // every copy into shared memory).
-        let r = unsafe {
-            libc::read(
-                fd.as_raw_fd(),
-                self.ptr.as_ptr().add(off).cast::<libc::c_void>(),
-                len,
-            )
-        };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(Some(r as usize))
-        }
-    }
-
     /// Pointer to `off` if `off + len` is inside the mapping. Using it is the
     /// caller's business (ring views in `shm::rings`).
     pub fn raw(&self, off: usize, len: usize) -> Option<NonNull<u8>> {

@@ -258,24 +258,6 @@ fn read_into(
     buf: &mut [u8],
 ) -> Result<(), Break> {
     loop {
-        // Large payloads go from the socket straight into their target.
-        if let Some(r) = read_direct(nic, c, rx) {
-            match r {
-                Ok(0) => return Err(lost(c)),
-                Ok(k) => {
-                    c.last_rx.store(c.now_ms(), Ordering::Relaxed);
-                    rx.left -= k;
-                    rx.off += k;
-                    if rx.left == 0 {
-                        finish(nic, c, vi, rx)?;
-                    }
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return Err(lost(c)),
-            }
-        }
         let n = match (&c.stream).read(buf) {
             Ok(0) => return Err(lost(c)),
             Ok(n) => n,
@@ -310,49 +292,6 @@ fn read_into(
         if n < buf.len() {
             return Ok(());
         }
-    }
-}
-
-/// Payload bytes below which a frame's rest goes through the read buffer.
-const DIRECT_MIN: usize = 16 << 10;
-
-/// Reads the next payload bytes of the current frame straight into its
-/// target (a posted receive's segment or an RDMA target that passed the
-/// checks) when they lie in one arena of registered memory and inside the
-/// region. `None`: use the read buffer.
-fn read_direct(nic: &NicInner, c: &Conn, rx: &mut Rx) -> Option<io::Result<usize>> {
-    use std::os::fd::AsFd;
-    if rx.left < DIRECT_MIN {
-        return None;
-    }
-    let (h, target) = rx.cur.as_ref()?;
-    let read = |r: &Resolved, va: u64, want: usize| {
-        if want < DIRECT_MIN || !r.covers(va, want as u64) {
-            return None;
-        }
-        let (m, at) = r.span(va, want as u64)?;
-        m.read_from(c.stream.as_fd(), at, want).transpose()
-    };
-    match target {
-        Target::Rdma(r) => read(r, h.va + rx.off as u64, rx.left.min(4 * READ_CHUNK)),
-        Target::Recv => {
-            // Held across the read: a disconnect flushes the receive either
-            // before or after, never while its bytes land.
-            let t = c.taken.lock().unwrap();
-            let t = t.as_ref().filter(|t| t.fault == 0)?;
-            let mut off = rx.off;
-            for s in &t.wr.segs[..t.wr.n] {
-                let len = s.1 as usize;
-                if off >= len {
-                    off -= len;
-                    continue;
-                }
-                let r = nic.regions.get(s.2)?;
-                return read(&r, r.va + s.0 + off as u64, (len - off).min(rx.left));
-            }
-            None
-        }
-        _ => None,
     }
 }
 
