@@ -139,6 +139,14 @@ impl Hosts {
         ok
     }
 
+    /// `exe args...` on side `s` (no NIC environment), as a peer.
+    pub fn exec(&self, s: Side, exe: &str, args: &[&str]) -> Peer {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns[Self::i(s)], exe])
+            .args(args);
+        Peer::from_command(cmd)
+    }
+
     /// Takes side `s`'s end of the link down (a cut cable).
     pub fn cut(&self, s: Side) {
         let i = Self::i(s);

@@ -174,8 +174,14 @@ fn stream(rel: &str, loss: Option<f64>) {
     let Some(h) = Hosts::new(&tag) else {
         return;
     };
-    let mut a = h.peer(Side::A, PEER, &[]);
-    let mut b = h.peer(Side::B, PEER, &[]);
+    // Under loss TCP backs off; on a loaded machine that may exceed the
+    // default silence bound, which is not what this test is about.
+    let env: &[(&str, &str)] = match loss {
+        Some(_) => &[("VIA_SOCK_TIMEOUT_MS", "30000")],
+        None => &[],
+    };
+    let mut a = h.peer(Side::A, PEER, env);
+    let mut b = h.peer(Side::B, PEER, env);
     connect(&h, &mut a, &mut b, &format!("{rel} 4194304 0 0"), "stream");
     if let Some(p) = loss {
         if !(h.drop_incoming(Side::A, p) && h.drop_incoming(Side::B, p)) {
@@ -238,6 +244,17 @@ fn cut_link_breaks_both_sides_within_the_bound() {
     let mut a = h.peer(Side::A, PEER, &env);
     let mut b = h.peer(Side::B, PEER, &env);
     connect(&h, &mut a, &mut b, "rd 65536 0 0", "cut");
+    // Idle for three bounds: heartbeats keep the connection (the idle time
+    // is what is tested here, not a synchronisation).
+    std::thread::sleep(3 * bound);
+    assert_eq!(a.cmd("state"), "STATE Connected");
+    assert_eq!(b.cmd("recv 0 0:4096"), "OK");
+    assert_eq!(a.cmd("send 64 4096:4096"), "OK");
+    assert_eq!(comp(&a.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    assert_eq!(
+        comp(&b.cmd_expect("wait_recv", "RECV")).0,
+        DONE | OP_RECEIVE
+    );
     // Outstanding receives must come back flushed.
     assert_eq!(b.cmd("recv 0 0:4096"), "OK");
     let t = Instant::now();
@@ -256,6 +273,112 @@ fn cut_link_breaks_both_sides_within_the_bound() {
     assert_eq!(st & DESC_FLUSHED_ERROR, DESC_FLUSHED_ERROR);
     assert_eq!(b.cmd("state"), "STATE Error");
     assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    a.exit();
+    b.exit();
+}
+
+/// viad's TCP port is the network's: silence, an oversized or malformed
+/// request and a false requester address are dropped or refused, and viad
+/// keeps serving.
+#[test]
+fn viad_port_refuses_hostile_requests() {
+    let Some(h) = Hosts::new("hostile") else {
+        return;
+    };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    // B's NIC makes its viad listen.
+    b.cmd_expect("open rd 65536 0 0", "MEM");
+    let port = format!("{}:{}", h.addr(Side::B), 7170);
+    for how in ["oversize", "garbage", "spoof", "silent"] {
+        let mut x = h.exec(Side::A, PEER, &["rawtcp", &port, how]);
+        let l = x.line();
+        match how {
+            "spoof" => assert_eq!(l, "ANSWER Refused(Invalid)", "{how}"),
+            "silent" => {
+                let ms: u64 = l.strip_prefix("CLOSED ").expect(&l).parse().unwrap();
+                assert!(
+                    (4000..20000).contains(&ms),
+                    "silent client closed after {ms} ms"
+                );
+            }
+            _ => assert!(l.starts_with("CLOSED"), "{how}: {l}"),
+        }
+        x.finish();
+    }
+    // Still serving.
+    a.cmd_expect("open rd 65536 0 0", "MEM");
+    b.say("listen ok accept");
+    b.expect("LISTENING");
+    assert_eq!(a.cmd("connect ok"), "CONNECT ok");
+    assert_eq!(b.line(), "ACCEPT ok");
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn recvq_empty_breaks_reliable_reception() {
+    let Some(h) = Hosts::new("rqe") else { return };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    connect(&h, &mut a, &mut b, "rr 65536 0 0", "rqe");
+    // No receive posted: the sender hears REMOTE_DESC_ERROR, the receiver
+    // RECVQ_EMPTY, both VIs break.
+    assert_eq!(a.cmd("send 64 4096:100"), "OK");
+    let st = comp(&a.cmd_expect("wait_send", "SEND")).0;
+    assert_eq!(st, DONE | OP_SEND | REMOTE_DESC_ERROR, "status {st:#x}");
+    assert!(
+        b.cmd("wait_error RecvqEmpty")
+            .starts_with("ERROR RecvqEmpty")
+    );
+    assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    assert_eq!(a.cmd("state"), "STATE Error");
+    assert_eq!(b.cmd("state"), "STATE Error");
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn peer_to_peer_between_hosts() {
+    let Some(h) = Hosts::new("p2p") else { return };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    a.cmd_expect("open rr 65536 0 0", "MEM");
+    b.cmd_expect("open rr 65536 0 0", "MEM");
+    // Either order: A (the smaller address) asks B's viad; B waits in its
+    // own viad for A's request.
+    a.say("peer left right 10000");
+    assert_eq!(b.cmd("peer right left 10000"), "PEER ok");
+    assert_eq!(a.line(), "PEER ok");
+    for turn in 0..2 {
+        let (x, y) = if turn == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        assert_eq!(y.cmd("recv 0 4096:4096"), "OK");
+        assert_eq!(x.cmd("fill 0 8192 4096 6"), "OK");
+        assert_eq!(x.cmd("send 64 8192:4096"), "OK");
+        assert_eq!(comp(&x.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+        assert_eq!(
+            comp(&y.cmd_expect("wait_recv", "RECV")),
+            (DONE | OP_RECEIVE, 4096, 0)
+        );
+        assert_eq!(y.cmd("check 0 4096 4096 6"), "SAME");
+    }
+    // The other order of arrival, on new VIs.
+    a.cmd_expect("close", "OK");
+    b.cmd_expect("close", "OK");
+    a.cmd_expect("open rd 65536 0 0", "MEM");
+    b.cmd_expect("open rd 65536 0 0", "MEM");
+    b.say("peer right2 left2 10000");
+    assert_eq!(a.cmd("peer left2 right2 10000"), "PEER ok");
+    assert_eq!(b.line(), "PEER ok");
+    // Nobody on the other side: the request ends at its timeout.
+    a.cmd_expect("close", "OK");
+    a.cmd_expect("open rd 65536 0 0", "MEM");
+    let r = a.cmd("peer alone nobody 300");
+    assert!(r == "PEER NoMatch" || r == "PEER Timeout", "answer {r:?}");
     a.exit();
     b.exit();
 }

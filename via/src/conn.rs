@@ -253,8 +253,27 @@ pub fn peer_request(
 ) -> Result<()> {
     check_addr(&local)?;
     check_addr(&remote)?;
-    let agent = nic.process.agent()?;
     vi.begin_connect()?;
+    // A kind of NIC that reaches other hosts may ask their viad itself.
+    if let Some(r) = nic.dev.request_peer(nic, vi, &local, &remote, timeout) {
+        return match r {
+            Ok(p) => {
+                vi.state.lock().unwrap().peer_request = Some(p);
+                Ok(())
+            }
+            Err(e) => {
+                vi.abort_connect();
+                Err(e)
+            }
+        };
+    }
+    let agent = match nic.process.agent() {
+        Ok(a) => a,
+        Err(e) => {
+            vi.abort_connect();
+            return Err(e);
+        }
+    };
     let req = Request::PeerConnect {
         me: vi.endpoint(nic),
         local,

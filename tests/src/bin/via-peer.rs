@@ -24,6 +24,11 @@
 //!   daemon at `<socket>` that says Hello and asks for each object
 //!   (`kind` 1 NIC segment, 2 arena, 3 CQ ring) of `<session>`; prints
 //!   `FETCH <key> FD` or `FETCH <key> <refusal>` for each, then `DONE`.
+//! * `rawtcp <addr:port> <silent|oversize|garbage|spoof>`: a hostile
+//!   client of a viad's TCP port (sockets NIC): says nothing, announces a
+//!   request over the size limit, sends a malformed request, or a request
+//!   whose requester address is not its own; prints `CLOSED <ms>` when
+//!   viad drops the connection, or `ANSWER <answer>` if it answers.
 //! * `impostor <socket>`: listens on `<socket>` (as whoever runs it),
 //!   prints `READY`, accepts and reads everything, and on any input line
 //!   prints `GOT <connections> <bytes> <fds>` and exits.
@@ -79,7 +84,7 @@
 //!
 //! Environment of the interpreter: `VIA_PEER_DEVICE` (the NIC `open`
 //! opens; default: the default NIC), `VIA_PEER_REMOTE` (IPv4 host address
-//! `connect` reaches; default: this NIC's host).
+//! `connect` and `peer` reach; default: this NIC's host).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -129,6 +134,7 @@ fn main() {
         "squat" => squat(&args[2], args[3].parse().unwrap(), &args[4]),
         "rawfetch" => rawfetch(&args[2], args[3].parse().unwrap(), &args[4..]),
         "impostor" => impostor(&args[2]),
+        "rawtcp" => rawtcp(&args[2], &args[3]),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -318,7 +324,11 @@ impl Interp {
             }
             "peer" => {
                 let local = self.nic().address(a[1].as_bytes());
-                let remote = self.nic().address(a[2].as_bytes());
+                let mut remote = self.nic().address(a[2].as_bytes());
+                if let Ok(h) = std::env::var("VIA_PEER_REMOTE") {
+                    let ip: std::net::Ipv4Addr = h.parse().expect("VIA_PEER_REMOTE: IPv4");
+                    remote.host = ip.octets().to_vec();
+                }
                 let r = self
                     .vi()
                     .connect_peer(&local, &remote, ms(a.get(3), WAIT))
@@ -803,6 +813,53 @@ fn stream_rx(
         }
     }
     Ok((recvd, sum, bad))
+}
+
+/// `rawtcp`: see the module doc.
+fn rawtcp(to: &str, how: &str) {
+    use std::io::{Read, Write};
+    use via_wire::tcp::{SetupAnswer, SetupRequest};
+    let mut s = std::net::TcpStream::connect(to).expect("connect to viad's port");
+    let t = Instant::now();
+    let req = |host: Vec<u8>| SetupRequest {
+        local: via::NetAddr {
+            host,
+            discriminator: b"x".to_vec(),
+        },
+        remote: via::NetAddr {
+            host: match s.peer_addr().unwrap().ip() {
+                std::net::IpAddr::V4(a) => a.octets().to_vec(),
+                std::net::IpAddr::V6(_) => panic!("IPv4 only"),
+            },
+            discriminator: b"nobody".to_vec(),
+        },
+        reliability: 2,
+        mtu: 65536,
+        rdma_write: false,
+        rdma_read: false,
+        timeout_ms: 100,
+        peer: false,
+    };
+    match how {
+        "silent" => {}
+        "oversize" => s.write_all(&(1u32 << 30).to_le_bytes()).unwrap(),
+        "garbage" => {
+            s.write_all(&16u32.to_le_bytes()).unwrap();
+            s.write_all(&[0xab; 16]).unwrap();
+        }
+        "spoof" => s.write_all(&req(vec![192, 0, 2, 77]).encode()).unwrap(),
+        other => panic!("rawtcp {other}"),
+    }
+    let mut head = [0u8; 4];
+    match s.read_exact(&mut head) {
+        Err(_) => tell(&format!("CLOSED {}", t.elapsed().as_millis())),
+        Ok(()) => {
+            let n = via_wire::tcp::body_len(head).expect("answer length");
+            let mut body = vec![0u8; n];
+            s.read_exact(&mut body).unwrap();
+            tell(&format!("ANSWER {:?}", SetupAnswer::decode(&body).unwrap()));
+        }
+    }
 }
 
 /// An optional timeout argument in milliseconds (`inf`: none), else `default`.

@@ -284,6 +284,20 @@ pub(crate) trait Device: Send + Sync {
         None
     }
 
+    /// Starts a peer-to-peer request of `vi` itself instead of through the
+    /// local viad (`None`: through viad); the answer comes through the
+    /// returned request as the broker's would.
+    fn request_peer(
+        &self,
+        _nic: &NicInner,
+        _vi: &ViCore,
+        _local: &NetAddr,
+        _remote: &NetAddr,
+        _timeout: Option<std::time::Duration>,
+    ) -> Option<Result<crate::agent::Pending>> {
+        None
+    }
+
     /// Tears down the device side of `vi`'s connection; `tell_peer`: the
     /// peer hears `CONN_LOST` through the device. No descriptor of `vi`
     /// runs on the old connection once [`Device::quiesce`] returns.

@@ -55,6 +55,8 @@ pub struct SetupRequest {
     pub rdma_read: bool,
     /// Milliseconds, or [`INFINITE`].
     pub timeout_ms: u32,
+    /// A peer-to-peer request (`VipConnectPeerRequest`), else client/server.
+    pub peer: bool,
 }
 
 /// viad's answer to a [`SetupRequest`].
@@ -117,6 +119,7 @@ impl SetupRequest {
         w.u8(self.rdma_write as u8);
         w.u8(self.rdma_read as u8);
         w.u32(self.timeout_ms);
+        w.u8(self.peer as u8);
         framed(w)
     }
 
@@ -138,6 +141,7 @@ impl SetupRequest {
             rdma_write: r.bool()?,
             rdma_read: r.bool()?,
             timeout_ms: r.u32()?,
+            peer: r.bool()?,
         };
         r.end()?;
         Ok(req)
@@ -214,6 +218,7 @@ mod tests {
             rdma_write: true,
             rdma_read: false,
             timeout_ms: 1000,
+            peer: true,
         };
         let m = req.encode();
         let n = body_len(m[..4].try_into().unwrap()).unwrap();

@@ -428,10 +428,26 @@ pub fn mts(ctx: &mut Ctx, mts: &[usize]) {
 
 pub fn rl(ctx: &mut Ctx, levels: &[Rel]) {
     let sizes = ctx.sizes();
+    // With --wait, each level with each completion mode (polling and
+    // blocking reported apart); else polling only.
+    let waits = ctx.c.wait.clone();
     for &l in levels {
-        let mut s = ctx.spec(Mode::PingPong, 0);
-        s.rel = l;
-        ctx.lat_bw("rl", l.name(), &s, &[], &sizes, true);
+        match &waits {
+            None => {
+                let mut s = ctx.spec(Mode::PingPong, 0);
+                s.rel = l;
+                ctx.lat_bw("rl", l.name(), &s, &[], &sizes, true);
+            }
+            Some(ws) => {
+                for &w in ws {
+                    let mut s = ctx.spec(Mode::PingPong, 0);
+                    s.rel = l;
+                    s.wait = w;
+                    let config = format!("{} {}", l.name(), w.name());
+                    ctx.lat_bw("rl", &config, &s, &[], &sizes, true);
+                }
+            }
+        }
     }
 }
 

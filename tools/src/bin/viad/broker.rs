@@ -1045,7 +1045,9 @@ impl Broker {
                     });
                     return out;
                 }
-                if !self.local_host(&remote.host) {
+                // A sockets NIC's request (its own address is a TCP host of
+                // ours) waits for its peer's request from the network.
+                if !self.local_host(&remote.host) && !self.tcp_hosts.contains(&local.host) {
                     refuse(&mut out, Refusal::NoMatch);
                     return out;
                 }
@@ -2033,6 +2035,144 @@ mod tests {
             timeout_ms: ms,
         };
         replies(&b.on_request(s, id, req, vec![], Instant::now()))
+    }
+
+    /// A request from another host (a remote session) reaches a listener
+    /// on a sockets NIC's address, hands its connection over by `Fetch`,
+    /// and its end is nobody's peer death; a peer request of a sockets NIC
+    /// waits for a remote host's request instead of `NoMatch`.
+    #[test]
+    fn remote_sessions_from_other_hosts() {
+        let mut b = Broker::new(vec![1; 6], "h".into(), vec![]);
+        let ip = vec![10, 0, 0, 2];
+        let there = NetAddr {
+            host: ip.clone(),
+            discriminator: b"srv".to_vec(),
+        };
+        let server = hello(&mut b);
+        // Not a local address until a sockets NIC opened the listener.
+        let r = replies(&b.on_request(
+            server,
+            2,
+            Request::Listen {
+                local: there.clone(),
+                timeout_ms: 1000,
+            },
+            vec![],
+            Instant::now(),
+        ));
+        assert_eq!(r, vec![(server, 2, Reply::Refused(Refusal::NoMatch))]);
+        let out = b.on_request(
+            server,
+            3,
+            Request::OpenTcp { host: ip.clone() },
+            vec![],
+            Instant::now(),
+        );
+        assert!(matches!(out[..], [Out::OpenTcp { to, id: 3, .. }] if to == server));
+        b.add_tcp_host(ip.clone());
+        assert!(
+            b.on_request(
+                server,
+                4,
+                Request::Listen {
+                    local: there.clone(),
+                    timeout_ms: 1000,
+                },
+                vec![],
+                Instant::now(),
+            )
+            .is_empty()
+        );
+        let remote = b.open_remote_session(Cred { uid: 1000, pid: 0 });
+        assert!(b.said_hello(remote));
+        let key = ObjKey {
+            kind: ObjKind::Stream,
+            nic: 0,
+            id: 0,
+            generation: 0,
+        };
+        b.on_request(
+            remote,
+            1,
+            Request::Publish { key },
+            vec![memfd()],
+            Instant::now(),
+        );
+        let r = replies(&b.on_request(
+            remote,
+            2,
+            Request::Connect {
+                me: ep(remote, 0, 2),
+                local: NetAddr {
+                    host: vec![10, 0, 0, 1],
+                    discriminator: b"cli".to_vec(),
+                },
+                remote: there.clone(),
+                timeout_ms: 1000,
+            },
+            vec![],
+            Instant::now(),
+        ));
+        let conn = match &r[..] {
+            [(to, 4, Reply::Incoming { conn, .. })] if *to == server => *conn,
+            other => panic!("{other:?}"),
+        };
+        let out = b.on_request(
+            server,
+            5,
+            Request::Fetch {
+                session: remote,
+                key,
+            },
+            vec![],
+            Instant::now(),
+        );
+        assert!(
+            matches!(out[..], [Out::SendFd { to, owner, .. }] if to == server && owner == remote)
+        );
+        let r = replies(&b.on_request(
+            server,
+            6,
+            Request::Accept {
+                conn,
+                me: ep(server, 1, 2),
+            },
+            vec![],
+            Instant::now(),
+        ));
+        assert!(r.contains(&(
+            remote,
+            2,
+            Reply::Connected {
+                peer: ep(server, 1, 2)
+            }
+        )));
+        assert!(r.contains(&(server, 6, Reply::Ok)));
+        // The remote session ends (its connection handed over): the server
+        // is not told of a death.
+        assert!(replies(&b.on_death(remote)).is_empty());
+        // A sockets NIC's peer request for a remote host waits.
+        let p = hello(&mut b);
+        let out = b.on_request(
+            p,
+            2,
+            Request::PeerConnect {
+                me: ep(p, 1, 2),
+                local: NetAddr {
+                    host: ip.clone(),
+                    discriminator: b"right".to_vec(),
+                },
+                remote: NetAddr {
+                    host: vec![10, 0, 0, 1],
+                    discriminator: b"left".to_vec(),
+                },
+                timeout_ms: 1000,
+            },
+            vec![],
+            Instant::now(),
+        );
+        assert!(out.is_empty(), "{out:?}");
     }
 
     /// System mode: objects are fetched and requests matched within one

@@ -668,7 +668,9 @@ impl Daemon {
                     dead.push((s, "no Hello in time"));
                 }
             }
-            self.tcp.expire(now);
+            for s in self.tcp.expire(now) {
+                dead.push((s, "accepted, but nobody took the connection"));
+            }
             outs.extend(self.broker.on_tick(now));
             for (s, why) in dead {
                 outs.extend(self.kill(s, why));
@@ -940,6 +942,27 @@ impl Daemon {
                     }
                     Out::Send { to, id, reply } => {
                         (to, self.enqueue(to, reply.encode(id), None, Vec::new))
+                    }
+                    Out::SendFd { to, id, owner, key }
+                        if self.tcp.is_answered(owner) || key.kind == proto::ObjKind::Stream =>
+                    {
+                        // A remote session's connection: handed over once.
+                        let fd = self.broker.object(owner, &key).map(|f| f.as_raw_fd());
+                        let r = match fd {
+                            Some(fd) => self.enqueue(to, Reply::Fd.encode(id), Some(fd), || {
+                                Reply::Refused(proto::Refusal::Limit).encode(id)
+                            }),
+                            None => self.enqueue(
+                                to,
+                                Reply::Refused(proto::Refusal::Gone).encode(id),
+                                None,
+                                Vec::new,
+                            ),
+                        };
+                        if fd.is_some() && self.tcp.fetched(owner) {
+                            more.extend(self.kill(owner, "connection handed over"));
+                        }
+                        (to, r)
                     }
                     Out::SendFd { to, id, owner, key } => {
                         let fd = self.broker.object(owner, &key).map(|f| f.as_raw_fd());

@@ -70,6 +70,12 @@ pub struct Tcp {
     next_unread: u64,
     /// Remote sessions of the broker and their connections.
     sessions: HashMap<u64, TcpStream>,
+    /// Remote sessions whose connection a listener fetched.
+    fetched: std::collections::HashSet<u64>,
+    /// Remote sessions answered (accepted) whose connection nobody fetched
+    /// yet (a peer-to-peer match: the local side fetches it after hearing),
+    /// kept until then or the deadline.
+    answered: HashMap<u64, Instant>,
 }
 
 /// What `poll` should watch for this module.
@@ -109,11 +115,15 @@ impl Tcp {
 
     /// The earliest request deadline.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.unread.values().map(|u| u.deadline).min()
+        self.unread
+            .values()
+            .map(|u| u.deadline)
+            .chain(self.answered.values().copied())
+            .min()
     }
 
     fn pending(&self) -> usize {
-        self.unread.len() + self.sessions.len()
+        self.unread.len() + self.sessions.len() + self.answered.len()
     }
 
     /// Whether `s` is a remote session.
@@ -272,23 +282,43 @@ impl Tcp {
             rdma_read: req.rdma_read,
             device: device_blob(s),
         };
-        out.extend(broker.on_request(
-            s,
-            2,
+        let r = if req.peer {
+            Request::PeerConnect {
+                me,
+                local: req.local,
+                remote: req.remote,
+                timeout_ms: req.timeout_ms,
+            }
+        } else {
             Request::Connect {
                 me,
                 local: req.local,
                 remote: req.remote,
                 timeout_ms: req.timeout_ms,
-            },
-            Vec::new(),
-            now,
-        ));
+            }
+        };
+        out.extend(broker.on_request(s, 2, r, Vec::new(), now));
+    }
+
+    /// The connection of remote session `s` was handed to a local process:
+    /// `true` if the session is over.
+    pub fn fetched(&mut self, s: u64) -> bool {
+        if self.answered.remove(&s).is_some() {
+            return true;
+        }
+        self.fetched.insert(s);
+        false
+    }
+
+    /// Whether `s` is a remote session answered but not fetched yet.
+    pub fn is_answered(&self, s: u64) -> bool {
+        self.answered.contains_key(&s)
     }
 
     /// A reply of the broker to remote session `s`: `true` if the session
     /// is over (answered).
     pub fn reply(&mut self, s: u64, reply: &Reply) -> bool {
+        let accepted = matches!(reply, Reply::Connected { .. });
         let answer = match reply {
             Reply::Connected { peer } => SetupAnswer::Accepted {
                 reliability: peer.reliability,
@@ -308,6 +338,11 @@ impl Tcp {
                 log::debug!("remote session {s}: answer lost: {e}");
             }
         }
+        if accepted && !self.fetched.remove(&s) {
+            self.answered.insert(s, Instant::now() + REQUEST_DEADLINE);
+            return false;
+        }
+        self.fetched.remove(&s);
         true
     }
 
@@ -330,11 +365,24 @@ impl Tcp {
     /// Forgets remote session `s` (the broker ended it).
     pub fn end(&mut self, s: u64) {
         self.sessions.remove(&s);
+        self.fetched.remove(&s);
+        self.answered.remove(&s);
     }
 
-    /// Drops requests past their deadline.
-    pub fn expire(&mut self, now: Instant) {
+    /// Drops requests past their deadline; returns the answered sessions
+    /// whose connection nobody fetched in time (to end).
+    pub fn expire(&mut self, now: Instant) -> Vec<u64> {
         self.unread.retain(|_, u| u.deadline > now);
+        let late: Vec<u64> = self
+            .answered
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in &late {
+            self.answered.remove(s);
+        }
+        late
     }
 }
 

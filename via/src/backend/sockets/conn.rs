@@ -230,6 +230,12 @@ impl Conn {
         }
     }
 
+    /// Bytes the outbox holds.
+    pub fn outbox_len(&self) -> usize {
+        let o = self.outbox.lock().unwrap();
+        o.bytes.len() - o.done
+    }
+
     /// Whether the outbox holds bytes.
     pub fn outbox_pending(&self) -> bool {
         let o = self.outbox.lock().unwrap();

@@ -169,7 +169,7 @@ pub(crate) struct Sockets {
     addr: Option<Ipv4Addr>,
     next_handle: AtomicU32,
     /// Requesters' connections between the answer and `connect`.
-    accepted: Mutex<HashMap<u32, TcpStream>>,
+    accepted: Arc<Mutex<HashMap<u32, TcpStream>>>,
     breaks: Mutex<Vec<Break>>,
     progress: Mutex<Option<JoinHandle<()>>>,
 }
@@ -219,7 +219,7 @@ pub(crate) fn open(process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<d
         ifname,
         addr,
         next_handle: AtomicU32::new(0x100),
-        accepted: Mutex::new(HashMap::new()),
+        accepted: Arc::new(Mutex::new(HashMap::new())),
         breaks: Mutex::new(Vec::new()),
         progress: Mutex::new(None),
     }))
@@ -281,86 +281,106 @@ impl Sockets {
         remote: &NetAddr,
         timeout: Option<Duration>,
     ) -> Result<Endpoint> {
-        let Some(me) = self.addr else {
+        let (s, peer) = ask(self.addr, vi.attributes(), local, remote, timeout, false)?;
+        self.accepted.lock().unwrap().insert(vi.slot, s);
+        Ok(peer)
+    }
+}
+
+/// Connects to the viad of `remote`'s host and asks for a connection of a
+/// VI with attributes `a` (`peer`: peer-to-peer); the connection and the
+/// peer as the broker would describe it.
+fn ask(
+    me: Option<Ipv4Addr>,
+    a: ViAttributes,
+    local: &NetAddr,
+    remote: &NetAddr,
+    timeout: Option<Duration>,
+    peer: bool,
+) -> Result<(TcpStream, Endpoint)> {
+    let Some(me) = me else {
+        return Err(Error::NoMatch);
+    };
+    let host: [u8; 4] = remote
+        .host
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::InvalidParameter)?;
+    let to = SocketAddr::from((Ipv4Addr::from(host), via_wire::tcp::port()));
+    let start = Instant::now();
+    let connect_for = timeout
+        .unwrap_or(via_wire::timeout())
+        .min(via_wire::timeout())
+        .max(Duration::from_millis(1));
+    let mut s = match TcpStream::connect_timeout(&to, connect_for) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             return Err(Error::NoMatch);
-        };
-        let host: [u8; 4] = remote
-            .host
-            .as_slice()
-            .try_into()
-            .map_err(|_| Error::InvalidParameter)?;
-        let to = SocketAddr::from((Ipv4Addr::from(host), via_wire::tcp::port()));
-        let start = Instant::now();
-        let connect_for = timeout
-            .unwrap_or(via_wire::timeout())
-            .min(via_wire::timeout())
-            .max(Duration::from_millis(1));
-        let mut s = match TcpStream::connect_timeout(&to, connect_for) {
-            Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Err(Error::NoMatch);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(Error::Timeout),
-            Err(e) => return Err(Error::failed("connecting to the remote viad", e)),
-        };
-        let a = vi.attributes();
-        let req = SetupRequest {
-            local: NetAddr {
-                host: me.octets().to_vec(),
-                discriminator: local.discriminator.clone(),
-            },
-            remote: remote.clone(),
-            reliability: a.reliability.bits(),
-            mtu: a.max_transfer_size,
-            rdma_write: a.enable_rdma_write,
-            rdma_read: a.enable_rdma_read,
-            timeout_ms: crate::conn::timeout_ms(timeout.map(|t| t.saturating_sub(start.elapsed()))),
-        };
-        let io = |e| Error::failed("connection request", e);
-        s.write_all(&req.encode()).map_err(io)?;
-        // viad keeps the deadline; we wait a little longer for its answer.
-        let grace = via_wire::timeout();
-        s.set_read_timeout(timeout.map(|t| t.saturating_sub(start.elapsed()) + grace))
-            .map_err(io)?;
-        let mut head = [0u8; 4];
-        let answer = s.read_exact(&mut head).and_then(|()| {
-            let n = via_wire::tcp::body_len(head).map_err(std::io::Error::other)?;
-            let mut body = vec![0u8; n];
-            s.read_exact(&mut body)?;
-            SetupAnswer::decode(&body).map_err(std::io::Error::other)
-        });
-        match answer {
-            Ok(SetupAnswer::Accepted {
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(Error::Timeout),
+        Err(e) => return Err(Error::failed("connecting to the remote viad", e)),
+    };
+    let req = SetupRequest {
+        local: NetAddr {
+            host: me.octets().to_vec(),
+            discriminator: local.discriminator.clone(),
+        },
+        remote: remote.clone(),
+        reliability: a.reliability.bits(),
+        mtu: a.max_transfer_size,
+        rdma_write: a.enable_rdma_write,
+        rdma_read: a.enable_rdma_read,
+        // What is left of the caller's timeout, rounded up to the next
+        // millisecond (never answered before the timeout passed).
+        timeout_ms: crate::conn::timeout_ms(
+            timeout.map(|t| t.saturating_sub(start.elapsed()) + Duration::from_micros(999)),
+        ),
+        peer,
+    };
+    let io = |e| Error::failed("connection request", e);
+    s.write_all(&req.encode()).map_err(io)?;
+    // viad keeps the deadline; we wait a little longer for its answer.
+    let grace = via_wire::timeout();
+    s.set_read_timeout(timeout.map(|t| t.saturating_sub(start.elapsed()) + grace))
+        .map_err(io)?;
+    let mut head = [0u8; 4];
+    let answer = s.read_exact(&mut head).and_then(|()| {
+        let n = via_wire::tcp::body_len(head).map_err(std::io::Error::other)?;
+        let mut body = vec![0u8; n];
+        s.read_exact(&mut body)?;
+        SetupAnswer::decode(&body).map_err(std::io::Error::other)
+    });
+    match answer {
+        Ok(SetupAnswer::Accepted {
+            reliability,
+            mtu,
+            rdma_write,
+            rdma_read,
+        }) => {
+            s.set_read_timeout(None).map_err(io)?;
+            let peer = Endpoint {
+                session: 0,
+                nic: 0,
+                vi: 0,
+                vi_gen: 0,
                 reliability,
                 mtu,
                 rdma_write,
                 rdma_read,
-            }) => {
-                s.set_read_timeout(None).map_err(io)?;
-                self.accepted.lock().unwrap().insert(vi.slot, s);
-                Ok(Endpoint {
-                    session: 0,
-                    nic: 0,
-                    vi: 0,
-                    vi_gen: 0,
-                    reliability,
-                    mtu,
-                    rdma_write,
-                    rdma_read,
-                    device: Vec::new(),
-                })
-            }
-            Ok(SetupAnswer::Refused(r)) => Err(Error::from(r)),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Err(Error::Timeout)
-            }
-            Err(e) => Err(io(e)),
+                device: Vec::new(),
+            };
+            Ok((s, peer))
         }
+        Ok(SetupAnswer::Refused(r)) => Err(Error::from(r)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(Error::Timeout)
+        }
+        Err(e) => Err(io(e)),
     }
 }
 
@@ -493,6 +513,47 @@ impl Device for Sockets {
         timeout: Option<Duration>,
     ) -> Option<Result<Endpoint>> {
         Some(self.request(vi, local, remote, timeout))
+    }
+
+    fn request_peer(
+        &self,
+        _nic: &NicInner,
+        vi: &ViCore,
+        local: &NetAddr,
+        remote: &NetAddr,
+        timeout: Option<Duration>,
+    ) -> Option<Result<crate::agent::Pending>> {
+        // One side asks the other's viad over TCP: the one whose address is
+        // smaller. The other waits for it in its own viad's broker.
+        if (&local.host, &local.discriminator) >= (&remote.host, &remote.discriminator) {
+            return None;
+        }
+        let (tx, pending) = crate::agent::Pending::answered_locally();
+        let (me, a, slot) = (self.addr, vi.attributes(), vi.slot);
+        let (local, remote) = (local.clone(), remote.clone());
+        let accepted = self.accepted.clone();
+        let spawned = std::thread::Builder::new()
+            .name("via-sock-peer".into())
+            .spawn(move || {
+                let reply = match ask(me, a, &local, &remote, timeout, true) {
+                    Ok((s, peer)) => {
+                        accepted.lock().unwrap().insert(slot, s);
+                        proto::Reply::Connected { peer }
+                    }
+                    Err(e) => proto::Reply::Refused(match e.kind() {
+                        crate::ErrorKind::Timeout => proto::Refusal::Timeout,
+                        crate::ErrorKind::Reject => proto::Refusal::Reject,
+                        crate::ErrorKind::InvalidReliabilityLevel => proto::Refusal::Reliability,
+                        _ => proto::Refusal::NoMatch,
+                    }),
+                };
+                let _ = tx.send((reply, Vec::new()));
+            });
+        Some(
+            spawned
+                .map(|_| pending)
+                .map_err(|e| Error::failed("starting a peer request", e)),
+        )
     }
 
     fn connect(&self, _nic: &NicInner, vi: &ViCore, peer: &Endpoint) -> Result<()> {

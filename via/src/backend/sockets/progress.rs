@@ -41,7 +41,13 @@ enum Target {
 }
 
 /// Bytes read from a socket at once.
-const READ_CHUNK: usize = 64 << 10;
+const READ_CHUNK: usize = 256 << 10;
+
+/// Bytes of answers (RDMA read responses) queued for a peer that does not
+/// read them, beyond which its requests are not read either: a peer cannot
+/// make us buffer without bound (a pair that both read and write in bulk
+/// stays far below it).
+const OUTBOX_LIMIT: usize = 64 << 20;
 
 /// The reading state of one connection.
 pub(crate) struct Rx {
@@ -122,7 +128,10 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
         fds.clear();
         fds.push(pollfd(shared.wake_rx.as_raw_fd(), libc::POLLIN));
         for c in &conns {
-            let ev = if c.outbox_pending() {
+            let queued = c.outbox_len();
+            let ev = if queued > OUTBOX_LIMIT {
+                libc::POLLOUT
+            } else if queued > 0 {
                 libc::POLLIN | libc::POLLOUT
             } else {
                 libc::POLLIN
@@ -229,6 +238,9 @@ pub(crate) fn settle(nic: &NicInner, c: &Conn, b: Break) {
 
 /// Reads what `c` has; `Err`: the connection must break.
 fn read_conn(nic: &NicInner, shared: &Shared, c: &Conn, rx: &mut Rx) -> Result<(), Break> {
+    if c.outbox_len() > OUTBOX_LIMIT {
+        return Ok(());
+    }
     let vi = nic.vi(c.vi.0, c.vi.1).ok_or_else(|| lost(c))?;
     let mut buf = std::mem::take(&mut rx.buf);
     buf.resize(READ_CHUNK, 0);
