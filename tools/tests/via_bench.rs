@@ -650,3 +650,102 @@ fn fragment_sweep_on_a_sockets_nic() {
         assert!(x["ratio"].as_f64().is_some_and(|v| v > 0.0), "{x}");
     }
 }
+
+/// Two hosts: network namespaces joined by a veth pair (`10.250.N.1` on
+/// the first, `.2` on the second), removed with every process in them on
+/// drop.
+struct TwoHosts {
+    ns: [String; 2],
+    ifs: [String; 2],
+    addrs: [String; 2],
+}
+
+impl TwoHosts {
+    /// `None` (after a loud SKIPPED line) when not root.
+    fn new(tag: &str) -> Option<TwoHosts> {
+        let uid = Command::new("id").arg("-u").output().expect("id -u");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            eprintln!("SKIPPED (needs root to create network namespaces): {tag}");
+            return None;
+        }
+        let pid = std::process::id();
+        let h = TwoHosts {
+            ns: [0, 1].map(|i| format!("via-bench-{tag}-{pid}-{i}")),
+            ifs: [0, 1].map(|i| format!("vh{}{}", pid % 100_000, ["a", "b"][i])),
+            addrs: [1, 2].map(|i| format!("10.250.{}.{i}", pid % 250)),
+        };
+        for ns in &h.ns {
+            Netns::ip(&["netns", "add", ns]);
+        }
+        Netns::ip(&[
+            "link", "add", &h.ifs[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &h.ifs[1],
+            "netns", &h.ns[1],
+        ]);
+        for i in 0..2 {
+            let cidr = format!("{}/24", h.addrs[i]);
+            Netns::ip(&["-n", &h.ns[i], "addr", "add", &cidr, "dev", &h.ifs[i]]);
+            Netns::ip(&["-n", &h.ns[i], "link", "set", &h.ifs[i], "up"]);
+            Netns::ip(&["-n", &h.ns[i], "link", "set", "lo", "up"]);
+        }
+        Some(h)
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", p]).status();
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// `via-bench server` on one host and `via-bench client` on another, over
+/// their sockets NICs (two network namespaces; needs root, skipped loudly
+/// otherwise): the client's points are measured against the remote server.
+#[test]
+fn server_and_client_on_two_hosts() {
+    let Some(h) = TwoHosts::new("hosts") else {
+        return;
+    };
+    let disc = format!("vbh-{}", std::process::id());
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", &h.ns[0], BIN])
+        .args(["server", "--disc", &disc, "--count", "1", "--cpu", "1"])
+        .arg("--device")
+        .arg(format!("via_{}", h.ifs[0]))
+        .env("VIA_INSTANCE", format!("{}-server", instance()))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dev = format!("via_{}", h.ifs[1]);
+    let r = run_in(
+        Some(&h.ns[1]),
+        "client-hosts",
+        &[
+            "client",
+            "--device",
+            &dev,
+            "--host",
+            &h.addrs[0],
+            "--disc",
+            &disc,
+            "base",
+            "--sizes",
+            "8",
+            "--wait",
+            "poll",
+        ],
+    );
+    let rows = rows_of(&r, "base");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["status"], "ok", "{rows:?}");
+    assert!(
+        server.wait().unwrap().success(),
+        "the server served the point"
+    );
+}
