@@ -840,7 +840,7 @@ pub fn alt_inline(ctx: &mut Ctx, thresholds: &[usize]) {
 pub fn alt_fragment(ctx: &mut Ctx) {
     let dev = ctx.c.device.clone();
     let base = dev.strip_prefix("/dev/").unwrap_or(&dev);
-    if !base.strip_prefix("via_").is_some_and(|i| i != "lo") {
+    if base.strip_prefix("via_").is_none_or(|i| i == "lo") {
         ctx.push(Row::absent(
             "alt-fragment",
             "fragment size 512 B..64 KiB",
