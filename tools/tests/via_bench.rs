@@ -97,7 +97,15 @@ fn run_in(netns: Option<&str>, name: &str, args: &[&str]) -> Run {
         .arg(&c)
         .arg("--plot")
         .arg(&p)
-        .env("VIA_INSTANCE", instance())
+        // A namespace gets its own daemon: the daemon's socket is a path,
+        // reachable from every namespace, but its TCP listeners are not.
+        .env(
+            "VIA_INSTANCE",
+            match netns {
+                Some(ns) => format!("{}-{ns}", instance()),
+                None => instance(),
+            },
+        )
         .stdin(Stdio::null())
         .output()
         .expect("run via-bench");
