@@ -172,6 +172,9 @@ pub struct Engine {
     closing: bool,
 }
 
+/// How long `finalize` waits for queued sends that make no progress.
+const DRAIN_STALL: Duration = Duration::from_secs(10);
+
 fn disc(job: &str, from: u32, to: u32, kind: &str) -> Vec<u8> {
     format!("vmpi:{job}:{kind}:{from}:{to}").into_bytes()
 }
@@ -873,9 +876,25 @@ impl Engine {
     }
 
     /// Sends what is still queued and returns every unreported credit.
+    ///
+    /// Bounded: a peer that finished first may have closed before granting
+    /// the credits a queued send waits for; after [`DRAIN_STALL`] without
+    /// progress the rest is dropped with a warning rather than waited for
+    /// forever (a program that finalizes with sends nobody receives is
+    /// erroneous anyway).
     pub fn drain(&mut self) -> Result<()> {
+        let mut last = (self.queued, std::time::Instant::now());
         while self.queued > 0 {
             self.wait_step()?;
+            if self.queued != last.0 {
+                last = (self.queued, std::time::Instant::now());
+            } else if last.1.elapsed() > DRAIN_STALL {
+                log::warn!(
+                    "finalize: {} sends still queued after {DRAIN_STALL:?} without progress (peers closed?); dropped",
+                    self.queued
+                );
+                return Ok(());
+            }
         }
         Ok(())
     }
