@@ -593,9 +593,7 @@ impl Netns {
 
     /// `None` (after a loud SKIPPED line) when not root.
     fn new(tag: &str) -> Option<(Netns, String)> {
-        let uid = Command::new("id").arg("-u").output().expect("id -u");
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            eprintln!("SKIPPED (needs root to create a network namespace): {tag}");
+        if !is_root(tag) {
             return None;
         }
         let pid = std::process::id();
@@ -620,19 +618,29 @@ impl Netns {
     }
 }
 
+/// Whether this runs as root; if not, a loud SKIPPED line for `tag`.
+fn is_root(tag: &str) -> bool {
+    let uid = Command::new("id").arg("-u").output().expect("id -u");
+    let root = String::from_utf8_lossy(&uid.stdout).trim() == "0";
+    if !root {
+        eprintln!("SKIPPED (needs root to create network namespaces): {tag}");
+    }
+    root
+}
+
+/// Kills every process in namespace `ns` (they keep it alive) and deletes it.
+fn remove_netns(ns: &str) {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+        for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("kill").args(["-9", p]).status();
+        }
+    }
+    let _ = Command::new("ip").args(["netns", "del", ns]).status();
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
-        if let Ok(out) = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output()
-        {
-            for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", p]).status();
-            }
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        remove_netns(&self.name);
     }
 }
 
@@ -671,9 +679,7 @@ struct TwoHosts {
 impl TwoHosts {
     /// `None` (after a loud SKIPPED line) when not root.
     fn new(tag: &str) -> Option<TwoHosts> {
-        let uid = Command::new("id").arg("-u").output().expect("id -u");
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            eprintln!("SKIPPED (needs root to create network namespaces): {tag}");
+        if !is_root(tag) {
             return None;
         }
         let pid = std::process::id();
@@ -702,12 +708,7 @@ impl TwoHosts {
 impl Drop for TwoHosts {
     fn drop(&mut self) {
         for ns in &self.ns {
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-                for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-9", p]).status();
-                }
-            }
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            remove_netns(ns);
         }
     }
 }
