@@ -33,6 +33,9 @@ pub struct RegistrationStats {
     pub arenas: crate::mem::arena::ArenaStats,
     /// The memory-event monitor (`None`: none on this kernel).
     pub monitor: Option<crate::mem::monitor::MonitorStats>,
+    /// Of `cache.hits`, the registrations that took back a parked
+    /// registration of the same bytes whole (the cache was not asked).
+    pub parked_hits: u64,
 }
 
 pub use crate::backend::TranslationStats;
@@ -97,8 +100,12 @@ impl Nic {
     /// cache, the arenas, the memory-event monitor).
     pub fn registration_stats(&self) -> RegistrationStats {
         let p = &self.inner.process;
+        let parked_hits = p.parked_hits.load(std::sync::atomic::Ordering::Relaxed);
+        let mut cache = p.registrations.stats();
+        cache.hits += parked_hits;
         RegistrationStats {
-            cache: p.registrations.stats(),
+            parked_hits,
+            cache,
             arenas: p.arenas.stats(),
             monitor: p.monitor.as_ref().map(|m| m.stats()),
         }
@@ -111,6 +118,7 @@ impl Nic {
         if let Some(m) = &p.monitor {
             m.sync();
         }
+        self.inner.drop_parked();
         p.registrations.flush()
     }
 

@@ -31,6 +31,7 @@ pub mod mem;
 mod nic;
 mod notify;
 pub mod ns;
+mod parked;
 mod process;
 mod regions;
 pub mod shm;

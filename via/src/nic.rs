@@ -18,6 +18,7 @@ use crate::handle::Slab;
 use crate::mem::arena::{Extent, UserRange};
 use crate::mem::region::{Resolved, ResolvedExtent};
 use crate::notify::Provider;
+use crate::parked::{Key, Parked};
 use crate::process::Process;
 use crate::proto::Endpoint;
 use crate::regions::RegionTable;
@@ -167,6 +168,8 @@ pub(crate) struct RegionRec {
     pinned: Pinned,
     /// Protection tag id.
     ptag: u32,
+    /// RDMA enable flags.
+    flags: u32,
     /// The registered bytes.
     va: u64,
     len: u64,
@@ -175,6 +178,13 @@ pub(crate) struct RegionRec {
     /// The memory went away under it (unmapped, moved, discarded): the
     /// translation is gone, only `VipDeregisterMem` remains to be called.
     revoked: bool,
+}
+
+/// A deregistered registration kept whole (`parked`): what undoes it, and
+/// how this process reached it.
+pub(crate) struct ParkedReg {
+    rec: RegionRec,
+    resolved: Arc<Resolved>,
 }
 
 /// One open NIC.
@@ -191,6 +201,8 @@ pub(crate) struct NicInner {
     pub ptags: Mutex<Slab<u32>>,
     /// Registrations, by handle (what undoes each).
     pub registered: Mutex<HashMap<u32, RegionRec, crate::regions::BuildHandleHasher>>,
+    /// Deregistered registrations kept whole for the same bytes again.
+    parked: Parked<ParkedReg>,
     pub vis: RwLock<Slab<Arc<ViCore>>>,
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
@@ -272,6 +284,18 @@ impl NicInner {
                     regions: RegionTable::default(),
                     ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
                     registered: Mutex::new(HashMap::default()),
+                    // Parked registrations need memory events to stay
+                    // correct, and the cache on.
+                    parked: Parked::new(
+                        if process.monitor.is_some()
+                            && process.config.regcache.capacity_bytes > 0
+                            && process.config.regcache.capacity_regions > 0
+                        {
+                            crate::parked::CAPACITY
+                        } else {
+                            0
+                        },
+                    ),
                     vis: RwLock::new(Slab::new(limits.max_vi, 0)),
                     cqs: RwLock::new(Slab::new(limits.max_cq, 0)),
                     conns: Mutex::new(Slab::new(1024, 1)),
@@ -422,15 +446,78 @@ impl NicInner {
 
     /// `VipRegisterMem`.
     pub fn register(&self, range: UserRange, attrs: &MemAttributes) -> Result<u32> {
-        if !self.ptag_valid(attrs.ptag) {
-            return Err(Error::InvalidPtag);
+        // Validates the tag, and counts the registration as its user.
+        self.ptag_ref(attrs.ptag, 1)?;
+        let key = Key {
+            va: range.addr() as u64,
+            len: range.len() as u64,
+            ptag: attrs.ptag.0,
+            flags: Self::mem_flags(attrs),
+        };
+        let r = if self.parked.enabled() {
+            // Memory events read so far first: a parked registration over
+            // memory that went away is dropped before it could be found.
+            if let Some(m) = &self.process.monitor {
+                m.sync();
+            }
+            match self.parked.take(&key) {
+                Some(p) => self.unpark(key, p),
+                None => self.register_anew(range, key),
+            }
+        } else {
+            self.register_anew(range, key)
+        };
+        if r.is_err() {
+            let _ = self.ptag_ref(attrs.ptag, -1);
         }
+        r
+    }
+
+    /// A parked registration of the same bytes back in use: a fresh handle
+    /// and device entry over the pages and mappings it kept.
+    fn unpark(&self, key: Key, p: ParkedReg) -> Result<u32> {
+        let ParkedReg { rec, resolved } = p;
+        let added = self.dev.reserve_region().and_then(|slot| {
+            self.dev.add_region(
+                self,
+                slot,
+                &RegionSpec {
+                    va: key.va,
+                    len: key.len,
+                    ptag: key.ptag,
+                    flags: key.flags,
+                    extents: rec.pinned.pinned(),
+                },
+            )
+        });
+        let handle = match added {
+            Ok(h) => h,
+            Err(e) => {
+                self.process.registrations.release(rec.pinned);
+                return Err(e);
+            }
+        };
+        self.process.parked_hits.fetch_add(1, Ordering::Relaxed);
+        let mut resolved = resolved;
+        Arc::make_mut(&mut resolved).handle = handle;
+        self.regions.insert_shared(resolved);
+        let _fork = crate::mem::fork::enter();
+        self.registered.lock().unwrap().insert(handle, rec);
+        Ok(handle)
+    }
+
+    /// A registration through the registration cache (its pages pinned,
+    /// or found pinned there).
+    fn register_anew(&self, range: UserRange, key: Key) -> Result<u32> {
         // The device's slot first: its bookkeeping overlaps the pinning.
         let slot = self.dev.reserve_region()?;
         let pinned = match self.pin(&range) {
             // Beyond the system daemon's pinning quota: cached registrations
             // that nothing uses hold quota too; drop them and try once more.
-            Err(e) if crate::agent::is_quota(&e) && self.process.registrations.flush() > 0 => {
+            Err(e)
+                if crate::agent::is_quota(&e)
+                    && self.drop_parked() + self.process.registrations.flush() > 0 =>
+            {
                 log::debug!("{e}: registration cache flushed, trying again");
                 self.pin(&range)
             }
@@ -486,12 +573,12 @@ impl NicInner {
             .collect();
         // The arena pages of this registration stay out of a child after fork.
         let held = held_ranges(extents, range.addr(), range.len());
-        let (va, len, ptag, flags) = (
-            range.addr() as u64,
-            range.len() as u64,
-            attrs.ptag.0,
-            Self::mem_flags(attrs),
-        );
+        let Key {
+            va,
+            len,
+            ptag,
+            flags,
+        } = key;
         let handle = match self.dev.add_region(
             self,
             slot,
@@ -518,7 +605,6 @@ impl NicInner {
             pid: self.process.pid,
             extents: local,
         });
-        self.ptag_ref(attrs.ptag, 1)?;
         // Under the fork lock: a fork sees the registration and its pages whole.
         let _fork = crate::mem::fork::enter();
         self.registered.lock().unwrap().insert(
@@ -526,6 +612,7 @@ impl NicInner {
             RegionRec {
                 pinned,
                 ptag,
+                flags,
                 va,
                 len,
                 held,
@@ -554,11 +641,28 @@ impl NicInner {
                 _ => return Err(Error::InvalidParameter),
             }
         };
-        if !rec.revoked {
-            self.unmap(handle);
-            self.dev.quiesce_region_users(self);
+        if rec.revoked {
+            self.release(rec);
+            return Ok(());
         }
-        self.release(rec);
+        let resolved = self.regions.remove(handle);
+        self.dev.remove_region(self, handle);
+        self.dev.quiesce_region_users(self);
+        match resolved {
+            Some(resolved) if self.parked.enabled() => {
+                let _ = self.ptag_ref(Ptag(rec.ptag), -1);
+                let key = Key {
+                    va: rec.va,
+                    len: rec.len,
+                    ptag: rec.ptag,
+                    flags: rec.flags,
+                };
+                if let Some(old) = self.parked.put(key, ParkedReg { rec, resolved }) {
+                    self.unpark_for_good(old);
+                }
+            }
+            _ => self.release(rec),
+        }
         Ok(())
     }
 
@@ -567,11 +671,30 @@ impl NicInner {
         self.process.registrations.release(rec.pinned);
     }
 
+    /// Gives a parked registration's pages back to the registration cache
+    /// (its tag was released when it was parked).
+    fn unpark_for_good(&self, p: ParkedReg) {
+        self.process.registrations.release(p.rec.pinned);
+    }
+
+    /// Drops every parked registration; returns how many.
+    pub fn drop_parked(&self) -> usize {
+        let all = self.parked.drain();
+        let n = all.len();
+        for p in all {
+            self.unpark_for_good(p);
+        }
+        n
+    }
+
     /// The application unmapped, moved or discarded `range` (memory
     /// events): registrations over it lose their translation at once (peers
     /// then get `RDMA_PROT_ERROR`, local posts `PROTECTION_ERROR`); the
     /// handles stay until `VipDeregisterMem`.
     pub fn revoke_overlapping(&self, range: &std::ops::Range<usize>) {
+        for p in self.parked.take_overlapping(range) {
+            self.unpark_for_good(p);
+        }
         let mut revoked = 0;
         {
             let mut g = self.registered.lock().unwrap();
@@ -622,9 +745,10 @@ impl NicInner {
         if old != attrs.ptag {
             self.ptag_ref(attrs.ptag, 1)?;
             let _ = self.ptag_ref(old, -1);
-            if let Some(r) = self.registered.lock().unwrap().get_mut(&handle) {
-                r.ptag = attrs.ptag.0;
-            }
+        }
+        if let Some(r) = self.registered.lock().unwrap().get_mut(&handle) {
+            r.ptag = attrs.ptag.0;
+            r.flags = fl;
         }
         Ok(())
     }
@@ -744,6 +868,7 @@ impl NicInner {
         }
         self.provider.stop(self);
         self.dev.close(self);
+        self.drop_parked();
         let regions: Vec<_> = self.registered.lock().unwrap().drain().collect();
         for (h, rec) in regions {
             if !rec.revoked {

@@ -36,6 +36,8 @@ pub(crate) struct Process {
     pub nics: RwLock<Slab<Arc<NicInner>>>,
     pub next_nic_id: Mutex<u32>,
     pub config: &'static Config,
+    /// Registrations served by a NIC's parked registration.
+    pub parked_hits: std::sync::atomic::AtomicU64,
 }
 
 struct AgentPublisher(Arc<Agent>);
@@ -139,6 +141,7 @@ impl Process {
             nics: RwLock::new(Slab::new(MAX_NICS, 1)),
             next_nic_id: Mutex::new(1),
             config,
+            parked_hits: Default::default(),
         }
     }
 
@@ -216,6 +219,9 @@ fn on_memory_events(evs: &[MemEvent]) {
                      registrations keep their translation)"
                 );
                 p.registrations.invalidate(0, usize::MAX);
+                for nic in p.all_nics() {
+                    nic.drop_parked();
+                }
                 continue;
             }
         };

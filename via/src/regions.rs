@@ -82,6 +82,12 @@ impl RegionTable {
         self.bump();
     }
 
+    /// Adds a region already shared (a parked registration's, back in use).
+    pub fn insert_shared(&self, r: Arc<Resolved>) {
+        self.map.write().unwrap().insert(r.handle, r);
+        self.bump();
+    }
+
     /// Removes the region of `handle`; `None` if it is not live.
     pub fn remove(&self, handle: u32) -> Option<Arc<Resolved>> {
         let r = self.map.write().unwrap().remove(&handle);

@@ -6,8 +6,12 @@
  * handle must be dead (RDMA_PROT_ERROR at the initiator, nothing written).
  * Every way memory can go away: munmap, mmap(MAP_FIXED) over it, brk
  * shrink (glibc's heap trim), madvise(MADV_DONTNEED), mremap, and free of
- * a large malloc block. Parent: owner of the memory; child: initiator of
- * RDMA writes over an unreliable VI (a refused write keeps the connection). */
+ * a large malloc block. Each way twice: with the registration live when
+ * the memory goes away, and with it deregistered first (the provider may
+ * keep a deregistered registration cached, or parked whole, for the same
+ * bytes: the new memory must not find it). Parent: owner of the memory;
+ * child: initiator of RDMA writes over an unreliable VI (a refused write
+ * keeps the connection). */
 #include "common.h"
 
 #include <errno.h>
@@ -123,9 +127,11 @@ static int parent(void)
     VIP_NIC_HANDLE nic = open_nic();
     VIP_PROTECTION_HANDLE tag = new_ptag(nic);
     VIP_VI_HANDLE vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_UNRELIABLE, 1 << 20, 1, 0), NULL, NULL);
-    int w;
+    int i;
     accept_on(nic, vi, disc("reuse"));
-    for (w = 0; w < W_COUNT; w++) {
+    for (i = 0; i < 2 * W_COUNT; i++) {
+        enum way w = (enum way)(i % W_COUNT);
+        int deregistered_first = i >= W_COUNT;
         unsigned char *m1 = first(w), *m2;
         VIP_MEM_HANDLE h1, h2;
         VIP_MEM_ATTRIBUTES ma;
@@ -134,6 +140,12 @@ static int parent(void)
 
         fill(m1, L, 1000 + w);
         h1 = reg_rw(nic, m1, L, tag);
+        if (deregistered_first) {
+            /* Twice: the second is served by what the first left cached. */
+            OK(VipDeregisterMem(nic, m1, h1));
+            h1 = reg_rw(nic, m1, L, tag);
+            OK(VipDeregisterMem(nic, m1, h1));
+        }
         m2 = replace(w, m1, &same);
         if (!same)
             printf("note: %s: the new memory is at %p, not %p\n", way_name[w], (void *)m2, (void *)m1);
@@ -152,14 +164,15 @@ static int parent(void)
         CHECK_MSG(bad == -1, "%s: the write through the new handle did not reach the new pages "
                   "(byte %ld differs)", way_name[w], bad);
         /* Deregistering the dead handle still works (and only once). */
-        OK(VipDeregisterMem(nic, m1, h1));
+        if (!deregistered_first)
+            OK(VipDeregisterMem(nic, m1, h1));
         EXPECT_RC(VipDeregisterMem(nic, m1, h1), VIP_INVALID_PARAMETER);
         OK(VipDeregisterMem(nic, m2, h2));
         if (w == W_BRK || w == W_FREE)
             free(m2);
         else
             CHECK(munmap(m2, L) == 0);
-        printf("ok: %s\n", way_name[w]);
+        printf("ok: %s%s\n", way_name[w], deregistered_first ? " (deregistered first)" : "");
     }
     barrier(2);
     OK(VipDisconnect(vi));
@@ -177,9 +190,10 @@ static int child(void)
     region r = region_new(nic, tag, L + 4096, 0, 0);
     VIP_DESCRIPTOR *d = desc_at(&r, 0);
     unsigned char *src = r.base + 4096;
-    int w;
+    int i;
     connect_to(nic, vi, disc("reuse"));
-    for (w = 0; w < W_COUNT; w++) {
+    for (i = 0; i < 2 * W_COUNT; i++) {
+        int w = i % W_COUNT;
         uint64_t a1 = hear_u64(), h1 = hear_u64(), a2 = hear_u64(), h2 = hear_u64();
         /* Through the old handle: refused, nothing written. */
         fill(src, L, 4000 + w);

@@ -422,6 +422,7 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
             a[1] / n,
             a[2] / n
         );
+        eprintln!("{:?}", nic.registration_stats());
     }
     vi.disconnect().expect("disconnect");
     child.finish();

@@ -1,0 +1,173 @@
+//! Parked registrations: the first level of the pin-down cache, per NIC.
+//!
+//! Legacy message layers register and deregister the same buffer around
+//! every message. The registration cache (`regcache`) already keeps the
+//! pinned pages of a deregistered region, but a hit there still rebuilds
+//! everything above the pages: the extents this process maps, the fork
+//! ranges, the cache's lease. A parked registration is all of that, kept
+//! whole at `VipDeregisterMem` (after the device entry is removed and peers
+//! are quiesced, so the handle is dead as VIPL requires); a later
+//! `VipRegisterMem` of exactly the same bytes, protection tag and RDMA
+//! enables takes it back and only gives it a fresh handle and device entry.
+//!
+//! Parked registrations hold their cache lease, so memory events must drop
+//! them like any cache entry ([`Parked::take_overlapping`]); they are only
+//! used where a memory-event monitor exists (without one, hits must be
+//! checked against the mappings, which the registration cache does).
+//! Few are kept ([`CAPACITY`] per NIC, least recently parked evicted
+//! first): the cache behind them holds the rest.
+#![forbid(unsafe_code)]
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+/// Registrations parked per NIC.
+pub const CAPACITY: usize = 64;
+
+/// What a parked registration is found by: exactly what was registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    /// First byte.
+    pub va: u64,
+    /// Length.
+    pub len: u64,
+    /// Protection tag id.
+    pub ptag: u32,
+    /// RDMA enable flags.
+    pub flags: u32,
+}
+
+impl Key {
+    fn overlaps(&self, r: &Range<usize>) -> bool {
+        let (a, b) = (self.va as usize, (self.va + self.len.max(1)) as usize);
+        a < r.end && r.start < b
+    }
+}
+
+/// The parked registrations of one NIC, most recently parked last.
+pub struct Parked<T> {
+    entries: Mutex<Vec<(Key, T)>>,
+    capacity: usize,
+}
+
+impl<T> Parked<T> {
+    /// An empty set keeping at most `capacity` (0: parking disabled).
+    pub fn new(capacity: usize) -> Parked<T> {
+        Parked {
+            entries: Mutex::new(Vec::with_capacity(capacity)),
+            capacity,
+        }
+    }
+
+    /// Whether anything may be parked.
+    pub fn enabled(&self) -> bool {
+        self.capacity > 0
+    }
+
+    /// Takes the registration parked under `key` (the most recent if
+    /// several).
+    pub fn take(&self, key: &Key) -> Option<T> {
+        let mut g = self.entries.lock().unwrap();
+        // From the end: a buffer reused around every message was parked last.
+        let i = g.iter().rposition(|(k, _)| k == key)?;
+        Some(g.remove(i).1)
+    }
+
+    /// Parks `v` under `key`; returns what had to leave to make room.
+    pub fn put(&self, key: Key, v: T) -> Option<T> {
+        let mut g = self.entries.lock().unwrap();
+        let evicted = (g.len() >= self.capacity && !g.is_empty()).then(|| g.remove(0).1);
+        g.push((key, v));
+        evicted
+    }
+
+    /// Takes every registration over bytes of `r` (the memory went away).
+    pub fn take_overlapping(&self, r: &Range<usize>) -> Vec<T> {
+        let mut g = self.entries.lock().unwrap();
+        if !g.iter().any(|(k, _)| k.overlaps(r)) {
+            return Vec::new();
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *g)
+            .into_iter()
+            .partition(|(k, _)| k.overlaps(r));
+        *g = kept;
+        gone.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Takes them all.
+    pub fn drain(&self) -> Vec<T> {
+        std::mem::take(&mut *self.entries.lock().unwrap())
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(va: u64, len: u64) -> Key {
+        Key {
+            va,
+            len,
+            ptag: 1,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn takes_exact_matches_only() {
+        let p = Parked::new(4);
+        assert!(p.put(key(0x1000, 100), 1).is_none());
+        assert_eq!(p.take(&key(0x1000, 99)), None, "another length");
+        assert_eq!(
+            p.take(&Key {
+                ptag: 2,
+                ..key(0x1000, 100)
+            }),
+            None,
+            "another tag"
+        );
+        assert_eq!(
+            p.take(&Key {
+                flags: 1,
+                ..key(0x1000, 100)
+            }),
+            None,
+            "other enables"
+        );
+        assert_eq!(p.take(&key(0x1000, 100)), Some(1));
+        assert_eq!(p.take(&key(0x1000, 100)), None, "taken once");
+    }
+
+    #[test]
+    fn evicts_the_least_recently_parked() {
+        let p = Parked::new(2);
+        assert!(p.put(key(1, 1), 1).is_none());
+        assert!(p.put(key(2, 1), 2).is_none());
+        assert_eq!(p.put(key(3, 1), 3), Some(1));
+        assert_eq!(p.take(&key(1, 1)), None);
+        assert_eq!(p.drain(), vec![2, 3]);
+        let off: Parked<u32> = Parked::new(0);
+        assert!(!off.enabled());
+    }
+
+    #[test]
+    fn memory_going_away_takes_what_overlaps() {
+        let p = Parked::new(8);
+        p.put(key(0x1000, 0x1000), 1);
+        p.put(key(0x2000, 0x1000), 2);
+        p.put(key(0x3000, 0x1000), 3);
+        assert!(p.take_overlapping(&(0x5000..0x6000)).is_empty());
+        let mut gone = p.take_overlapping(&(0x1fff..0x3001));
+        gone.sort();
+        assert_eq!(gone, vec![1, 2, 3]);
+        p.put(key(0x1000, 0x1000), 4);
+        assert!(
+            p.take_overlapping(&(0x2000..0x3000)).is_empty(),
+            "end is exclusive"
+        );
+        assert_eq!(p.drain(), vec![4]);
+    }
+}
