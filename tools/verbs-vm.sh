@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
 # device rxe0) in a QEMU VM booted by tools/softroce-vm/run.sh.
-#   tools/verbs-vm.sh [TEST...]      (default: verbs c; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central c; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh verbs@central  a test with VIA_DOORBELL=central (the central send
+#                                    queue; without @: the default, direct posting)
+#   tools/verbs-vm.sh verbs_bench    the measurements (doorbell posts/s table and JSON)
 #   tools/verbs-vm.sh c              the C conformance suite (tests/c/suite, the
 #                                    programs listed in $c_programs) on rxe0
 # Each named integration test binary runs inside the VM with the test's peer
@@ -23,7 +26,7 @@ command -v qemu-system-x86_64 >/dev/null ||
 [ -x "$vm" ] || fail "no Soft-RoCE VM script at $vm (tools/softroce-vm/run.sh)"
 
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(verbs c)
+[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central c)
 
 # The C programs of the suite that run on rxe0 (SUITE_DEVICE=rxe0); each
 # forks its peer, so two processes and their viad run in the VM.
@@ -68,14 +71,18 @@ for t in "${tests[@]}"; do
         c_suite
         continue
     fi
+    mode_env=
+    case $t in
+        *@*) mode_env="VIA_DOORBELL=${t#*@}"; t=${t%@*} ;;
+    esac
     exe=$(cargo test -q -p via-tests --features via/verbs,via-tests/verbs --test "$t" --no-run \
             --message-format=json 2>/dev/null |
           grep '"kind":\["test"\]' | grep "\"name\":\"$t\"" |
           grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     [ -n "$exe" ] || fail "no test binary for $t"
-    printf '\n==> %s on Soft-RoCE (rxe0, in a VM)\n' "$t"
+    printf '\n==> %s on Soft-RoCE (rxe0, in a VM) %s\n' "$t" "$mode_env"
     SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
-    SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/debug/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 ${VERBS_VM_ENV:-}" \
+    SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/debug/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 $mode_env ${VERBS_VM_ENV:-}" \
         "$vm" "$exe" --test-threads=1 --show-output ||
         fail "$t failed on Soft-RoCE (exit $?)"
 done

@@ -2,7 +2,7 @@
 //!
 //! | variable | values | default |
 //! |---|---|---|
-//! | `VIA_DOORBELL` | `central`, `per-vi` | `central` |
+//! | `VIA_DOORBELL` | `central`, `per-vi` | `central` (soft NIC); verbs kind: `per-vi` (direct posting per QP) |
 //! | `VIA_CQ` | `ring` (CQ1), `scan` (CQ2) | `ring` |
 //! | `VIA_SPIN_US` | microseconds a blocking wait spins before sleeping | `20` |
 //! | `VIA_REGISTER` | `remap`, `cma` | `remap` |
@@ -104,6 +104,12 @@ pub enum Progress {
 pub struct Config {
     /// Central or per-VI doorbells.
     pub doorbell: DoorbellMode,
+    /// The verbs kind's send path: `PerVi` posts each descriptor straight
+    /// to its QP (one doorbell per post, the default), `Central` gathers
+    /// the posts of all VIs in one queue that a poster thread hands to the
+    /// device as one chain per QP. Same variable (`VIA_DOORBELL`), another
+    /// default: direct posting measured better (docs/design.md §8).
+    pub verbs_doorbell: DoorbellMode,
     /// CQ1 or CQ2.
     pub cq: CqMode,
     /// Spin before blocking.
@@ -168,6 +174,7 @@ impl Config {
         };
         Config {
             doorbell: var("VIA_DOORBELL", DoorbellMode::Central),
+            verbs_doorbell: var("VIA_DOORBELL", DoorbellMode::PerVi),
             cq: var("VIA_CQ", CqMode::Ring),
             spin: Duration::from_micros(var("VIA_SPIN_US", 20u64)),
             register: var("VIA_REGISTER", Policy::Remap),

@@ -64,3 +64,11 @@ pub fn rdma_devices() -> Vec<String> {
 pub fn bare_ibv_post(name: &str, iters: u32) -> std::io::Result<std::time::Duration> {
     backend::verbs::bench::bare_post(name, iters)
 }
+
+/// Work requests the verbs kind's central send queue (`VIA_DOORBELL=central`)
+/// posted in this process, and the `ibv_post_send` calls (chains) they took.
+#[cfg(feature = "verbs")]
+#[doc(hidden)]
+pub fn verbs_central_counts() -> (u64, u64) {
+    backend::verbs::central_counts()
+}

@@ -652,16 +652,20 @@ impl Qp {
     }
 
     /// Posts a chain of send requests with one doorbell (one
-    /// `ibv_post_send`). The device reads and writes only memory of live
-    /// MRs named by the keys.
-    pub fn post_send(&self, reqs: &[SendReq<'_>]) -> io::Result<()> {
+    /// `ibv_post_send`: the requests linked by `next`). The device reads
+    /// and writes only memory of live MRs named by the keys.
+    ///
+    /// # Errors
+    /// How many requests of the chain were posted before the first one the
+    /// provider refused (those after it were not posted either), and why.
+    pub fn post_send(&self, reqs: &[SendReq<'_>]) -> Result<(), (usize, io::Error)> {
         if let [one] = reqs {
             // The common case without allocation.
             let mut sgl = [SGE_ZERO; MAX_SGE];
             // SAFETY: plain data, zero is valid for every field.
             let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
             fill_send(&mut wr, &mut sgl, one);
-            return self.post_chain(&mut wr);
+            return self.post_chain(&mut wr, 1);
         }
         if reqs.is_empty() {
             return Ok(());
@@ -682,15 +686,31 @@ impl Qp {
             unsafe { (*base.add(i - 1)).next = base.add(i) };
         }
         // SAFETY: `base` points to the first of `len` linked requests.
-        self.post_chain(unsafe { &mut *base })
+        self.post_chain(unsafe { &mut *base }, reqs.len())
     }
 
-    fn post_chain(&self, first: &mut sys::ibv_send_wr) -> io::Result<()> {
+    /// Posts the chain that starts at `first` (`len` requests in one
+    /// array, linked in order).
+    fn post_chain(
+        &self,
+        first: &mut sys::ibv_send_wr,
+        len: usize,
+    ) -> Result<(), (usize, io::Error)> {
+        let base: *mut sys::ibv_send_wr = first;
         let mut bad = ptr::null_mut();
         // SAFETY: live QP; the chain and its SGE lists live until the call
         // returns (the provider copies them into its queue).
-        let rc = unsafe { sys::ibv_post_send(self.qp, first, &mut bad) };
-        check(rc, "ibv_post_send")
+        let rc = unsafe { sys::ibv_post_send(self.qp, base, &mut bad) };
+        check(rc, "ibv_post_send").map_err(|e| {
+            // `bad` is the first request not posted: an element of the
+            // caller's array (or NULL from a provider that does not say).
+            let posted = if bad.is_null() {
+                0
+            } else {
+                (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<sys::ibv_send_wr>()
+            };
+            (posted.min(len), e)
+        })
     }
 
     /// Posts one receive of `sges` with `wr_id`.

@@ -27,6 +27,7 @@
 #![deny(unsafe_code)]
 
 pub(crate) mod bench;
+mod central;
 #[allow(unsafe_code)]
 mod ibv;
 
@@ -41,6 +42,7 @@ use doorbell::EventCount;
 use crate::attrs::{Reliability, ViAttributes, ViState};
 use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, ViSignals};
 use crate::completion;
+use crate::config::{Config, DoorbellMode};
 use crate::descriptor::{control, status};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{AsyncError, ErrorCode, NicInner, flags};
@@ -51,6 +53,7 @@ use crate::shm::rings::MappedRing;
 use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
 
+use central::{Central, Failed, Queued};
 use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, Sge, Transport, Wc};
 
 const MAX_VI: u32 = 1024;
@@ -85,6 +88,11 @@ pub(crate) fn devices() -> Vec<String> {
     ibv::devices()
 }
 
+/// Work requests posted through central queues and the chains they took.
+pub(crate) fn central_counts() -> (u64, u64) {
+    central::counts()
+}
+
 #[derive(Default)]
 struct ViWords {
     send_wake: EventCount,
@@ -101,6 +109,8 @@ struct CqWords {
 /// A send in flight: where its completion goes (sends complete in order
 /// on a QP, so a FIFO suffices).
 struct SendRec {
+    /// Position in the VI's send queue (`SendWr::seq`).
+    seq: u32,
     desc_handle: u32,
     desc_va: u64,
     op_status: u32,
@@ -114,7 +124,7 @@ struct ViQp {
     ptag: u32,
     /// Remote access the QP allows (the VI's RDMA enables).
     access: u32,
-    qp: Qp,
+    qp: Arc<Qp>,
     /// Our first send PSN of the next connection.
     psn: u32,
     /// RTS towards a peer.
@@ -215,12 +225,32 @@ fn qp_access(a: &ViAttributes) -> u32 {
     x
 }
 
+/// The verbs operation and immediate data of a validated send.
+fn send_op(wr: &SendWr) -> (SendOp, Option<u32>) {
+    let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
+    let op = match wr.op() {
+        control::OP_RDMAWRITE => SendOp::Write {
+            remote_va: wr.remote_va,
+            rkey: wr.remote_handle,
+        },
+        control::OP_RDMAREAD => SendOp::Read {
+            remote_va: wr.remote_va,
+            rkey: wr.remote_handle,
+        },
+        _ => SendOp::Send,
+    };
+    (op, imm)
+}
+
 fn transport(r: Reliability) -> Transport {
     match r {
         Reliability::Unreliable => Transport::Uc,
         _ => Transport::Rc,
     }
 }
+
+/// A VI's generation and its QP.
+type GenQp = (u16, Arc<Qp>);
 
 /// The verbs device of one NIC.
 pub(crate) struct Verbs {
@@ -236,6 +266,12 @@ pub(crate) struct Verbs {
     /// Live MRs by memory handle (= rkey).
     mrs: RwLock<HashMap<u32, Arc<Mr>>>,
     vis: Box<[Mutex<Option<ViQp>>]>,
+    /// Each VI's QP (and generation) for the central poster, which never
+    /// takes the VIs' locks (a poster draining a full queue holds one).
+    qps: Box<[Mutex<Option<GenQp>>]>,
+    /// The central send queue (`VIA_DOORBELL=central`), or direct posting.
+    central: Option<Central>,
+    poster: Mutex<Option<JoinHandle<()>>>,
     vi_words: Box<[ViWords]>,
     cq_words: Box<[CqWords]>,
     provider: EventCount,
@@ -308,6 +344,9 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         pds: Mutex::new(HashMap::new()),
         mrs: RwLock::new(HashMap::new()),
         vis: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
+        qps: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
+        central: (Config::get().verbs_doorbell == DoorbellMode::Central).then(Central::new),
+        poster: Mutex::new(None),
         vi_words: (0..MAX_VI).map(|_| ViWords::default()).collect(),
         cq_words: (0..MAX_CQ).map(|_| CqWords::default()).collect(),
         provider: EventCount::new(),
@@ -330,7 +369,7 @@ impl Verbs {
         Ok(p)
     }
 
-    fn new_qp(&self, a: &ViAttributes) -> Result<Qp> {
+    fn new_qp(&self, a: &ViAttributes) -> Result<Arc<Qp>> {
         let pd = self.pd(a.ptag.id())?;
         let qp = Qp::new(
             &pd,
@@ -341,7 +380,7 @@ impl Verbs {
         )
         .map_err(Error::resource)?;
         qp.init(PORT, qp_access(a)).map_err(Error::resource)?;
-        Ok(qp)
+        Ok(Arc::new(qp))
     }
 
     fn lkey(&self, handle: u32) -> Option<u32> {
@@ -357,6 +396,7 @@ impl Verbs {
     /// tells a peer nothing when our QP fails, and a peer with no receive
     /// posted would not notice otherwise.
     fn settle(&self, nic: &NicInner) {
+        self.settle_failed(nic);
         let breaks = std::mem::take(&mut *self.breaks.lock().unwrap());
         for b in breaks {
             let Some(vi) = nic.vi(b.vi.0, b.vi.1) else {
@@ -539,6 +579,152 @@ impl Verbs {
         }
     }
 
+    /// Drains the central queue (after any other thread draining it),
+    /// posting one chain per QP; how many entries it took.
+    fn flush_central(&self, c: &Central) -> usize {
+        let mut buf = c.drain.lock().unwrap_or_else(|p| p.into_inner());
+        let mut total = 0;
+        loop {
+            buf.clear();
+            while buf.len() < central::DRAIN_MAX {
+                match c.db.poll() {
+                    Some(q) => buf.push(q),
+                    None => break,
+                }
+            }
+            if buf.is_empty() {
+                return total;
+            }
+            total += buf.len();
+            // Stable: each VI's requests keep their order.
+            buf.sort_by_key(|q| q.wr.vi);
+            for run in buf.chunk_by(|a, b| a.wr.vi == b.wr.vi && a.wr.vi_gen == b.wr.vi_gen) {
+                self.post_run(c, run);
+            }
+        }
+    }
+
+    /// Posts the queued requests of one VI as one chain.
+    fn post_run(&self, c: &Central, run: &[Queued]) {
+        let (slot, generation) = (run[0].wr.vi, run[0].wr.vi_gen as u16);
+        let qp = match self.qps.get(slot as usize).map(|q| q.lock().unwrap()) {
+            Some(g) => match g.as_ref() {
+                Some((gen_, qp)) if *gen_ == generation => qp.clone(),
+                // The VI is gone (its records with it).
+                _ => return,
+            },
+            None => return,
+        };
+        let sges: Vec<[Sge; crate::descriptor::MAX_SEGMENTS]> = run
+            .iter()
+            .map(|q| {
+                let mut a = [Sge::default(); crate::descriptor::MAX_SEGMENTS];
+                for ((d, s), k) in a.iter_mut().zip(q.wr.local()).zip(q.lkeys) {
+                    *d = Sge {
+                        addr: s.va,
+                        len: s.len,
+                        lkey: k,
+                    };
+                }
+                a
+            })
+            .collect();
+        let reqs: Vec<SendReq<'_>> = run
+            .iter()
+            .zip(&sges)
+            .map(|(q, a)| {
+                let (op, imm) = send_op(&q.wr);
+                SendReq {
+                    wr_id: wr_id(slot, generation, false, q.wr.seq as u64),
+                    op,
+                    imm,
+                    sges: &a[..q.wr.local().len()],
+                }
+            })
+            .collect();
+        central::CHAINS.fetch_add(1, Ordering::Relaxed);
+        let posted = match qp.post_send(&reqs) {
+            Ok(()) => reqs.len(),
+            Err((n, e)) => {
+                log::warn!(
+                    "verbs: VI {slot}: {} of a chain of {}: {e}",
+                    reqs.len() - n,
+                    reqs.len()
+                );
+                c.failed
+                    .lock()
+                    .unwrap()
+                    .extend(run[n..].iter().map(|q| Failed {
+                        vi: (slot, generation),
+                        seq: q.wr.seq,
+                    }));
+                n
+            }
+        };
+        central::WRS.fetch_add(posted as u64, Ordering::Relaxed);
+    }
+
+    /// Completes the requests the provider refused (the caller holds no
+    /// VI lock): `TRANSPORT_ERROR`, and a reliable VI breaks.
+    fn settle_failed(&self, nic: &NicInner) {
+        let Some(c) = &self.central else { return };
+        let failed = std::mem::take(&mut *c.failed.lock().unwrap());
+        for f in failed {
+            let (slot, generation) = f.vi;
+            let rec = {
+                let mut g = self.vis[slot as usize].lock().unwrap();
+                match g.as_mut() {
+                    Some(v) if v.generation == generation => v
+                        .sends
+                        .iter()
+                        .position(|r| r.seq == f.seq)
+                        .and_then(|i| v.sends.remove(i)),
+                    _ => None,
+                }
+            };
+            let (Some(rec), Some(vi)) = (rec, nic.vi(slot, generation)) else {
+                continue;
+            };
+            if vi.reliability().is_reliable() {
+                self.brk(f.vi, ErrorCode::ConnLost);
+            }
+            let desc = nic
+                .regions
+                .get(rec.desc_handle)
+                .filter(|r| r.covers(rec.desc_va, 32));
+            completion::send(
+                nic,
+                &vi,
+                desc.as_deref(),
+                rec.desc_va,
+                status::DONE | status::TRANSPORT_ERROR | rec.op_status,
+            );
+        }
+    }
+
+    /// The poster thread of the central queue: drains it, spinning
+    /// `VIA_SPIN_US` then sleeping on its event count when it is empty.
+    fn poster(self: Arc<Self>, nic: Weak<NicInner>) {
+        let Some(c) = &self.central else { return };
+        let spin = Config::get().spin;
+        while !self.stop.load(Ordering::Acquire) {
+            if self.flush_central(c) > 0 {
+                if !c.failed.lock().unwrap().is_empty() {
+                    if let Some(n) = nic.upgrade() {
+                        self.settle(&n);
+                    }
+                }
+                continue;
+            }
+            doorbell::wait_until(
+                c.db.event_count(),
+                spin,
+                Some(Instant::now() + Duration::from_millis(100)),
+                || self.stop.load(Ordering::Acquire) || c.db.ring_view().can_pop(),
+            );
+        }
+    }
+
     fn complete_now(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr, st: u32) {
         let desc = nic
             .regions
@@ -570,22 +756,39 @@ impl Device for Verbs {
 
     fn start(&self, nic: &Arc<NicInner>) {
         let Some(me) = self.me.upgrade() else { return };
+        let me2 = me.clone();
         let weak = Arc::downgrade(nic);
         match std::thread::Builder::new()
             .name("via-verbs".into())
-            .spawn(move || me.progress(weak))
+            .spawn(move || me2.progress(weak))
         {
             Ok(h) => *self.thread.lock().unwrap() = Some(h),
             Err(e) => log::error!("verbs: cannot start the progress thread: {e}"),
+        }
+        if self.central.is_some() {
+            let me = me.clone();
+            let weak = Arc::downgrade(nic);
+            match std::thread::Builder::new()
+                .name("via-verbs-post".into())
+                .spawn(move || me.poster(weak))
+            {
+                Ok(h) => *self.poster.lock().unwrap() = Some(h),
+                Err(e) => log::error!("verbs: cannot start the poster thread: {e}"),
+            }
         }
     }
 
     fn close(&self, _nic: &NicInner) {
         self.stop.store(true, Ordering::Release);
-        let h = self.thread.lock().unwrap().take();
-        if let Some(h) = h {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
+        if let Some(c) = &self.central {
+            c.db.event_count().notify_all();
+        }
+        for t in [&self.thread, &self.poster] {
+            let h = t.lock().unwrap().take();
+            if let Some(h) = h {
+                if h.thread().id() != std::thread::current().id() {
+                    let _ = h.join();
+                }
             }
         }
     }
@@ -671,6 +874,7 @@ impl Device for Verbs {
     fn add_vi(&self, _nic: &NicInner, vi: &ViCore) -> Result<()> {
         let a = vi.attributes();
         let qp = self.new_qp(&a)?;
+        *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
         *self.vis[vi.slot as usize].lock().unwrap() = Some(ViQp {
             generation: vi.generation,
             reliability: a.reliability,
@@ -705,6 +909,7 @@ impl Device for Verbs {
                         log::warn!("verbs: re-posting a receive: {e}");
                     }
                 }
+                *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
                 v.qp = qp;
                 v.reliability = a.reliability;
                 v.ptag = a.ptag.id();
@@ -716,6 +921,7 @@ impl Device for Verbs {
 
     fn remove_vi(&self, _nic: &NicInner, vi: &ViCore) {
         let v = self.vis[vi.slot as usize].lock().unwrap().take();
+        self.qps[vi.slot as usize].lock().unwrap().take();
         drop(v);
     }
 
@@ -813,6 +1019,12 @@ impl Device for Verbs {
                 log::warn!("verbs: VI {}: the device did not flush in time", vi.slot);
                 break;
             }
+            // Sends still in the central queue go to the (erroring) QP and
+            // complete flushed; refused ones complete here.
+            if let Some(c) = &self.central {
+                self.flush_central(c);
+                self.settle_failed(nic);
+            }
             if self.take_completions(nic) == 0 {
                 std::thread::yield_now();
             }
@@ -864,18 +1076,7 @@ impl Device for Verbs {
                 lkey,
             };
         }
-        let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
-        let op = match wr.op() {
-            control::OP_RDMAWRITE => SendOp::Write {
-                remote_va: wr.remote_va,
-                rkey: wr.remote_handle,
-            },
-            control::OP_RDMAREAD => SendOp::Read {
-                remote_va: wr.remote_va,
-                rkey: wr.remote_handle,
-            },
-            _ => SendOp::Send,
-        };
+        let (op, imm) = send_op(wr);
         let mut g = self.vis[vi.slot as usize].lock().unwrap();
         let v = match g.as_mut() {
             Some(v) if v.generation == vi.generation => v,
@@ -894,18 +1095,36 @@ impl Device for Verbs {
             return Ok(());
         }
         v.sends.push_back(SendRec {
+            seq: wr.seq,
             desc_handle: wr.desc_handle,
             desc_va: wr.desc_va,
             op_status,
             rdma,
         });
+        if let Some(c) = &self.central {
+            // In this VI's order (under its lock); the poster posts it.
+            let mut q = Queued {
+                wr: *wr,
+                lkeys: [0; crate::descriptor::MAX_SEGMENTS],
+            };
+            for (k, s) in q.lkeys.iter_mut().zip(&sges[..local.len()]) {
+                *k = s.lkey;
+            }
+            while let Err(full) = c.db.ring(q) {
+                q = full.0;
+                self.flush_central(c);
+            }
+            drop(g);
+            self.settle_failed(nic);
+            return Ok(());
+        }
         let req = SendReq {
             wr_id: wr_id(vi.slot, vi.generation, false, wr.seq as u64),
             op,
             imm,
             sges: &sges[..local.len()],
         };
-        if let Err(e) = v.qp.post_send(&[req]) {
+        if let Err((_, e)) = v.qp.post_send(&[req]) {
             v.sends.pop_back();
             drop(g);
             log::warn!("verbs: VI {}: {e}", vi.slot);
