@@ -34,7 +34,8 @@ pub struct RegistrationStats {
     /// The memory-event monitor (`None`: none on this kernel).
     pub monitor: Option<crate::mem::monitor::MonitorStats>,
     /// Of `cache.hits`, the registrations that took back a parked
-    /// registration of the same bytes whole (the cache was not asked).
+    /// registration of the same bytes whole (the cache was not asked), on
+    /// the NICs open now.
     pub parked_hits: u64,
 }
 
@@ -100,7 +101,7 @@ impl Nic {
     /// cache, the arenas, the memory-event monitor).
     pub fn registration_stats(&self) -> RegistrationStats {
         let p = &self.inner.process;
-        let parked_hits = p.parked_hits.load(std::sync::atomic::Ordering::Relaxed);
+        let parked_hits = p.all_nics().iter().map(|n| n.parked_hits()).sum();
         let mut cache = p.registrations.stats();
         cache.hits += parked_hits;
         RegistrationStats {

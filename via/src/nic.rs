@@ -497,7 +497,6 @@ impl NicInner {
                 return Err(e);
             }
         };
-        self.process.parked_hits.fetch_add(1, Ordering::Relaxed);
         let mut resolved = resolved;
         Arc::make_mut(&mut resolved).handle = handle;
         self.regions.insert_shared(resolved);
@@ -675,6 +674,11 @@ impl NicInner {
     /// (its tag was released when it was parked).
     fn unpark_for_good(&self, p: ParkedReg) {
         self.process.registrations.release(p.rec.pinned);
+    }
+
+    /// Registrations served by a parked registration of this NIC.
+    pub fn parked_hits(&self) -> u64 {
+        self.parked.hits()
     }
 
     /// Drops every parked registration; returns how many.

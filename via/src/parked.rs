@@ -46,15 +46,24 @@ impl Key {
 
 /// The parked registrations of one NIC, most recently parked last.
 pub struct Parked<T> {
-    entries: Mutex<Vec<(Key, T)>>,
+    entries: Mutex<Entries<T>>,
     capacity: usize,
+}
+
+struct Entries<T> {
+    list: Vec<(Key, T)>,
+    /// Registrations served by [`Parked::take`].
+    hits: u64,
 }
 
 impl<T> Parked<T> {
     /// An empty set keeping at most `capacity` (0: parking disabled).
     pub fn new(capacity: usize) -> Parked<T> {
         Parked {
-            entries: Mutex::new(Vec::with_capacity(capacity)),
+            entries: Mutex::new(Entries {
+                list: Vec::with_capacity(capacity),
+                hits: 0,
+            }),
             capacity,
         }
     }
@@ -69,13 +78,19 @@ impl<T> Parked<T> {
     pub fn take(&self, key: &Key) -> Option<T> {
         let mut g = self.entries.lock().unwrap();
         // From the end: a buffer reused around every message was parked last.
-        let i = g.iter().rposition(|(k, _)| k == key)?;
-        Some(g.remove(i).1)
+        let i = g.list.iter().rposition(|(k, _)| k == key)?;
+        g.hits += 1;
+        Some(g.list.remove(i).1)
+    }
+
+    /// Registrations served so far.
+    pub fn hits(&self) -> u64 {
+        self.entries.lock().unwrap().hits
     }
 
     /// Parks `v` under `key`; returns what had to leave to make room.
     pub fn put(&self, key: Key, v: T) -> Option<T> {
-        let mut g = self.entries.lock().unwrap();
+        let g = &mut self.entries.lock().unwrap().list;
         let evicted = (g.len() >= self.capacity && !g.is_empty()).then(|| g.remove(0).1);
         g.push((key, v));
         evicted
@@ -83,7 +98,7 @@ impl<T> Parked<T> {
 
     /// Takes every registration over bytes of `r` (the memory went away).
     pub fn take_overlapping(&self, r: &Range<usize>) -> Vec<T> {
-        let mut g = self.entries.lock().unwrap();
+        let g = &mut self.entries.lock().unwrap().list;
         if !g.iter().any(|(k, _)| k.overlaps(r)) {
             return Vec::new();
         }
@@ -96,7 +111,7 @@ impl<T> Parked<T> {
 
     /// Takes them all.
     pub fn drain(&self) -> Vec<T> {
-        std::mem::take(&mut *self.entries.lock().unwrap())
+        std::mem::take(&mut self.entries.lock().unwrap().list)
             .into_iter()
             .map(|(_, v)| v)
             .collect()
@@ -137,8 +152,10 @@ mod tests {
             None,
             "other enables"
         );
+        assert_eq!(p.hits(), 0);
         assert_eq!(p.take(&key(0x1000, 100)), Some(1));
         assert_eq!(p.take(&key(0x1000, 100)), None, "taken once");
+        assert_eq!(p.hits(), 1);
     }
 
     #[test]

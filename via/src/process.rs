@@ -36,8 +36,6 @@ pub(crate) struct Process {
     pub nics: RwLock<Slab<Arc<NicInner>>>,
     pub next_nic_id: Mutex<u32>,
     pub config: &'static Config,
-    /// Registrations served by a NIC's parked registration.
-    pub parked_hits: std::sync::atomic::AtomicU64,
 }
 
 struct AgentPublisher(Arc<Agent>);
@@ -141,7 +139,6 @@ impl Process {
             nics: RwLock::new(Slab::new(MAX_NICS, 1)),
             next_nic_id: Mutex::new(1),
             config,
-            parked_hits: Default::default(),
         }
     }
 
@@ -190,7 +187,7 @@ impl Process {
         self.nics.read().unwrap().get(index, generation).cloned()
     }
 
-    fn all_nics(&self) -> Vec<Arc<NicInner>> {
+    pub fn all_nics(&self) -> Vec<Arc<NicInner>> {
         self.nics
             .read()
             .unwrap()

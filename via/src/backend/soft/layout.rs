@@ -15,6 +15,7 @@
 //! | [`ViShared`] × [`MAX_VI`] | `vi_off` | owner | peers' engines |
 //! | [`CqShared`] × [`MAX_CQ`] | `cq_off` | owner | peers' engines |
 //! | [`TptEntry`] × [`MAX_REGIONS`] | `tpt_off` | owner (seqlock) | peers' engines |
+//! | handle slots: `AtomicU32` × [`MAX_REGIONS`] (the entry of each handle's low 16 bits) | after the table | owner | peers' engines |
 //! | [`RecvSlot`] × [`RQ_SLOTS`] per VI | `rq_off` | owner posts; the connected peer's engine takes | both |
 //!
 //! The only `unsafe` of the soft NIC: the `Shared`/`Plain` impls that let
@@ -31,7 +32,7 @@ use crate::translate::SendWr;
 /// "VIANIC" + layout generation, first word of the segment.
 pub const NIC_MAGIC: u64 = u64::from_le_bytes(*b"VIANIC\x00\x01");
 /// Layout version; bumped on any change below.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// VIs per NIC.
 pub const MAX_VI: u32 = 1024;
 /// Receive descriptors outstanding per VI (`MaxDescriptorsPerQueue`).
@@ -308,6 +309,9 @@ pub struct Offsets {
     pub cq: usize,
     /// Translation table.
     pub tpt: usize,
+    /// Handle slots: the table entry of each value of a handle's low 16
+    /// bits.
+    pub handle_slots: usize,
     /// Receive rings.
     pub rq: usize,
     /// Total length.
@@ -325,13 +329,15 @@ pub const OFFSETS: Offsets = {
     let vi = round_up(errors + cq::EntryRing::bytes_for(ERROR_RING), page);
     let cqt = round_up(vi + MAX_VI as usize * size_of::<ViShared>(), page);
     let tpt = round_up(cqt + MAX_CQ as usize * size_of::<CqShared>(), page);
-    let rq = round_up(tpt + MAX_REGIONS as usize * size_of::<TptEntry>(), page);
+    let handle_slots = round_up(tpt + MAX_REGIONS as usize * size_of::<TptEntry>(), page);
+    let rq = round_up(handle_slots + MAX_REGIONS as usize * 4, page);
     let len = rq + MAX_VI as usize * RQ_SLOTS as usize * size_of::<RecvSlot>();
     Offsets {
         errors,
         vi,
         cq: cqt,
         tpt,
+        handle_slots,
         rq,
         len,
     }
@@ -444,6 +450,12 @@ impl<'a> NicView<'a> {
         })?
     }
 
+    /// The handle slot of handle bits `low` (a handle's low 16 bits): the
+    /// table entry that handle lives in, 0 for none.
+    pub fn handle_slot(&self, low: u32) -> Option<&'a AtomicU32> {
+        (low < MAX_REGIONS).then(|| self.map.view(OFFSETS.handle_slots + low as usize * 4))?
+    }
+
     /// Receive slot for ring position `pos` of VI `vi`.
     pub fn rq_slot(&self, vi: u32, pos: u64) -> Option<&'a RecvSlot> {
         if vi >= MAX_VI {
@@ -466,8 +478,15 @@ mod tests {
     #[test]
     fn offsets_are_aligned_and_ordered() {
         let o = OFFSETS;
-        assert!(o.errors < o.vi && o.vi < o.cq && o.cq < o.tpt && o.tpt < o.rq && o.rq < o.len);
-        for x in [o.errors, o.vi, o.cq, o.tpt, o.rq] {
+        assert!(
+            o.errors < o.vi
+                && o.vi < o.cq
+                && o.cq < o.tpt
+                && o.tpt < o.handle_slots
+                && o.handle_slots < o.rq
+                && o.rq < o.len
+        );
+        for x in [o.errors, o.vi, o.cq, o.tpt, o.handle_slots, o.rq] {
             assert_eq!(x % 4096, 0);
         }
     }

@@ -11,11 +11,15 @@
 //! registration counter under a keyed 32-bit permutation (a Feistel network
 //! with per-NIC random round keys, as RDMA devices derive rkeys from a
 //! secret): a handle value comes back only after 2^32 registrations of the
-//! NIC, whatever slot it used, and one handle says nothing about the
-//! others. Its low 16 bits select the table entry (a registration whose
-//! image falls on a busy entry, or while few are live on a cold part of
-//! the table, takes the next counter value), and the entry stores the whole
-//! handle, so a stale handle or one of another NIC is refused.
+//! NIC, and one handle says nothing about the others. Its low 16 bits
+//! select a *handle slot*, which names the table entry the registration
+//! lives in (a registration whose image falls on a busy slot takes the
+//! next counter value); the entry stores the whole handle, so a stale
+//! handle or one of another NIC is refused. Entries are handed out most
+//! recently freed first, so a program that registers around every message
+//! reuses one entry whose lines are in the cache (and the table's pages are
+//! touched only as far as regions are live at once), while handles stay
+//! spread over the whole 32-bit space.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{Ordering, fence};
@@ -65,9 +69,19 @@ impl Snapshot {
     }
 }
 
-/// The table entry a handle lives in.
-pub fn index_of(handle: u32) -> u32 {
+/// The handle slot of a handle.
+pub fn slot_of(handle: u32) -> u32 {
     handle & 0xffff
+}
+
+/// The table entry `handle` names in a (possibly remote, untrusted) table:
+/// the entry its handle slot points to, whatever that entry now holds (the
+/// callers compare the entry's handle).
+fn entry_of<'a>(view: &NicView<'a>, handle: u32) -> Option<&'a TptEntry> {
+    // Acquire: pairs with the Release that publishes a slot after its entry
+    // is written, so the entry is at least as new as the slot.
+    let index = view.handle_slot(slot_of(handle))?.load(Ordering::Acquire);
+    view.tpt(index)
 }
 
 /// Reads the entry of `handle` in a (possibly remote, untrusted) table.
@@ -75,15 +89,15 @@ pub fn index_of(handle: u32) -> u32 {
 /// returns the entry's sequence value, which changes with any later write
 /// (for caches).
 pub fn read(view: &NicView<'_>, handle: u32) -> Option<(Snapshot, u32)> {
-    let e = view.tpt(index_of(handle))?;
+    let e = entry_of(view, handle)?;
     snapshot(e).filter(|(s, _)| s.handle == handle)
 }
 
-/// Whether `handle` is still registered in a (possibly remote) table: two
+/// Whether `handle` is still registered in a (possibly remote) table: a few
 /// loads, for checks in the middle of a transfer. Handles never repeat, so
 /// a live handle is the same registration.
 pub fn is_live(view: &NicView<'_>, handle: u32) -> bool {
-    view.tpt(index_of(handle)).is_some_and(|e| {
+    entry_of(view, handle).is_some_and(|e| {
         // Acquire: pairs with the Release that ends the owner's write.
         e.seq.load(Ordering::Acquire);
         e.handle.load(Ordering::Acquire) == handle && e.check.load(Ordering::Acquire) & VALID != 0
@@ -91,11 +105,13 @@ pub fn is_live(view: &NicView<'_>, handle: u32) -> bool {
 }
 
 /// The current sequence value of the entry of `handle` (cache validation:
-/// equal to a value returned by [`read`] means the entry is unchanged).
+/// equal to a value returned by [`read`] means the entry is unchanged);
+/// `None` once the handle is gone (its entry may hold another region).
 pub fn seq(view: &NicView<'_>, handle: u32) -> Option<u32> {
+    let e = entry_of(view, handle)?;
     // Acquire: pairs with the writer's final Release, as in `snapshot`.
-    view.tpt(index_of(handle))
-        .map(|e| e.seq.load(Ordering::Acquire))
+    let s = e.seq.load(Ordering::Acquire);
+    (e.handle.load(Ordering::Acquire) == handle).then_some(s)
 }
 
 fn snapshot(e: &TptEntry) -> Option<(Snapshot, u32)> {
@@ -139,25 +155,15 @@ fn snapshot(e: &TptEntry) -> Option<(Snapshot, u32)> {
     None
 }
 
-/// Entries per warm block (20 KiB of the table: five pages).
-const BLOCK: u32 = 64;
-/// Entries the allocator keeps to warm blocks while fewer are live than
-/// half of them: 2.6 MiB of the table stay resident and in the caches,
-/// where entries spread over all 20 MiB made nearly every registration
-/// fault a fresh page in (and a peer's first read of it miss).
-const WARM_MIN: u32 = 8192;
-/// Candidates tried for a warm entry before taking any free one.
-const WARM_TRIES: u32 = 128;
-
-/// Handle allocation: which entries are busy, and the permutation.
+/// Handle allocation: which handle slots are busy, which entries are free,
+/// and the permutation.
 struct Alloc {
-    /// One bit per entry (8 KiB: stays in cache, where a byte per entry
-    /// missed on every registration).
+    /// One bit per handle slot (8 KiB: stays in cache).
     busy: Vec<u64>,
-    /// One bit per block of [`BLOCK`] entries whose pages are resident.
-    warm: Vec<u64>,
-    /// Entries in warm blocks.
-    warm_entries: u32,
+    /// Entries freed, the most recently freed last (taken first).
+    free: Vec<u32>,
+    /// Entries never used yet start here.
+    fresh: u32,
     live: u32,
     /// Next registration number (its image is the next handle tried).
     counter: u32,
@@ -182,55 +188,45 @@ impl Alloc {
         ((l as u32) << 16) | r as u32
     }
 
-    fn is_warm(&self, index: u32) -> bool {
-        let b = index / BLOCK;
-        self.warm[b as usize / 64] & (1 << (b % 64)) != 0
-    }
-
-    /// The next handle whose entry is free, that entry, and whether the
-    /// entry's block must be warmed; `None` when the table is full.
+    /// The next handle whose slot is free, and a free entry for it; `None`
+    /// when the table is full.
     ///
     /// Handles stay the permutation's images of successive counter values
-    /// (some skipped), so a handle still comes back only after 2^32
-    /// registrations and none follows from another. While few regions are
-    /// live, candidates whose entry lies in a cold block are skipped: what
-    /// that reveals is which blocks are warm (about 3 bits of a handle's
-    /// 32), not the handles.
-    fn next(&mut self) -> Option<(u32, u32, bool)> {
+    /// (those on a busy slot skipped: few while few regions are live), so a
+    /// handle comes back only after 2^32 registrations and none follows
+    /// from another.
+    fn next(&mut self) -> Option<(u32, u32)> {
         if self.live >= MAX_REGIONS - 1 {
             return None;
         }
-        let prefer_warm = self.warm_entries >= WARM_MIN.max(2 * self.live);
-        let mut tries = 0;
-        loop {
+        let handle = loop {
             let h = self.permute(self.counter);
             self.counter = self.counter.wrapping_add(1);
-            let index = index_of(h);
-            let (w, bit) = (index as usize / 64, 1u64 << (index % 64));
-            if h == 0 || index == 0 || self.busy[w] & bit != 0 {
-                continue;
+            let slot = slot_of(h);
+            let (w, bit) = (slot as usize / 64, 1u64 << (slot % 64));
+            if h != 0 && slot != 0 && self.busy[w] & bit == 0 {
+                self.busy[w] |= bit;
+                break h;
             }
-            let warm = self.is_warm(index);
-            if !warm && prefer_warm && tries < WARM_TRIES {
-                tries += 1;
-                continue;
+        };
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.fresh += 1;
+                self.fresh - 1
             }
-            self.busy[w] |= bit;
-            self.live += 1;
-            if !warm {
-                let b = index / BLOCK;
-                self.warm[b as usize / 64] |= 1 << (b % 64);
-                self.warm_entries += BLOCK;
-            }
-            return Some((h, index, !warm));
-        }
+        };
+        self.live += 1;
+        Some((handle, index))
     }
 
-    fn free(&mut self, index: u32) {
-        let (w, bit) = (index as usize / 64, 1u64 << (index % 64));
+    fn free(&mut self, handle: u32, index: u32) {
+        let slot = slot_of(handle);
+        let (w, bit) = (slot as usize / 64, 1u64 << (slot % 64));
         if self.busy[w] & bit != 0 {
             self.busy[w] &= !bit;
             self.live -= 1;
+            self.free.push(index);
         }
     }
 }
@@ -268,8 +264,9 @@ impl TranslationTable {
             map,
             alloc: Mutex::new(Alloc {
                 busy: vec![0; MAX_REGIONS as usize / 64],
-                warm: vec![0; (MAX_REGIONS / BLOCK) as usize / 64],
-                warm_entries: 0,
+                free: Vec::new(),
+                // Entry 0 is never used.
+                fresh: 1,
                 live: 0,
                 counter,
                 keys,
@@ -305,28 +302,16 @@ impl TranslationTable {
     }
 
     /// Takes the handle and table entry of the next registration, and starts
-    /// fetching the entry's cache lines: entries are spread over the whole
-    /// table (handles are random), so the first write to one misses; the
-    /// registration path reserves first and pins meanwhile. Give it back
-    /// with [`TranslationTable::unreserve`] if the registration fails.
+    /// fetching the entry's cache lines (usually still there: the entry
+    /// freed last comes back first); the registration path reserves first
+    /// and pins meanwhile. Give it back with [`TranslationTable::unreserve`]
+    /// if the registration fails.
     ///
     /// # Errors
     /// `Resource` when the table is full.
     pub fn reserve(&self) -> Result<RegionSlot> {
-        let (handle, index, cold) = self.alloc.lock().unwrap().next().ok_or(Error::Resource)?;
-        let view = self.view();
-        if cold {
-            // Fault the block's pages in now, once, rather than one per
-            // later registration. A read-modify-write that changes nothing:
-            // the entries are not live and only the owner writes them.
-            let first = index / BLOCK * BLOCK;
-            for i in first..first + BLOCK {
-                if let Some(e) = view.tpt(i) {
-                    e.seq.fetch_add(0, Ordering::Relaxed);
-                }
-            }
-        }
-        if let Some(e) = view.tpt(index) {
+        let (handle, index) = self.alloc.lock().unwrap().next().ok_or(Error::Resource)?;
+        if let Some(e) = self.view().tpt(index) {
             crate::shm::mapping::prefetch_lines(e);
         }
         Ok(RegionSlot { handle, index })
@@ -334,7 +319,7 @@ impl TranslationTable {
 
     /// Gives back a reservation that was not filled.
     pub fn unreserve(&self, r: RegionSlot) {
-        self.alloc.lock().unwrap().free(r.index);
+        self.alloc.lock().unwrap().free(r.handle, r.index);
     }
 
     /// Fills a reserved entry with the region `r`; returns its memory handle.
@@ -372,6 +357,10 @@ impl TranslationTable {
             e.handle.store(handle, Ordering::Relaxed);
             e.check.store(VALID, Ordering::Relaxed);
         });
+        // Release: the entry above is written before readers find it.
+        view.handle_slot(slot_of(handle))
+            .expect("slot in range")
+            .store(index, Ordering::Release);
         Ok(handle)
     }
 
@@ -389,12 +378,15 @@ impl TranslationTable {
         if !is_live(&view, handle) {
             return Err(Error::InvalidParameter);
         }
-        let index = index_of(handle);
+        let slot = view.handle_slot(slot_of(handle)).expect("checked");
+        let index = slot.load(Ordering::Relaxed);
         Self::write(view.tpt(index).expect("checked"), |e| {
             e.check.store(0, Ordering::Relaxed);
             e.handle.store(0, Ordering::Relaxed);
         });
-        self.alloc.lock().unwrap().free(index);
+        // Release: readers that find the slot empty see the entry dead too.
+        slot.store(0, Ordering::Release);
+        self.alloc.lock().unwrap().free(handle, index);
         Ok(())
     }
 
@@ -404,9 +396,8 @@ impl TranslationTable {
     /// `InvalidParameter` if the handle is not live.
     pub fn set_attributes(&self, handle: u32, ptag: u32, flags: u32) -> Result<()> {
         self.lookup(handle).ok_or(Error::InvalidParameter)?;
-        let index = index_of(handle);
         let view = self.view();
-        Self::write(view.tpt(index).expect("checked"), |e| {
+        Self::write(entry_of(&view, handle).expect("checked"), |e| {
             e.ptag.store(ptag, Ordering::Relaxed);
             e.flags.store(flags, Ordering::Relaxed);
         });
@@ -476,24 +467,34 @@ mod tests {
     #[test]
     fn handles_never_alias_and_fill_the_table() {
         let t = table();
-        // One slot reused over and over (register, deregister): every handle
-        // differs from every earlier one, far beyond 65,536 registrations.
+        // One entry reused over and over (register, deregister): every
+        // handle differs from every earlier one, far beyond 65,536
+        // registrations, and their low bits spread over the handle slots.
+        let view = t.view();
         let mut seen = std::collections::HashSet::new();
         let mut slots = std::collections::HashSet::new();
+        let mut entries = std::collections::HashSet::new();
         for _ in 0..300_000 {
             let h = t.insert(nr(0, 10, 1, 0, &[])).unwrap();
             assert!(seen.insert(h), "handle {h:#x} came back");
-            slots.insert(index_of(h));
+            slots.insert(slot_of(h));
+            entries.insert(
+                view.handle_slot(slot_of(h))
+                    .unwrap()
+                    .load(Ordering::Relaxed),
+            );
             t.remove(h).unwrap();
+            assert_eq!(
+                view.handle_slot(slot_of(h))
+                    .unwrap()
+                    .load(Ordering::Relaxed),
+                0,
+                "a removed handle's slot is empty"
+            );
         }
-        // Entries are spread over the warm part of the table, not one slot
-        // reused, and the warm part stays small while few are live.
-        assert!(slots.len() > WARM_MIN as usize / 2, "{} slots", slots.len());
-        assert!(
-            slots.len() <= 3 * WARM_MIN as usize,
-            "{} slots",
-            slots.len()
-        );
+        assert!(slots.len() > 60_000, "{} slots", slots.len());
+        // The entry freed last comes back first: one entry, in the cache.
+        assert_eq!(entries.len(), 1, "{entries:?}");
         // Handles of one run do not follow from one another.
         let a = t.insert(nr(0, 1, 1, 0, &[])).unwrap();
         let b = t.insert(nr(0, 1, 1, 0, &[])).unwrap();
