@@ -401,6 +401,10 @@ impl NicInner {
 
     /// `VipDestroyPtag`: refused while a VI or region uses the tag.
     pub fn destroy_ptag(&self, p: Ptag) -> Result<()> {
+        // Parked registrations count as the tag's users; they go first.
+        for parked in self.parked.take_if(|k| k.ptag == p.0) {
+            self.unpark_for_good(parked);
+        }
         let mut t = self.ptags.lock().unwrap();
         let (i, g) = (p.0 & 0xffff, (p.0 >> 16) as u16);
         match t.get(i, g) {
@@ -446,27 +450,27 @@ impl NicInner {
 
     /// `VipRegisterMem`.
     pub fn register(&self, range: UserRange, attrs: &MemAttributes) -> Result<u32> {
-        // Validates the tag, and counts the registration as its user.
-        self.ptag_ref(attrs.ptag, 1)?;
         let key = Key {
             va: range.addr() as u64,
             len: range.len() as u64,
             ptag: attrs.ptag.0,
             flags: Self::mem_flags(attrs),
         };
-        let r = if self.parked.enabled() {
+        if self.parked.enabled() {
             // Memory events read so far first: a parked registration over
             // memory that went away is dropped before it could be found.
             if let Some(m) = &self.process.monitor {
                 m.sync();
             }
-            match self.parked.take(&key) {
-                Some(p) => self.unpark(key, p),
-                None => self.register_anew(range, key),
+            // A parked registration still counts as its tag's user, so the
+            // tag is alive (`destroy_ptag` drops parked ones first).
+            if let Some(p) = self.parked.take(&key) {
+                return self.unpark(key, p);
             }
-        } else {
-            self.register_anew(range, key)
-        };
+        }
+        // Validates the tag, and counts the registration as its user.
+        self.ptag_ref(attrs.ptag, 1)?;
+        let r = self.register_anew(range, key);
         if r.is_err() {
             let _ = self.ptag_ref(attrs.ptag, -1);
         }
@@ -493,14 +497,17 @@ impl NicInner {
         let handle = match added {
             Ok(h) => h,
             Err(e) => {
-                self.process.registrations.release(rec.pinned);
+                self.release(rec);
                 return Err(e);
             }
         };
         let mut resolved = resolved;
         Arc::make_mut(&mut resolved).handle = handle;
         self.regions.insert_shared(resolved);
-        let _fork = crate::mem::fork::enter();
+        // No fork lock: nothing moves (the pages stayed where the first
+        // registration put them), so a fork that does not see this
+        // registration yet copies them into the child as deregistered
+        // memory, which they were until now.
         self.registered.lock().unwrap().insert(handle, rec);
         Ok(handle)
     }
@@ -648,8 +655,8 @@ impl NicInner {
         self.dev.remove_region(self, handle);
         self.dev.quiesce_region_users(self);
         match resolved {
+            // Parked, it stays its tag's user.
             Some(resolved) if self.parked.enabled() => {
-                let _ = self.ptag_ref(Ptag(rec.ptag), -1);
                 let key = Key {
                     va: rec.va,
                     len: rec.len,
@@ -670,10 +677,10 @@ impl NicInner {
         self.process.registrations.release(rec.pinned);
     }
 
-    /// Gives a parked registration's pages back to the registration cache
-    /// (its tag was released when it was parked).
+    /// Gives a parked registration's pages back to the registration cache,
+    /// and its tag.
     fn unpark_for_good(&self, p: ParkedReg) {
-        self.process.registrations.release(p.rec.pinned);
+        self.release(p.rec);
     }
 
     /// Registrations served by a parked registration of this NIC.

@@ -44,16 +44,38 @@ impl Key {
     }
 }
 
-/// The parked registrations of one NIC, most recently parked last.
+/// The parked registrations of one NIC.
 pub struct Parked<T> {
     entries: Mutex<Entries<T>>,
     capacity: usize,
 }
 
+/// Parked registrations in fixed places (taking one moves nothing), their
+/// keys apart so that a lookup scans a few cache lines.
 struct Entries<T> {
-    list: Vec<(Key, T)>,
+    keys: Vec<Key>,
+    /// When each was parked (0: the place is empty).
+    stamps: Vec<u64>,
+    values: Vec<Option<T>>,
+    clock: u64,
     /// Registrations served by [`Parked::take`].
     hits: u64,
+}
+
+impl<T> Entries<T> {
+    fn take_at(&mut self, i: usize) -> Option<T> {
+        self.stamps[i] = 0;
+        self.values[i].take()
+    }
+
+    fn take_where(&mut self, f: impl Fn(&Key) -> bool) -> Vec<T> {
+        (0..self.keys.len())
+            .filter(|&i| self.stamps[i] != 0 && f(&self.keys[i]))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|i| self.take_at(i))
+            .collect()
+    }
 }
 
 impl<T> Parked<T> {
@@ -61,7 +83,10 @@ impl<T> Parked<T> {
     pub fn new(capacity: usize) -> Parked<T> {
         Parked {
             entries: Mutex::new(Entries {
-                list: Vec::with_capacity(capacity),
+                keys: Vec::with_capacity(capacity),
+                stamps: Vec::with_capacity(capacity),
+                values: Vec::with_capacity(capacity),
+                clock: 0,
                 hits: 0,
             }),
             capacity,
@@ -77,10 +102,18 @@ impl<T> Parked<T> {
     /// several).
     pub fn take(&self, key: &Key) -> Option<T> {
         let mut g = self.entries.lock().unwrap();
-        // From the end: a buffer reused around every message was parked last.
-        let i = g.list.iter().rposition(|(k, _)| k == key)?;
+        let mut best: Option<usize> = None;
+        for i in 0..g.keys.len() {
+            if g.stamps[i] != 0
+                && g.keys[i] == *key
+                && best.is_none_or(|b| g.stamps[i] > g.stamps[b])
+            {
+                best = Some(i);
+            }
+        }
+        let v = g.take_at(best?);
         g.hits += 1;
-        Some(g.list.remove(i).1)
+        v
     }
 
     /// Registrations served so far.
@@ -88,33 +121,51 @@ impl<T> Parked<T> {
         self.entries.lock().unwrap().hits
     }
 
-    /// Parks `v` under `key`; returns what had to leave to make room.
+    /// Parks `v` under `key`; returns what had to leave to make room (the
+    /// least recently parked).
     pub fn put(&self, key: Key, v: T) -> Option<T> {
-        let g = &mut self.entries.lock().unwrap().list;
-        let evicted = (g.len() >= self.capacity && !g.is_empty()).then(|| g.remove(0).1);
-        g.push((key, v));
+        let mut g = self.entries.lock().unwrap();
+        g.clock += 1;
+        let stamp = g.clock;
+        let free = g.stamps.iter().position(|&s| s == 0);
+        let (i, evicted) = match free {
+            Some(i) => (i, None),
+            None if g.keys.len() < self.capacity => {
+                g.keys.push(key);
+                g.stamps.push(0);
+                g.values.push(None);
+                (g.keys.len() - 1, None)
+            }
+            None => {
+                let oldest = (0..g.stamps.len())
+                    .min_by_key(|&i| g.stamps[i])
+                    .expect("full, so not empty");
+                let old = g.take_at(oldest);
+                (oldest, old)
+            }
+        };
+        g.keys[i] = key;
+        g.stamps[i] = stamp;
+        g.values[i] = Some(v);
         evicted
     }
 
     /// Takes every registration over bytes of `r` (the memory went away).
     pub fn take_overlapping(&self, r: &Range<usize>) -> Vec<T> {
-        let g = &mut self.entries.lock().unwrap().list;
-        if !g.iter().any(|(k, _)| k.overlaps(r)) {
-            return Vec::new();
-        }
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *g)
-            .into_iter()
-            .partition(|(k, _)| k.overlaps(r));
-        *g = kept;
-        gone.into_iter().map(|(_, v)| v).collect()
+        self.take_if(|k| k.overlaps(r))
     }
 
-    /// Takes them all.
+    /// Takes every registration whose key satisfies `f`.
+    pub fn take_if(&self, f: impl Fn(&Key) -> bool) -> Vec<T> {
+        self.entries.lock().unwrap().take_where(f)
+    }
+
+    /// Takes them all, least recently parked first.
     pub fn drain(&self) -> Vec<T> {
-        std::mem::take(&mut self.entries.lock().unwrap().list)
-            .into_iter()
-            .map(|(_, v)| v)
-            .collect()
+        let mut g = self.entries.lock().unwrap();
+        let mut order: Vec<usize> = (0..g.keys.len()).filter(|&i| g.stamps[i] != 0).collect();
+        order.sort_by_key(|&i| g.stamps[i]);
+        order.into_iter().filter_map(|i| g.take_at(i)).collect()
     }
 }
 
