@@ -18,6 +18,8 @@
 //! first): the cache behind them holds the rest.
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -25,7 +27,7 @@ use std::sync::Mutex;
 pub const CAPACITY: usize = 64;
 
 /// What a parked registration is found by: exactly what was registered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
     /// First byte.
     pub va: u64,
@@ -35,6 +37,28 @@ pub struct Key {
     pub ptag: u32,
     /// RDMA enable flags.
     pub flags: u32,
+}
+
+/// Hashes a [`Key`] by a multiply per word (addresses and lengths of
+/// buffers; no adversary chooses them against this process).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
 }
 
 impl Key {
@@ -53,6 +77,9 @@ pub struct Parked<T> {
 /// Parked registrations in fixed places (taking one moves nothing), their
 /// keys apart so that a lookup scans a few cache lines.
 struct Entries<T> {
+    /// Where each parked key is (one registration per key: parking the
+    /// same bytes again evicts the older).
+    index: HashMap<Key, usize, BuildHasherDefault<KeyHasher>>,
     keys: Vec<Key>,
     /// When each was parked (0: the place is empty).
     stamps: Vec<u64>,
@@ -64,6 +91,9 @@ struct Entries<T> {
 
 impl<T> Entries<T> {
     fn take_at(&mut self, i: usize) -> Option<T> {
+        if self.stamps[i] != 0 {
+            self.index.remove(&self.keys[i]);
+        }
         self.stamps[i] = 0;
         self.values[i].take()
     }
@@ -83,6 +113,7 @@ impl<T> Parked<T> {
     pub fn new(capacity: usize) -> Parked<T> {
         Parked {
             entries: Mutex::new(Entries {
+                index: HashMap::with_capacity_and_hasher(capacity, Default::default()),
                 keys: Vec::with_capacity(capacity),
                 stamps: Vec::with_capacity(capacity),
                 values: Vec::with_capacity(capacity),
@@ -98,20 +129,11 @@ impl<T> Parked<T> {
         self.capacity > 0
     }
 
-    /// Takes the registration parked under `key` (the most recent if
-    /// several).
+    /// Takes the registration parked under `key`.
     pub fn take(&self, key: &Key) -> Option<T> {
         let mut g = self.entries.lock().unwrap();
-        let mut best: Option<usize> = None;
-        for i in 0..g.keys.len() {
-            if g.stamps[i] != 0
-                && g.keys[i] == *key
-                && best.is_none_or(|b| g.stamps[i] > g.stamps[b])
-            {
-                best = Some(i);
-            }
-        }
-        let v = g.take_at(best?);
+        let i = *g.index.get(key)?;
+        let v = g.take_at(i);
         g.hits += 1;
         v
     }
@@ -121,15 +143,16 @@ impl<T> Parked<T> {
         self.entries.lock().unwrap().hits
     }
 
-    /// Parks `v` under `key`; returns what had to leave to make room (the
-    /// least recently parked).
+    /// Parks `v` under `key`; returns what had to leave to make room: the
+    /// one parked under the same key, or else the least recently parked.
     pub fn put(&self, key: Key, v: T) -> Option<T> {
         let mut g = self.entries.lock().unwrap();
         g.clock += 1;
         let stamp = g.clock;
-        let free = g.stamps.iter().position(|&s| s == 0);
+        let same = g.index.get(&key).copied();
+        let free = same.or_else(|| g.stamps.iter().position(|&s| s == 0));
         let (i, evicted) = match free {
-            Some(i) => (i, None),
+            Some(i) => (i, g.take_at(i)),
             None if g.keys.len() < self.capacity => {
                 g.keys.push(key);
                 g.stamps.push(0);
@@ -147,6 +170,7 @@ impl<T> Parked<T> {
         g.keys[i] = key;
         g.stamps[i] = stamp;
         g.values[i] = Some(v);
+        g.index.insert(key, i);
         evicted
     }
 
@@ -207,6 +231,11 @@ mod tests {
         assert_eq!(p.take(&key(0x1000, 100)), Some(1));
         assert_eq!(p.take(&key(0x1000, 100)), None, "taken once");
         assert_eq!(p.hits(), 1);
+        // The same bytes parked twice: the newer stays, the older leaves.
+        assert!(p.put(key(0x1000, 100), 2).is_none());
+        assert_eq!(p.put(key(0x1000, 100), 3), Some(2));
+        assert_eq!(p.take(&key(0x1000, 100)), Some(3));
+        assert_eq!(p.take(&key(0x1000, 100)), None);
     }
 
     #[test]
