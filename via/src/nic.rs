@@ -187,6 +187,12 @@ pub(crate) struct ParkedReg {
     resolved: Arc<Resolved>,
 }
 
+/// The registrations of a NIC.
+pub(crate) struct Registrations {
+    live: HashMap<u32, RegionRec, crate::regions::BuildHandleHasher>,
+    parked: Parked<ParkedReg>,
+}
+
 /// One open NIC.
 pub(crate) struct NicInner {
     pub process: Arc<Process>,
@@ -199,10 +205,11 @@ pub(crate) struct NicInner {
     /// Registered regions as this process reaches them.
     pub regions: RegionTable,
     pub ptags: Mutex<Slab<u32>>,
-    /// Registrations, by handle (what undoes each).
-    pub registered: Mutex<HashMap<u32, RegionRec, crate::regions::BuildHandleHasher>>,
-    /// Deregistered registrations kept whole for the same bytes again.
-    parked: Parked<ParkedReg>,
+    /// Registrations: live ones by handle (what undoes each), and
+    /// deregistered ones kept whole for the same bytes again.
+    registered: Mutex<Registrations>,
+    /// Whether deregistered registrations are parked.
+    parking: bool,
     pub vis: RwLock<Slab<Arc<ViCore>>>,
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
@@ -215,7 +222,7 @@ pub(crate) struct NicInner {
 
 impl crate::mem::fork::HoldsPages for NicInner {
     fn held_pages(&self, out: &mut Vec<std::ops::Range<usize>>) {
-        for r in self.registered.lock().unwrap().values() {
+        for r in self.registered.lock().unwrap().live.values() {
             out.extend(r.held.iter().cloned());
         }
     }
@@ -274,6 +281,11 @@ impl NicInner {
             .write()
             .unwrap()
             .insert_with(|slot, generation| {
+                // Parked registrations need memory events to stay correct,
+                // and the cache on.
+                let parking = process.monitor.is_some()
+                    && process.config.regcache.capacity_bytes > 0
+                    && process.config.regcache.capacity_regions > 0;
                 Arc::new(NicInner {
                     process: process.clone(),
                     slot,
@@ -283,19 +295,11 @@ impl NicInner {
                     limits,
                     regions: RegionTable::default(),
                     ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
-                    registered: Mutex::new(HashMap::default()),
-                    // Parked registrations need memory events to stay
-                    // correct, and the cache on.
-                    parked: Parked::new(
-                        if process.monitor.is_some()
-                            && process.config.regcache.capacity_bytes > 0
-                            && process.config.regcache.capacity_regions > 0
-                        {
-                            crate::parked::CAPACITY
-                        } else {
-                            0
-                        },
-                    ),
+                    registered: Mutex::new(Registrations {
+                        live: HashMap::default(),
+                        parked: Parked::new(if parking { crate::parked::CAPACITY } else { 0 }),
+                    }),
+                    parking,
                     vis: RwLock::new(Slab::new(limits.max_vi, 0)),
                     cqs: RwLock::new(Slab::new(limits.max_cq, 0)),
                     conns: Mutex::new(Slab::new(1024, 1)),
@@ -402,7 +406,13 @@ impl NicInner {
     /// `VipDestroyPtag`: refused while a VI or region uses the tag.
     pub fn destroy_ptag(&self, p: Ptag) -> Result<()> {
         // Parked registrations count as the tag's users; they go first.
-        for parked in self.parked.take_if(|k| k.ptag == p.0) {
+        let parked = self
+            .registered
+            .lock()
+            .unwrap()
+            .parked
+            .take_if(|k| k.ptag == p.0);
+        for parked in parked {
             self.unpark_for_good(parked);
         }
         let mut t = self.ptags.lock().unwrap();
@@ -456,7 +466,7 @@ impl NicInner {
             ptag: attrs.ptag.0,
             flags: Self::mem_flags(attrs),
         };
-        if self.parked.enabled() {
+        if self.parking {
             // Memory events read so far first: a parked registration over
             // memory that went away is dropped before it could be found.
             if let Some(m) = &self.process.monitor {
@@ -464,8 +474,9 @@ impl NicInner {
             }
             // A parked registration still counts as its tag's user, so the
             // tag is alive (`destroy_ptag` drops parked ones first).
-            if let Some(p) = self.parked.take(&key) {
-                return self.unpark(key, p);
+            let mut g = self.registered.lock().unwrap();
+            if let Some(p) = g.parked.take(&key) {
+                return self.unpark(&mut g, key, p);
             }
         }
         // Validates the tag, and counts the registration as its user.
@@ -479,7 +490,10 @@ impl NicInner {
 
     /// A parked registration of the same bytes back in use: a fresh handle
     /// and device entry over the pages and mappings it kept.
-    fn unpark(&self, key: Key, p: ParkedReg) -> Result<u32> {
+    ///
+    /// Runs under the registrations' lock (`g`): taken from the parked and
+    /// made live in one critical section.
+    fn unpark(&self, g: &mut Registrations, key: Key, p: ParkedReg) -> Result<u32> {
         let ParkedReg { rec, resolved } = p;
         let added = self.dev.reserve_region().and_then(|slot| {
             self.dev.add_region(
@@ -508,7 +522,7 @@ impl NicInner {
         // registration put them), so a fork that does not see this
         // registration yet copies them into the child as deregistered
         // memory, which they were until now.
-        self.registered.lock().unwrap().insert(handle, rec);
+        g.live.insert(handle, rec);
         Ok(handle)
     }
 
@@ -613,7 +627,7 @@ impl NicInner {
         });
         // Under the fork lock: a fork sees the registration and its pages whole.
         let _fork = crate::mem::fork::enter();
-        self.registered.lock().unwrap().insert(
+        self.registered.lock().unwrap().live.insert(
             handle,
             RegionRec {
                 pinned,
@@ -641,9 +655,9 @@ impl NicInner {
     pub fn deregister(&self, addr: u64, handle: u32) -> Result<()> {
         let rec = {
             let _fork = crate::mem::fork::enter();
-            let mut g = self.registered.lock().unwrap();
-            match g.get(&handle) {
-                Some(r) if r.va == addr => g.remove(&handle).expect("present"),
+            let live = &mut self.registered.lock().unwrap().live;
+            match live.get(&handle) {
+                Some(r) if r.va == addr => live.remove(&handle).expect("present"),
                 _ => return Err(Error::InvalidParameter),
             }
         };
@@ -656,14 +670,20 @@ impl NicInner {
         self.dev.quiesce_region_users(self);
         match resolved {
             // Parked, it stays its tag's user.
-            Some(resolved) if self.parked.enabled() => {
+            Some(resolved) if self.parking => {
                 let key = Key {
                     va: rec.va,
                     len: rec.len,
                     ptag: rec.ptag,
                     flags: rec.flags,
                 };
-                if let Some(old) = self.parked.put(key, ParkedReg { rec, resolved }) {
+                let old = self
+                    .registered
+                    .lock()
+                    .unwrap()
+                    .parked
+                    .put(key, ParkedReg { rec, resolved });
+                if let Some(old) = old {
                     self.unpark_for_good(old);
                 }
             }
@@ -685,12 +705,12 @@ impl NicInner {
 
     /// Registrations served by a parked registration of this NIC.
     pub fn parked_hits(&self) -> u64 {
-        self.parked.hits()
+        self.registered.lock().unwrap().parked.hits()
     }
 
     /// Drops every parked registration; returns how many.
     pub fn drop_parked(&self) -> usize {
-        let all = self.parked.drain();
+        let all = self.registered.lock().unwrap().parked.drain();
         let n = all.len();
         for p in all {
             self.unpark_for_good(p);
@@ -703,13 +723,10 @@ impl NicInner {
     /// then get `RDMA_PROT_ERROR`, local posts `PROTECTION_ERROR`); the
     /// handles stay until `VipDeregisterMem`.
     pub fn revoke_overlapping(&self, range: &std::ops::Range<usize>) {
-        for p in self.parked.take_overlapping(range) {
-            self.unpark_for_good(p);
-        }
         let mut revoked = 0;
-        {
+        let parked = {
             let mut g = self.registered.lock().unwrap();
-            for (&h, r) in g.iter_mut() {
+            for (&h, r) in g.live.iter_mut() {
                 let (a, b) = (r.va as usize, (r.va + r.len.max(1)) as usize);
                 if !r.revoked && a < range.end && range.start < b {
                     r.revoked = true;
@@ -717,6 +734,10 @@ impl NicInner {
                     revoked += 1;
                 }
             }
+            g.parked.take_overlapping(range)
+        };
+        for p in parked {
+            self.unpark_for_good(p);
         }
         if revoked > 0 {
             log::debug!(
@@ -757,7 +778,7 @@ impl NicInner {
             self.ptag_ref(attrs.ptag, 1)?;
             let _ = self.ptag_ref(old, -1);
         }
-        if let Some(r) = self.registered.lock().unwrap().get_mut(&handle) {
+        if let Some(r) = self.registered.lock().unwrap().live.get_mut(&handle) {
             r.ptag = attrs.ptag.0;
             r.flags = fl;
         }
@@ -880,7 +901,7 @@ impl NicInner {
         self.provider.stop(self);
         self.dev.close(self);
         self.drop_parked();
-        let regions: Vec<_> = self.registered.lock().unwrap().drain().collect();
+        let regions: Vec<_> = self.registered.lock().unwrap().live.drain().collect();
         for (h, rec) in regions {
             if !rec.revoked {
                 self.unmap(h);

@@ -21,7 +21,6 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::ops::Range;
-use std::sync::Mutex;
 
 /// Registrations parked per NIC.
 pub const CAPACITY: usize = 64;
@@ -68,15 +67,10 @@ impl Key {
     }
 }
 
-/// The parked registrations of one NIC.
+/// The parked registrations of one NIC, in fixed places (taking one moves
+/// nothing). The NIC keeps them under the lock of its live registrations,
+/// so that taking one back and making it live is one critical section.
 pub struct Parked<T> {
-    entries: Mutex<Entries<T>>,
-    capacity: usize,
-}
-
-/// Parked registrations in fixed places (taking one moves nothing), their
-/// keys apart so that a lookup scans a few cache lines.
-struct Entries<T> {
     /// Where each parked key is (one registration per key: parking the
     /// same bytes again evicts the older).
     index: HashMap<Key, usize, BuildHasherDefault<KeyHasher>>,
@@ -85,11 +79,25 @@ struct Entries<T> {
     stamps: Vec<u64>,
     values: Vec<Option<T>>,
     clock: u64,
+    capacity: usize,
     /// Registrations served by [`Parked::take`].
     hits: u64,
 }
 
-impl<T> Entries<T> {
+impl<T> Parked<T> {
+    /// An empty set keeping at most `capacity` (0: parking disabled).
+    pub fn new(capacity: usize) -> Parked<T> {
+        Parked {
+            index: HashMap::with_capacity_and_hasher(capacity, Default::default()),
+            keys: Vec::with_capacity(capacity),
+            stamps: Vec::with_capacity(capacity),
+            values: Vec::with_capacity(capacity),
+            clock: 0,
+            capacity,
+            hits: 0,
+        }
+    }
+
     fn take_at(&mut self, i: usize) -> Option<T> {
         if self.stamps[i] != 0 {
             self.index.remove(&self.keys[i]);
@@ -98,7 +106,60 @@ impl<T> Entries<T> {
         self.values[i].take()
     }
 
-    fn take_where(&mut self, f: impl Fn(&Key) -> bool) -> Vec<T> {
+    /// Takes the registration parked under `key`.
+    pub fn take(&mut self, key: &Key) -> Option<T> {
+        let i = *self.index.get(key)?;
+        self.hits += 1;
+        self.take_at(i)
+    }
+
+    /// Registrations served so far.
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// Parks `v` under `key`; returns what had to leave to make room: the
+    /// one parked under the same key, or else the least recently parked.
+    pub fn put(&mut self, key: Key, v: T) -> Option<T> {
+        if self.capacity == 0 {
+            return Some(v);
+        }
+        self.clock += 1;
+        let stamp = self.clock;
+        let free = self
+            .index
+            .get(&key)
+            .copied()
+            .or_else(|| self.stamps.iter().position(|&s| s == 0));
+        let (i, evicted) = match free {
+            Some(i) => (i, self.take_at(i)),
+            None if self.keys.len() < self.capacity => {
+                self.keys.push(key);
+                self.stamps.push(0);
+                self.values.push(None);
+                (self.keys.len() - 1, None)
+            }
+            None => {
+                let oldest = (0..self.stamps.len())
+                    .min_by_key(|&i| self.stamps[i])
+                    .expect("full, so not empty");
+                (oldest, self.take_at(oldest))
+            }
+        };
+        self.keys[i] = key;
+        self.stamps[i] = stamp;
+        self.values[i] = Some(v);
+        self.index.insert(key, i);
+        evicted
+    }
+
+    /// Takes every registration over bytes of `r` (the memory went away).
+    pub fn take_overlapping(&mut self, r: &Range<usize>) -> Vec<T> {
+        self.take_if(|k| k.overlaps(r))
+    }
+
+    /// Takes every registration whose key satisfies `f`.
+    pub fn take_if(&mut self, f: impl Fn(&Key) -> bool) -> Vec<T> {
         (0..self.keys.len())
             .filter(|&i| self.stamps[i] != 0 && f(&self.keys[i]))
             .collect::<Vec<_>>()
@@ -106,90 +167,14 @@ impl<T> Entries<T> {
             .filter_map(|i| self.take_at(i))
             .collect()
     }
-}
-
-impl<T> Parked<T> {
-    /// An empty set keeping at most `capacity` (0: parking disabled).
-    pub fn new(capacity: usize) -> Parked<T> {
-        Parked {
-            entries: Mutex::new(Entries {
-                index: HashMap::with_capacity_and_hasher(capacity, Default::default()),
-                keys: Vec::with_capacity(capacity),
-                stamps: Vec::with_capacity(capacity),
-                values: Vec::with_capacity(capacity),
-                clock: 0,
-                hits: 0,
-            }),
-            capacity,
-        }
-    }
-
-    /// Whether anything may be parked.
-    pub fn enabled(&self) -> bool {
-        self.capacity > 0
-    }
-
-    /// Takes the registration parked under `key`.
-    pub fn take(&self, key: &Key) -> Option<T> {
-        let mut g = self.entries.lock().unwrap();
-        let i = *g.index.get(key)?;
-        let v = g.take_at(i);
-        g.hits += 1;
-        v
-    }
-
-    /// Registrations served so far.
-    pub fn hits(&self) -> u64 {
-        self.entries.lock().unwrap().hits
-    }
-
-    /// Parks `v` under `key`; returns what had to leave to make room: the
-    /// one parked under the same key, or else the least recently parked.
-    pub fn put(&self, key: Key, v: T) -> Option<T> {
-        let mut g = self.entries.lock().unwrap();
-        g.clock += 1;
-        let stamp = g.clock;
-        let same = g.index.get(&key).copied();
-        let free = same.or_else(|| g.stamps.iter().position(|&s| s == 0));
-        let (i, evicted) = match free {
-            Some(i) => (i, g.take_at(i)),
-            None if g.keys.len() < self.capacity => {
-                g.keys.push(key);
-                g.stamps.push(0);
-                g.values.push(None);
-                (g.keys.len() - 1, None)
-            }
-            None => {
-                let oldest = (0..g.stamps.len())
-                    .min_by_key(|&i| g.stamps[i])
-                    .expect("full, so not empty");
-                let old = g.take_at(oldest);
-                (oldest, old)
-            }
-        };
-        g.keys[i] = key;
-        g.stamps[i] = stamp;
-        g.values[i] = Some(v);
-        g.index.insert(key, i);
-        evicted
-    }
-
-    /// Takes every registration over bytes of `r` (the memory went away).
-    pub fn take_overlapping(&self, r: &Range<usize>) -> Vec<T> {
-        self.take_if(|k| k.overlaps(r))
-    }
-
-    /// Takes every registration whose key satisfies `f`.
-    pub fn take_if(&self, f: impl Fn(&Key) -> bool) -> Vec<T> {
-        self.entries.lock().unwrap().take_where(f)
-    }
 
     /// Takes them all, least recently parked first.
-    pub fn drain(&self) -> Vec<T> {
-        let mut g = self.entries.lock().unwrap();
-        let mut order: Vec<usize> = (0..g.keys.len()).filter(|&i| g.stamps[i] != 0).collect();
-        order.sort_by_key(|&i| g.stamps[i]);
-        order.into_iter().filter_map(|i| g.take_at(i)).collect()
+    pub fn drain(&mut self) -> Vec<T> {
+        let mut order: Vec<usize> = (0..self.keys.len())
+            .filter(|&i| self.stamps[i] != 0)
+            .collect();
+        order.sort_by_key(|&i| self.stamps[i]);
+        order.into_iter().filter_map(|i| self.take_at(i)).collect()
     }
 }
 
@@ -208,7 +193,7 @@ mod tests {
 
     #[test]
     fn takes_exact_matches_only() {
-        let p = Parked::new(4);
+        let mut p = Parked::new(4);
         assert!(p.put(key(0x1000, 100), 1).is_none());
         assert_eq!(p.take(&key(0x1000, 99)), None, "another length");
         assert_eq!(
@@ -240,19 +225,23 @@ mod tests {
 
     #[test]
     fn evicts_the_least_recently_parked() {
-        let p = Parked::new(2);
+        let mut p = Parked::new(2);
         assert!(p.put(key(1, 1), 1).is_none());
         assert!(p.put(key(2, 1), 2).is_none());
         assert_eq!(p.put(key(3, 1), 3), Some(1));
         assert_eq!(p.take(&key(1, 1)), None);
         assert_eq!(p.drain(), vec![2, 3]);
-        let off: Parked<u32> = Parked::new(0);
-        assert!(!off.enabled());
+        let mut off: Parked<u32> = Parked::new(0);
+        assert_eq!(
+            off.put(key(1, 1), 7),
+            Some(7),
+            "nothing parked when disabled"
+        );
     }
 
     #[test]
     fn memory_going_away_takes_what_overlaps() {
-        let p = Parked::new(8);
+        let mut p = Parked::new(8);
         p.put(key(0x1000, 0x1000), 1);
         p.put(key(0x2000, 0x1000), 2);
         p.put(key(0x3000, 0x1000), 3);
