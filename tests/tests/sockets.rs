@@ -414,3 +414,53 @@ fn reject_timeout_and_reliability_mismatch() {
     a.exit();
     b.exit();
 }
+
+/// Polling ping-pongs of 64 KiB and 1 MiB on each reliability level, the
+/// progress thread sleeping in `poll` (`VIA_SOCK_SPIN_US=0`): no round trip
+/// may wait for a heartbeat (15 s apart here; the bound of 3 s leaves room
+/// for two polling peers sharing 2 cores with parallel tests). Large payloads are read straight
+/// from the socket into the posted receive, and that reader asks the
+/// socket once more after a payload that it read whole. The acceptor's
+/// socket shares its file description (and so `O_NONBLOCK`) with viad,
+/// which writes the set-up answer in blocking mode: that extra read
+/// blocked until the peer's next heartbeat, every round trip. Every call
+/// now passes `MSG_DONTWAIT` (`backend/sockets/io.rs`); this test failed
+/// (2 s round trips) before.
+#[test]
+fn polling_pingpong_of_large_messages_never_waits_for_the_progress_thread() {
+    let Some(h) = Hosts::new("ppl") else { return };
+    let env = [("VIA_SOCK_SPIN_US", "0"), ("VIA_SOCK_TIMEOUT_MS", "60000")];
+    let mut a = h.peer(Side::A, PEER, &env);
+    let mut b = h.peer(Side::B, PEER, &env);
+    let mut first = true;
+    for rel in ["u", "rd", "rr"] {
+        for n in [65536usize, 1 << 20] {
+            if !first {
+                a.cmd_expect("close", "OK");
+                b.cmd_expect("close", "OK");
+            }
+            first = false;
+            let disc = format!("pp{rel}{n}");
+            connect(&h, &mut a, &mut b, &format!("{rel} 4194304 0 0 {n}"), &disc);
+            assert_eq!(a.cmd(&format!("pp_arm {n}")), "OK");
+            assert_eq!(b.cmd(&format!("pp_arm {n}")), "OK");
+            let rounds = 20;
+            b.say(&format!("pingpong {n} {rounds} 0"));
+            let r = a.cmd_expect(&format!("pingpong {n} {rounds} 1"), "PINGPONG");
+            let done = b.expect("PINGPONG");
+            let v = nums(&r);
+            eprintln!(
+                "sockets polling ping-pong {rel} {n} B: longest round trip {} µs, mean {} µs ({done})",
+                v[0],
+                v[1] / rounds
+            );
+            assert!(
+                v[0] < 3_000_000,
+                "{rel} {n} B: a round trip took {} µs (waited for the progress thread?)",
+                v[0]
+            );
+        }
+    }
+    a.exit();
+    b.exit();
+}

@@ -365,6 +365,26 @@ impl Interp {
                 let b = self.segs(b, &a[4..]);
                 self.post(num(a[1]) as usize, b, true)
             }
+            "pp_arm" => {
+                // The first receive of `pingpong` (posted before either side
+                // sends: a reliable connection breaks on a message that finds
+                // no receive).
+                let n = num(a[1]) as usize;
+                match pp_recv(self.vi(), self.region(0), n, 0) {
+                    Ok(()) => "OK".into(),
+                    Err(e) => format!("PPERR {e}"),
+                }
+            }
+            "pingpong" => {
+                // pingpong <bytes> <rounds> <first: 0|1>: polling ping-pong
+                // (Vip*Done in a loop); answers the longest and the total
+                // round trip in µs.
+                let (n, rounds, first) = (num(a[1]) as usize, num(a[2]), a[3] == "1");
+                match pingpong(self.vi(), self.region(0), n, rounds, first) {
+                    Ok((max, total)) => format!("PINGPONG {max} {total}"),
+                    Err(e) => format!("PPERR {e}"),
+                }
+            }
             "stream_arm" => {
                 let (msg, window) = (num(a[1]) as usize, num(a[2]) as usize);
                 match post_go(self.vi(), self.region(0), msg, window) {
@@ -721,6 +741,69 @@ fn post_go(vi: &Vi, m: &Region, msg: usize, window: usize) -> Result<(), String>
         .unwrap();
     vi.post_recv(m, d)
         .map_err(|e| format!("post go:{:?}", e.kind()))
+}
+
+/// Posts receive `k` (of two that alternate) of `pingpong`: descriptors at
+/// 128 and 192, data at 4096 + n.
+fn pp_recv(vi: &Vi, m: &Region, n: usize, k: usize) -> Result<(), String> {
+    let d = DescBuilder::recv()
+        .segment(m, 4096 + n, n as u32)
+        .write(m, 128 + 64 * (k % 2))
+        .unwrap();
+    vi.post_recv(m, d)
+        .map_err(|e| format!("post recv:{:?}", e.kind()))
+}
+
+/// Polls for a completion (`Vip*Done` in a loop) for at most 30 s.
+fn poll_done(f: impl Fn() -> via::Result<via::Completion>, what: &str) -> Result<(), String> {
+    let t = Instant::now();
+    loop {
+        match f() {
+            Err(e) if e.kind() == via::ErrorKind::NotDone => {
+                if t.elapsed() > std::time::Duration::from_secs(30) {
+                    return Err(format!("{what}:no completion in 30 s"));
+                }
+            }
+            c => return ok(c, what).map(|_| ()),
+        }
+    }
+}
+
+/// A polling ping-pong of `n`-byte messages, `rounds` round trips, this
+/// side sending `first` or answering; the longest and the total round trip
+/// in µs. The first receive is posted by `pp_arm`.
+fn pingpong(vi: &Vi, m: &Region, n: usize, rounds: u64, first: bool) -> Result<(u64, u64), String> {
+    m.write(4096, &pattern(n, 5)).unwrap();
+    let send = || {
+        let d = DescBuilder::send()
+            .segment(m, 4096, n as u32)
+            .write(m, 0)
+            .unwrap();
+        vi.post_send(m, d)
+            .map_err(|e| format!("post send:{:?}", e.kind()))?;
+        poll_done(|| vi.send_done(), "send")
+    };
+    let (mut max, start) = (0u64, Instant::now());
+    for i in 0..rounds as usize {
+        let t = Instant::now();
+        if first {
+            send()?;
+        }
+        poll_done(|| vi.recv_done(), "recv")?;
+        pp_recv(vi, m, n, i + 1)?;
+        if !first {
+            send()?;
+        }
+        if first {
+            max = max.max(t.elapsed().as_micros() as u64);
+        }
+    }
+    let mut got = vec![0u8; n];
+    m.read(4096 + n, &mut got).unwrap();
+    if got != pattern(n, 5) {
+        return Err("bytes differ".into());
+    }
+    Ok((max, start.elapsed().as_micros() as u64))
 }
 
 /// The sending side of a checksummed stream (see `stream_rx`).

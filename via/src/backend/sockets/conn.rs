@@ -18,17 +18,19 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
+use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::frame::{self, Header};
+use super::io::Gather;
 use super::progress::Rx;
 use crate::completion;
 use crate::descriptor::status;
+use crate::mem::region::Resolved;
 use crate::nic::NicInner;
 use crate::translate::{RecvWr, WrSeg};
 use crate::vi::ViCore;
@@ -61,6 +63,17 @@ pub(crate) struct Tx {
     pub seq: u32,
     /// Header + gathered payload of the frame being written.
     pub staging: Vec<u8>,
+}
+
+/// The payload of a request frame.
+pub(crate) enum Payload<'a> {
+    /// `Tx::staging` (gathered there: reads, or segments this process
+    /// cannot hand to the kernel by address).
+    Staged,
+    /// Straight from registered memory: (region, address, bytes) per
+    /// segment, each checked by
+    /// [`super::io::reachable`].
+    Regions(&'a [(Arc<Resolved>, u64, u64)]),
 }
 
 /// Frames of the progress thread not written yet, and how much of the
@@ -103,6 +116,8 @@ impl Conn {
         timeout: Duration,
         fragment: usize,
     ) -> io::Result<Conn> {
+        // Every call passes MSG_DONTWAIT anyway (`io.rs`: viad may change
+        // this flag of the shared file description).
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
         Ok(Conn {
@@ -130,32 +145,25 @@ impl Conn {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Writes every byte of `bufs`, waiting for room at most `timeout`
+    /// Writes every byte of `g`, waiting for room at most `timeout`
     /// without progress. The caller holds `tx`.
-    fn write_blocking(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    fn write_blocking(&self, g: &mut Gather<'_>) -> io::Result<()> {
         let mut deadline = Instant::now() + self.timeout;
-        while !bufs.is_empty() {
+        let fd = self.stream.as_raw_fd();
+        while g.left() > 0 {
             if self.closed.load(Ordering::Acquire) {
                 return Err(io::Error::new(io::ErrorKind::BrokenPipe, "closed"));
             }
-            let written = if self.fragment == 0 {
-                (&self.stream).write_vectored(bufs)
-            } else {
-                (&self.stream).write_vectored(&first_bytes(bufs, self.fragment))
-            };
-            match written {
+            match g.write_to(fd, self.fragment) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    IoSlice::advance_slices(&mut bufs, n);
-                    deadline = Instant::now() + self.timeout;
-                }
+                Ok(_) => deadline = Instant::now() + self.timeout,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(io::ErrorKind::TimedOut.into());
                     }
                     let mut p = [libc::pollfd {
-                        fd: self.stream.as_raw_fd(),
+                        fd,
                         events: libc::POLLOUT,
                         revents: 0,
                     }];
@@ -171,25 +179,40 @@ impl Conn {
     }
 
     /// Writes what the progress thread queued, then the request `h` (its
-    /// `seq` filled in here) with the payload in `tx.staging`.
-    pub fn send_frame(&self, tx: &mut Tx, mut h: Header) -> io::Result<()> {
+    /// `seq` filled in here) with its payload: `tx.staging`, or straight
+    /// from registered memory.
+    pub fn send_frame(&self, tx: &mut Tx, mut h: Header, payload: Payload<'_>) -> io::Result<()> {
         let pending = {
             let mut o = self.outbox.lock().unwrap();
-            let done = o.done;
-            let rest = o.bytes.split_off(done);
-            o.bytes.clear();
-            o.done = 0;
-            rest
+            if o.bytes.is_empty() {
+                Vec::new()
+            } else {
+                let done = o.done;
+                let rest = o.bytes.split_off(done);
+                o.bytes.clear();
+                o.done = 0;
+                rest
+            }
         };
         h.seq = tx.seq;
         tx.seq = tx.seq.wrapping_add(1);
         let head = h.encode();
-        let mut bufs = [
-            IoSlice::new(&pending),
-            IoSlice::new(&head),
-            IoSlice::new(&tx.staging),
-        ];
-        self.write_blocking(&mut bufs)
+        let mut g = Gather::new();
+        g.push_bytes(&pending);
+        g.push_bytes(&head);
+        match payload {
+            Payload::Staged => g.push_bytes(&tx.staging),
+            Payload::Regions(segs) => {
+                for (r, va, len) in segs {
+                    // Checked by the caller (`Payload::Regions`); a failure
+                    // here is a bug, not the peer's doing.
+                    if !g.push_region(r, *va, *len) {
+                        return Err(io::Error::other("a send segment became unreachable"));
+                    }
+                }
+            }
+        }
+        self.write_blocking(&mut g)
     }
 
     /// Queues a frame of the progress thread (an answer or a heartbeat:
@@ -211,7 +234,7 @@ impl Conn {
         };
         let mut o = self.outbox.lock().unwrap();
         while o.done < o.bytes.len() {
-            match (&self.stream).write(&o.bytes[o.done..]) {
+            match super::io::send(self.stream.as_raw_fd(), &o.bytes[o.done..]) {
                 Ok(0) => break,
                 Ok(n) => {
                     o.done += n;
@@ -299,35 +322,5 @@ impl Conn {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-    }
-}
-
-/// The first `n` bytes of `bufs`, as slices.
-fn first_bytes<'a>(bufs: &'a [IoSlice<'a>], mut n: usize) -> Vec<IoSlice<'a>> {
-    let mut out = Vec::with_capacity(bufs.len());
-    for b in bufs {
-        if n == 0 {
-            break;
-        }
-        let k = b.len().min(n);
-        out.push(IoSlice::new(&b[..k]));
-        n -= k;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn first_bytes_cuts_across_slices() {
-        let (a, b, c) = ([1u8; 3], [2u8; 4], [3u8; 5]);
-        let bufs = [IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)];
-        let lens = |v: &[IoSlice<'_>]| v.iter().map(|s| s.len()).collect::<Vec<_>>();
-        assert_eq!(lens(&first_bytes(&bufs, 5)), [3, 2]);
-        assert_eq!(lens(&first_bytes(&bufs, 3)), [3]);
-        assert_eq!(lens(&first_bytes(&bufs, 100)), [3, 4, 5]);
-        assert_eq!(&*first_bytes(&bufs, 5)[1], &[2, 2]);
     }
 }

@@ -23,10 +23,14 @@
 //! Connection set-up goes through the viad of the server's host
 //! (`via_wire::tcp`); the requester's library connects straight to that
 //! viad's TCP port, which hands the connection to the accepting process.
-#![forbid(unsafe_code)]
+// `unsafe` only in `io.rs` (its two vectored system calls); every other
+// file forbids it.
+#![deny(unsafe_code)]
 
 mod conn;
 mod frame;
+#[allow(unsafe_code)]
+mod io;
 mod progress;
 
 use std::collections::{HashMap, VecDeque};
@@ -41,12 +45,13 @@ use std::time::{Duration, Instant};
 use doorbell::EventCount;
 use via_wire::tcp::{SetupAnswer, SetupRequest};
 
-use self::conn::{Awaiting, Conn};
+use self::conn::{Awaiting, Conn, Payload};
 use self::frame::Header;
 use crate::attrs::{Reliability, ViAttributes};
 use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, ViSignals};
 use crate::descriptor::{control, status};
 use crate::error::{Error, Result};
+use crate::mem::region::Resolved;
 use crate::nic::{ErrorCode, NicInner};
 use crate::process::Process;
 use crate::proto::{self, Endpoint, NetAddr, ObjKey, ObjKind, Request};
@@ -152,6 +157,10 @@ pub(crate) struct Shared {
     wake_tx: UnixStream,
     pub wake_rx: UnixStream,
     pub stop: AtomicBool,
+    /// Read-held while the progress side may place bytes in registered
+    /// memory; `quiesce_region_users` takes it for writing once, so when
+    /// `VipDeregisterMem` returns no byte lands in the region any more.
+    pub region_users: RwLock<()>,
 }
 
 impl Shared {
@@ -214,6 +223,7 @@ pub(crate) fn open(process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<d
             wake_tx,
             wake_rx,
             stop: AtomicBool::new(false),
+            region_users: RwLock::new(()),
         }),
         process: process.clone(),
         ifname,
@@ -260,14 +270,16 @@ impl Sockets {
         Conn::drain(nic, vi, &mut q);
     }
 
-    /// Gathers the local segments of `wr` into `out`.
-    fn gather(nic: &NicInner, wr: &SendWr, out: &mut Vec<u8>) -> std::result::Result<(), u32> {
+    /// Gathers the (checked) segments `segs` into `out`.
+    fn gather(
+        segs: &[(Arc<Resolved>, u64, u64)],
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), u32> {
         out.clear();
-        for s in wr.local() {
-            let r = nic.regions.get(s.handle).ok_or(status::PROTECTION_ERROR)?;
+        for (r, va, len) in segs {
             let at = out.len();
-            out.resize(at + s.len as usize, 0);
-            r.read(s.va, &mut out[at..])
+            out.resize(at + *len as usize, 0);
+            r.read(*va, &mut out[at..])
                 .map_err(|_| status::PROTECTION_ERROR)?;
         }
         Ok(())
@@ -467,6 +479,12 @@ impl Device for Sockets {
         Ok(())
     }
 
+    fn quiesce_region_users(&self, _nic: &NicInner) {
+        // Readers look regions up under the lock: once we had it, none
+        // holds a removed one any more.
+        drop(self.shared.region_users.write().unwrap());
+    }
+
     fn add_vi(&self, _nic: &NicInner, vi: &ViCore) -> Result<()> {
         if vi.slot >= MAX_VI {
             return Err(Error::Resource);
@@ -664,6 +682,30 @@ impl Device for Sockets {
             h.flags |= frame::IMM;
             h.imm = wr.imm;
         }
+        // The payload's segments, checked here: each inside its region.
+        // They go from registered memory straight to the socket when this
+        // process reaches them by address, else through `tx.staging`.
+        let mut segs: Vec<(Arc<Resolved>, u64, u64)> = Vec::new();
+        let mut staged = wr.op() == control::OP_RDMAREAD;
+        if !staged {
+            segs.reserve(wr.local().len());
+            for s in wr.local() {
+                let (va, len) = (s.va, s.len as u64);
+                match nic.regions.get(s.handle).filter(|r| r.covers(va, len)) {
+                    Some(r) => {
+                        staged |= !io::reachable(&r, va, len);
+                        segs.push((r, va, len));
+                    }
+                    None => {
+                        aw.status = Some(status::PROTECTION_ERROR);
+                        let mut q = conn.awaiting.lock().unwrap();
+                        q.push_back(aw);
+                        Conn::drain(nic, vi, &mut q);
+                        return Ok(());
+                    }
+                }
+            }
+        }
         let mut tx = conn.tx.lock().unwrap();
         match wr.op() {
             control::OP_RDMAREAD => {
@@ -675,13 +717,15 @@ impl Device for Sockets {
                 tx.staging.clear();
             }
             op => {
-                if let Err(st) = Self::gather(nic, wr, &mut tx.staging) {
-                    drop(tx);
-                    aw.status = Some(st);
-                    let mut q = conn.awaiting.lock().unwrap();
-                    q.push_back(aw);
-                    Conn::drain(nic, vi, &mut q);
-                    return Ok(());
+                if staged {
+                    if let Err(st) = Self::gather(&segs, &mut tx.staging) {
+                        drop(tx);
+                        aw.status = Some(st);
+                        let mut q = conn.awaiting.lock().unwrap();
+                        q.push_back(aw);
+                        Conn::drain(nic, vi, &mut q);
+                        return Ok(());
+                    }
                 }
                 if op == control::OP_RDMAWRITE {
                     // The target's protection checks answer every RDMA
@@ -701,7 +745,12 @@ impl Device for Sockets {
         }
         let answer = aw.answer;
         conn.awaiting.lock().unwrap().push_back(aw);
-        match conn.send_frame(&mut tx, h) {
+        let payload = if staged {
+            Payload::Staged
+        } else {
+            Payload::Regions(&segs)
+        };
+        match conn.send_frame(&mut tx, h, payload) {
             Ok(()) => {
                 drop(tx);
                 if !answer {

@@ -12,12 +12,14 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use super::conn::{Conn, Taken};
 use super::frame::{self, HEADER, Header};
+use super::io::Scatter;
 use super::{Break, MAX_TRANSFER, Shared};
 use crate::completion;
 use crate::descriptor::status;
@@ -40,8 +42,21 @@ enum Target {
     Denied,
 }
 
-/// Bytes read from a socket at once.
-const READ_CHUNK: usize = 256 << 10;
+/// Bytes read at once into the read buffer: headers, small payloads, the
+/// first bytes of a large one, and payloads that go nowhere. The rest of a
+/// payload of at least [`DIRECT_MIN`] bytes is read straight into its
+/// target (`read_direct`).
+const READ_CHUNK: usize = 16 << 10;
+
+/// Payload bytes from which the rest of a frame is read straight into its
+/// target rather than through the read buffer.
+const DIRECT_MIN: usize = 4 << 10;
+
+/// Bytes one `read_conn` reads at most before it returns (the socket is
+/// polled again at once, level-triggered): bounds how long it holds the
+/// region users' lock (`Shared::region_users`) that deregistration waits
+/// for.
+const READ_BUDGET: usize = 4 << 20;
 
 /// Bytes of answers (RDMA read responses) queued for a peer that does not
 /// read them, beyond which its requests are not read either: a peer cannot
@@ -94,7 +109,6 @@ fn pollfd(fd: i32, events: i16) -> libc::pollfd {
 
 /// The thread's body; returns when the NIC closes.
 pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
-    use std::os::fd::AsRawFd;
     // A pinned creator (a benchmark, an MPI rank) must not pin the thread
     // that progresses its receives to the core its own polling loop holds.
     if let Err(e) = via_sys::allow_all_cpus() {
@@ -242,6 +256,10 @@ fn read_conn(nic: &NicInner, shared: &Shared, c: &Conn, rx: &mut Rx) -> Result<(
         return Ok(());
     }
     let vi = nic.vi(c.vi.0, c.vi.1).ok_or_else(|| lost(c))?;
+    // Held while bytes may land in registered memory: a deregistration
+    // waits for it (`quiesce_region_users`), and regions are looked up
+    // under it (one removed before is not found).
+    let _users = shared.region_users.read().unwrap();
     let mut buf = std::mem::take(&mut rx.buf);
     buf.resize(READ_CHUNK, 0);
     let r = read_into(nic, shared, c, &vi, rx, &mut buf);
@@ -257,8 +275,41 @@ fn read_into(
     rx: &mut Rx,
     buf: &mut [u8],
 ) -> Result<(), Break> {
+    let mut budget = READ_BUDGET;
     loop {
-        let n = match (&c.stream).read(buf) {
+        // The rest of a large payload goes straight into its target.
+        if rx.cur.is_some() && rx.left >= DIRECT_MIN {
+            let want = rx.left;
+            match read_direct(nic, c, vi, rx) {
+                None => {}
+                Some(Ok(0)) => return Err(lost(c)),
+                Some(Ok(k)) => {
+                    c.last_rx.store(c.now_ms(), Ordering::Relaxed);
+                    rx.left -= k;
+                    rx.off += k;
+                    if rx.left == 0 {
+                        finish(nic, c, vi, rx)?;
+                    }
+                    budget = budget.saturating_sub(k);
+                    // Fewer bytes than asked for: the socket is empty now
+                    // (poll reports the next ones, level-triggered).
+                    if k < want || budget == 0 {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Some(Err(e)) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    // The target's memory went away under the read: the
+                    // rest of the payload is discarded through the buffer.
+                    log::debug!("VI {}: payload target unreachable: {e}", c.vi.0);
+                    target_fault(c, rx);
+                }
+                Some(Err(_)) => return Err(lost(c)),
+            }
+        }
+        let n = match super::io::recv(c.stream.as_raw_fd(), buf) {
             Ok(0) => return Err(lost(c)),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -280,7 +331,7 @@ fn read_into(
                 }
             } else {
                 let k = rx.left.min(n - p);
-                place(nic, c, rx, &buf[p..p + k]);
+                place(nic, c, vi, rx, &buf[p..p + k]);
                 rx.left -= k;
                 rx.off += k;
                 p += k;
@@ -289,9 +340,113 @@ fn read_into(
                 }
             }
         }
-        if n < buf.len() {
+        budget = budget.saturating_sub(n);
+        if n < buf.len() || budget == 0 {
             return Ok(());
         }
+    }
+}
+
+/// The current frame's target cannot take its bytes (they are discarded):
+/// the receive completes with a protection error, an RDMA write is
+/// refused, our read completes with a protection error.
+fn target_fault(c: &Conn, rx: &mut Rx) {
+    let Some((h, target)) = &mut rx.cur else {
+        return;
+    };
+    match target {
+        Target::Recv => {
+            if let Some(t) = c.taken.lock().unwrap().as_mut() {
+                t.fault |= status::PROTECTION_ERROR;
+            }
+        }
+        Target::Rdma(_) => *target = Target::Denied,
+        Target::Read(_) => h.status |= status::PROTECTION_ERROR,
+        Target::Discard | Target::Denied => {}
+    }
+}
+
+/// The regions and byte ranges of the window `off..off + len` of the
+/// concatenated segments `segs` ((handle, address, length)), each checked
+/// inside its region and reachable by address; `None` if one is not (the
+/// read buffer's path then finds and reports the fault).
+fn window(
+    nic: &NicInner,
+    segs: impl Iterator<Item = (u32, u64, u64)>,
+    mut off: u64,
+    mut len: u64,
+) -> Option<Vec<(Arc<Resolved>, u64, u64)>> {
+    let mut out = Vec::new();
+    for (handle, va, n) in segs {
+        if len == 0 {
+            break;
+        }
+        if off >= n {
+            off -= n;
+            continue;
+        }
+        let k = (n - off).min(len);
+        let r = nic.regions.get(handle)?;
+        let at = va.checked_add(off)?;
+        if !super::io::reachable(&r, at, k) {
+            return None;
+        }
+        out.push((r, at, k));
+        len -= k;
+        off = 0;
+    }
+    (len == 0).then_some(out)
+}
+
+/// Reads the next payload bytes of the current frame straight into its
+/// target: the posted receive's scatter list, an RDMA write's target region
+/// (which passed the target-side checks in `begin` and is still
+/// registered), or the local segments of our RDMA read. `None`: the bytes
+/// go through the read buffer (the target is none of those, has a fault,
+/// or is not reachable by address).
+fn read_direct(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Option<io::Result<usize>> {
+    let fd = c.stream.as_raw_fd();
+    let (off, left) = (rx.off as u64, rx.left as u64);
+    let (h, target) = rx.cur.as_mut()?;
+    let read = |w: Vec<(Arc<Resolved>, u64, u64)>| {
+        let mut s = Scatter::new();
+        for (r, va, n) in &w {
+            if !s.push_region(r, *va, *n) {
+                return None;
+            }
+        }
+        Some(s.read_from(fd))
+    };
+    match target {
+        Target::Rdma(r) => {
+            if !rdma_still(nic, vi, h, r) {
+                *target = Target::Denied;
+                return None;
+            }
+            read(window(
+                nic,
+                [(r.handle, h.va, h.len as u64)].into_iter(),
+                off,
+                left,
+            )?)
+        }
+        Target::Recv => {
+            // Held across the read: a disconnect flushes the receive
+            // either before or after, never while its bytes land.
+            let t = c.taken.lock().unwrap();
+            let t = t.as_ref().filter(|t| t.fault == 0)?;
+            // Receive segments are (offset in region, length, handle).
+            let segs = t.wr.segs[..t.wr.n].iter().map(|s| {
+                let base = nic.regions.get(s.2).map_or(0, |r| r.va);
+                (s.2, base.saturating_add(s.0), s.1 as u64)
+            });
+            read(window(nic, segs, off, left)?)
+        }
+        Target::Read(segs) => {
+            let segs = segs.iter().map(|s| (s.handle, s.va, s.len as u64));
+            read(window(nic, segs, off, left)?)
+        }
+        Target::Discard | Target::Denied => None,
     }
 }
 
@@ -332,6 +487,27 @@ fn rdma_target(nic: &NicInner, vi: &ViCore, h: &Header, need: u32) -> Option<Arc
     };
     (vi_ok && r.flags & need != 0 && r.ptag == a.ptag.id() && r.covers(h.va, h.len as u64))
         .then_some(r)
+}
+
+/// Whether the RDMA write target `r` (checked at the frame's header) still
+/// passes the checks: registered, with the same attributes, or else again
+/// (then `r` becomes the region as it is now). Called under
+/// `Shared::region_users` before bytes land.
+fn rdma_still(nic: &NicInner, vi: &ViCore, h: &Header, r: &mut Arc<Resolved>) -> bool {
+    if nic
+        .regions
+        .get(r.handle)
+        .is_some_and(|x| Arc::ptr_eq(&x, r))
+    {
+        return true;
+    }
+    match rdma_target(nic, vi, h, flags::RDMA_WRITE) {
+        Some(now) => {
+            *r = now;
+            true
+        }
+        None => false,
+    }
 }
 
 /// No receive for a message: Unreliable drops it; the reliable levels
@@ -447,7 +623,7 @@ fn scatter(
 }
 
 /// Places payload bytes of the current frame.
-fn place(nic: &NicInner, c: &Conn, rx: &mut Rx, bytes: &[u8]) {
+fn place(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx, bytes: &[u8]) {
     let Some((h, target)) = &mut rx.cur else {
         return;
     };
@@ -466,7 +642,7 @@ fn place(nic: &NicInner, c: &Conn, rx: &mut Rx, bytes: &[u8]) {
             }
         }
         Target::Rdma(r) => {
-            if r.write(h.va + rx.off as u64, bytes).is_err() {
+            if !rdma_still(nic, vi, h, r) || r.write(h.va + rx.off as u64, bytes).is_err() {
                 *target = Target::Denied;
             }
         }
