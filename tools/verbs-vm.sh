@@ -65,7 +65,15 @@ c_suite() {
         fail "the C suite failed on Soft-RoCE (exit $?)"
 }
 
-cargo build -q --workspace --bins --features via/verbs,via-tests/verbs
+# VERBS_VM_PROFILE=release builds and runs optimised binaries (the
+# measurements: verbs_bench); debug by default.
+profile=${VERBS_VM_PROFILE:-debug}
+case $profile in
+    debug) cargo_profile=() ;;
+    release) cargo_profile=(--release) ;;
+    *) fail "VERBS_VM_PROFILE must be debug or release" ;;
+esac
+cargo build -q "${cargo_profile[@]}" --workspace --bins --features via/verbs,via-tests/verbs
 for t in "${tests[@]}"; do
     if [ "$t" = c ]; then
         c_suite
@@ -75,14 +83,14 @@ for t in "${tests[@]}"; do
     case $t in
         *@*) mode_env="VIA_DOORBELL=${t#*@}"; t=${t%@*} ;;
     esac
-    exe=$(cargo test -q -p via-tests --features via/verbs,via-tests/verbs --test "$t" --no-run \
+    exe=$(cargo test -q "${cargo_profile[@]}" -p via-tests --features via/verbs,via-tests/verbs --test "$t" --no-run \
             --message-format=json 2>/dev/null |
           grep '"kind":\["test"\]' | grep "\"name\":\"$t\"" |
           grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     [ -n "$exe" ] || fail "no test binary for $t"
     printf '\n==> %s on Soft-RoCE (rxe0, in a VM) %s\n' "$t" "$mode_env"
     SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
-    SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/debug/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 $mode_env ${VERBS_VM_ENV:-}" \
+    SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 $mode_env ${VERBS_VM_ENV:-}" \
         "$vm" "$exe" --test-threads=1 --show-output ||
         fail "$t failed on Soft-RoCE (exit $?)"
 done

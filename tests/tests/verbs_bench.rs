@@ -217,3 +217,329 @@ fn doorbell_bench_child() {
     }
     nic.close().unwrap();
 }
+
+/// Sizes of the post-cost table (`VIA_BENCH_SIZES=8,65536` to choose).
+fn sizes() -> Vec<u32> {
+    match std::env::var("VIA_BENCH_SIZES") {
+        Ok(s) => s.split(',').map(|x| x.trim().parse().unwrap()).collect(),
+        Err(_) => vec![8, 512, 4096, 65536],
+    }
+}
+
+fn iters() -> u32 {
+    std::env::var("VIA_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
+}
+
+/// Two VIs of this process connected peer to peer (RC, RDMA write on).
+fn local_pair(nic: &via::Nic, ptag: via::Ptag, tag: &str) -> (via::Vi, via::Vi) {
+    let mut a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    a.enable_rdma_write = true;
+    let s = nic.create_vi(&a, None, None).unwrap();
+    let r = nic.create_vi(&a, None, None).unwrap();
+    let (x, y) = (
+        nic.address(&disc(&format!("{tag}-s"))),
+        nic.address(&disc(&format!("{tag}-r"))),
+    );
+    s.connect_peer(&x, &y, WAIT).unwrap();
+    r.connect_peer(&y, &x, WAIT).unwrap();
+    s.connect_peer_wait().unwrap();
+    r.connect_peer_wait().unwrap();
+    (s, r)
+}
+
+fn wait_ok(vi: &via::Vi, send: bool) {
+    let c = if send {
+        vi.send_wait(WAIT)
+    } else {
+        vi.recv_wait(WAIT)
+    }
+    .unwrap();
+    assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+}
+
+/// The host-side cost of `Vi::post_send` (an RDMA write) and
+/// `Vi::post_recv` against bare `ibv_post_send` / `ibv_post_recv` on the
+/// same device in the same run, 8 B..64 KiB: batches of 32 timed posts,
+/// completions taken untimed. Under callgrind (`tools/verbs-vm.sh
+/// callgrind`) the same code gives the instructions per post.
+#[test]
+fn post_cost_by_size() {
+    let Some(dev) = device() else { return };
+    const B: usize = 32;
+    let n = iters();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    // Descriptors (2 x 32 x 64 B), then a 64 KiB source, then 32 receive
+    // buffers of up to 64 KiB... the receive buffers share one 64 KiB area
+    // (their contents do not matter), then the RDMA target.
+    let (descs, src, dst, target) = (0usize, 8192usize, 8192 + 65536, 8192 + 2 * 65536);
+    let mem = via::Region::new(&nic, target + 65536, ptag, true, false).unwrap();
+    let (s, r) = local_pair(&nic, ptag, "pc");
+    let mut rows = Vec::new();
+    for size in sizes() {
+        let bare_send = via::bare_ibv_post_cost(&dev, n, size, false).unwrap();
+        let bare_recv = via::bare_ibv_post_cost(&dev, n, size, true).unwrap();
+        let writes: Vec<usize> = (0..B)
+            .map(|i| {
+                DescBuilder::rdma_write(mem.addr(target).unwrap(), mem.handle())
+                    .segment(&mem, src, size)
+                    .write(&mem, descs + 64 * i)
+                    .unwrap()
+            })
+            .collect();
+        let recvs: Vec<usize> = (0..B)
+            .map(|i| {
+                DescBuilder::recv()
+                    .segment(&mem, dst, size)
+                    .write(&mem, descs + 64 * (B + i))
+                    .unwrap()
+            })
+            .collect();
+        let sends: Vec<usize> = (0..B)
+            .map(|i| {
+                DescBuilder::send()
+                    .segment(&mem, src, 8)
+                    .write(&mem, descs + 64 * (2 * B + i))
+                    .unwrap()
+            })
+            .collect();
+        let (mut t_send, mut t_recv) = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..(n as usize).div_ceil(B) {
+            for &d in &writes {
+                let t = Instant::now();
+                s.post_send(&mem, d).unwrap();
+                t_send += t.elapsed();
+            }
+            for _ in 0..B {
+                wait_ok(&s, true);
+            }
+            for &d in &recvs {
+                let t = Instant::now();
+                r.post_recv(&mem, d).unwrap();
+                t_recv += t.elapsed();
+            }
+            for &d in &sends {
+                s.post_send(&mem, d).unwrap();
+            }
+            for _ in 0..B {
+                wait_ok(&s, true);
+                wait_ok(&r, false);
+            }
+        }
+        let posts = ((n as usize).div_ceil(B) * B) as u32;
+        let (vs, vr) = (t_send / posts, t_recv / posts);
+        println!(
+            "POST-COST-SIZE {dev} {size} B: post_send via {} ns bare {} ns ratio {:.2}; post_recv via {} ns bare {} ns ratio {:.2}",
+            vs.as_nanos(),
+            bare_send.as_nanos(),
+            vs.as_secs_f64() / bare_send.as_secs_f64(),
+            vr.as_nanos(),
+            bare_recv.as_nanos(),
+            vr.as_secs_f64() / bare_recv.as_secs_f64()
+        );
+        rows.push(format!(
+            "{{\"size\":{size},\"via_post_send_ns\":{},\"bare_post_send_ns\":{},\"via_post_recv_ns\":{},\"bare_post_recv_ns\":{}}}",
+            vs.as_nanos(),
+            bare_send.as_nanos(),
+            vr.as_nanos(),
+            bare_recv.as_nanos()
+        ));
+    }
+    println!("POST-COST-JSON [{}]", rows.join(","));
+    s.disconnect().unwrap();
+    let _ = r.disconnect();
+    nic.close().unwrap();
+}
+
+const PP_WARMUP: u32 = 100;
+
+fn pp_iters() -> u32 {
+    std::env::var("VIA_BENCH_PP_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
+/// Spawns this test binary running `test` with `env`, stdin and stdout
+/// piped.
+fn spawn_child(test: &str, env: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// The next line of `r` that contains `tag`, after it.
+fn line_after(r: &mut impl std::io::BufRead, tag: &str) -> String {
+    let mut l = String::new();
+    loop {
+        l.clear();
+        assert!(r.read_line(&mut l).unwrap() > 0, "child ended before {tag}");
+        if let Some((_, x)) = l.split_once(tag) {
+            return x.trim().to_string();
+        }
+    }
+}
+
+/// Half round trip of 8-byte messages between two processes on the
+/// device: a raw verbs loop (`ibv_rc_pingpong`-style, busy polling)
+/// against via's (`Vi::post_send` / `Vi::recv_done` polling, the path of
+/// `VipPostSend` / `VipRecvDone`), in the same run.
+#[test]
+fn latency_via_against_raw_verbs() {
+    use std::io::Write;
+    let Some(dev) = device() else { return };
+    let iters = pp_iters();
+    // Raw verbs: endpoints through the child's stdin and stdout.
+    let raw = via::RawPingPong::new(&dev).unwrap();
+    let mut child = spawn_child("raw_pong_child", &[("VIA_BENCH_ROLE", "raw")]);
+    writeln!(child.stdin.as_mut().unwrap(), "EP {}", hex(&raw.endpoint())).unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let theirs = unhex(&line_after(&mut out, "EP "));
+    raw.connect(&theirs).unwrap();
+    raw.run(PP_WARMUP, 8, true).unwrap();
+    let t_raw = raw.run(iters, 8, true).unwrap();
+    assert!(child.wait().unwrap().success());
+    drop(raw);
+    // via: a VI of each process, connected peer to peer.
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Region::new(&nic, 16384, ptag, false, false).unwrap();
+    let a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    let vi = nic.create_vi(&a, None, None).unwrap();
+    let recv = DescBuilder::recv()
+        .segment(&mem, 8192, 64)
+        .write(&mem, 0)
+        .unwrap();
+    let send = DescBuilder::send()
+        .segment(&mem, 4096, 8)
+        .write(&mem, 128)
+        .unwrap();
+    vi.post_recv(&mem, recv).unwrap();
+    let (ping, pong) = (disc_str("pp-ping"), disc_str("pp-pong"));
+    let mut child = spawn_child(
+        "via_pong_child",
+        &[
+            ("VIA_BENCH_ROLE", "via"),
+            ("VIA_BENCH_PING", &ping),
+            ("VIA_BENCH_PONG", &pong),
+        ],
+    );
+    vi.connect_peer(
+        &nic.address(ping.as_bytes()),
+        &nic.address(pong.as_bytes()),
+        WAIT,
+    )
+    .unwrap();
+    vi.connect_peer_wait().unwrap();
+    let run = |n: u32| {
+        let t = Instant::now();
+        for _ in 0..n {
+            vi.post_send(&mem, send).unwrap();
+            let c = poll(|| vi.recv_done());
+            assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+            vi.post_recv(&mem, recv).unwrap();
+            let c = poll(|| vi.send_done());
+            assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+        }
+        t.elapsed()
+    };
+    run(PP_WARMUP);
+    let t_via = run(iters);
+    assert!(child.wait().unwrap().success());
+    let half = |t: Duration| t.as_secs_f64() * 1e6 / (2.0 * iters as f64);
+    let (r, v) = (half(t_raw), half(t_via));
+    println!(
+        "LATENCY {dev} 8 B half round trip ({iters} round trips, busy polling, two processes): raw verbs {r:.1} us, via {v:.1} us, ratio {:.2}",
+        v / r
+    );
+    println!(
+        "LATENCY-JSON {{\"device\":\"{dev}\",\"size\":8,\"iters\":{iters},\"raw_verbs_half_rtt_us\":{r:.2},\"via_half_rtt_us\":{v:.2},\"via_over_raw\":{:.3}}}",
+        v / r
+    );
+    let _ = vi.disconnect();
+    nic.close().unwrap();
+}
+
+/// Polls `f` until it gives a completion (panics after 30 s).
+fn poll(mut f: impl FnMut() -> via::Result<via::Completion>) -> via::Completion {
+    let mut spins = 0u32;
+    let mut deadline = None;
+    loop {
+        match f() {
+            Ok(c) => return c,
+            Err(e) if e == Error::NotDone => {}
+            Err(e) => panic!("{e}"),
+        }
+        spins += 1;
+        if spins % 4096 == 0 {
+            let d = *deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(30));
+            assert!(Instant::now() < d, "no completion in 30 s");
+        }
+    }
+}
+
+/// The responder of the raw loop (only with `VIA_BENCH_ROLE=raw`).
+#[test]
+fn raw_pong_child() {
+    if std::env::var("VIA_BENCH_ROLE").as_deref() != Ok("raw") {
+        return;
+    }
+    let dev = device().unwrap();
+    let raw = via::RawPingPong::new(&dev).unwrap();
+    let mut stdin = std::io::stdin().lock();
+    let theirs = unhex(&line_after(&mut stdin, "EP "));
+    raw.connect(&theirs).unwrap();
+    // Printed once connected: the first ping finds our receive.
+    println!("EP {}", hex(&raw.endpoint()));
+    raw.run(PP_WARMUP + pp_iters(), 8, false).unwrap();
+}
+
+/// The responder of via's loop (only with `VIA_BENCH_ROLE=via`).
+#[test]
+fn via_pong_child() {
+    if std::env::var("VIA_BENCH_ROLE").as_deref() != Ok("via") {
+        return;
+    }
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Region::new(&nic, 16384, ptag, false, false).unwrap();
+    let a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    let vi = nic.create_vi(&a, None, None).unwrap();
+    let recv = DescBuilder::recv()
+        .segment(&mem, 8192, 64)
+        .write(&mem, 0)
+        .unwrap();
+    let send = DescBuilder::send()
+        .segment(&mem, 4096, 8)
+        .write(&mem, 128)
+        .unwrap();
+    vi.post_recv(&mem, recv).unwrap();
+    let ping = std::env::var("VIA_BENCH_PING").unwrap();
+    let pong = std::env::var("VIA_BENCH_PONG").unwrap();
+    vi.connect_peer(
+        &nic.address(pong.as_bytes()),
+        &nic.address(ping.as_bytes()),
+        WAIT,
+    )
+    .unwrap();
+    vi.connect_peer_wait().unwrap();
+    for _ in 0..PP_WARMUP + pp_iters() {
+        let c = poll(|| vi.recv_done());
+        assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+        vi.post_recv(&mem, recv).unwrap();
+        vi.post_send(&mem, send).unwrap();
+        let c = poll(|| vi.send_done());
+        assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+    }
+    // The initiator disconnects; wait for it rather than break its last
+    // completion.
+    let _ = nic.close();
+}

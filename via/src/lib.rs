@@ -65,6 +65,30 @@ pub fn bare_ibv_post(name: &str, iters: u32) -> std::io::Result<std::time::Durat
     backend::verbs::bench::bare_post(name, iters)
 }
 
+/// The mean time of one bare post on RDMA device `name`: `ibv_post_send`
+/// of a `size`-byte RDMA write, or (`recv`) `ibv_post_recv` of a
+/// `size`-byte buffer, on an RC QP connected to itself; the baseline of the
+/// verbs kind's post cost by size (`tests/tests/verbs_bench.rs`).
+///
+/// # Errors
+/// The device's, if it cannot be opened or set up.
+#[cfg(feature = "verbs")]
+#[doc(hidden)]
+pub fn bare_ibv_post_cost(
+    name: &str,
+    iters: u32,
+    size: u32,
+    recv: bool,
+) -> std::io::Result<std::time::Duration> {
+    backend::verbs::bench::bare_post_cost(name, iters, size, recv)
+}
+
+/// An `ibv_rc_pingpong`-style loop on raw verbs, the baseline of via's
+/// ping-pong latency on a verbs device (`tests/tests/verbs_bench.rs`).
+#[cfg(feature = "verbs")]
+#[doc(hidden)]
+pub use backend::verbs::bench::RawPingPong;
+
 /// Work requests the verbs kind's central send queue (`VIA_DOORBELL=central`)
 /// posted in this process, and the `ibv_post_send` calls (chains) they took.
 #[cfg(feature = "verbs")]

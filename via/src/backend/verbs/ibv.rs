@@ -658,6 +658,9 @@ impl Qp {
     /// # Errors
     /// How many requests of the chain were posted before the first one the
     /// provider refused (those after it were not posted either), and why.
+    /// Never inlined: the boundary the instruction counts of the post
+    /// path are taken at (`tests/tests/verbs_bench.rs`).
+    #[inline(never)]
     pub fn post_send(&self, reqs: &[SendReq<'_>]) -> Result<(), (usize, io::Error)> {
         if let [one] = reqs {
             // The common case without allocation.
@@ -713,7 +716,9 @@ impl Qp {
         })
     }
 
-    /// Posts one receive of `sges` with `wr_id`.
+    /// Posts one receive of `sges` with `wr_id` (never inlined, as
+    /// `post_send`).
+    #[inline(never)]
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
         let mut s = [SGE_ZERO; MAX_SGE];
         for (d, x) in s.iter_mut().zip(sges) {
