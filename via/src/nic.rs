@@ -199,6 +199,9 @@ pub(crate) struct NicInner {
     pub error_cb: Mutex<Option<ErrorHandler>>,
     pub closed: AtomicBool,
     pub ns_open: AtomicBool,
+    /// The host address `VipQueryNic` reports (the device's, e.g. a sockets
+    /// NIC's interface address, or the process's host), for the NIC's life.
+    pub host: Vec<u8>,
 }
 
 impl crate::mem::fork::HoldsPages for NicInner {
@@ -257,6 +260,7 @@ impl NicInner {
         };
         let dev = make(process, id, name)?;
         let limits = dev.limits();
+        let host = dev.local_address().unwrap_or_else(|| process.host.clone());
         let nic = process
             .nics
             .write()
@@ -280,6 +284,7 @@ impl NicInner {
                     error_cb: Mutex::new(None),
                     closed: AtomicBool::new(false),
                     ns_open: AtomicBool::new(false),
+                    host: host.clone(),
                 })
             })
             .cloned()
@@ -300,9 +305,7 @@ impl NicInner {
 
     /// The host part of this NIC's addresses.
     pub fn host_address(&self) -> Vec<u8> {
-        self.dev
-            .local_address()
-            .unwrap_or_else(|| self.process.host.clone())
+        self.host.clone()
     }
 
     /// `VipQueryNic`.
