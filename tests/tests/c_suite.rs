@@ -150,7 +150,12 @@ fn build(dir: &str, name: &str, extra: &[&str], tag: &str) -> PathBuf {
 
 /// Runs a built program with its own viad instance; returns (success, output).
 fn execute(exe: &Path, instance: &str, env: &[(&str, &str)]) -> (bool, String) {
-    let mut cmd = Command::new(exe);
+    execute_cmd(Command::new(exe), instance, env)
+}
+
+/// [`execute`] of a prepared command (`exe` or `ip netns exec <ns> exe`).
+fn execute_cmd(mut cmd: Command, instance: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let exe = format!("{cmd:?}");
     cmd.env(
         "VIA_INSTANCE",
         format!("csuite-{}-{instance}", std::process::id()),
@@ -166,7 +171,7 @@ fn execute(exe: &Path, instance: &str, env: &[(&str, &str)]) -> (bool, String) {
     }
     let mut child = cmd
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+        .unwrap_or_else(|e| panic!("cannot run {exe}: {e}"));
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let t_out = std::thread::spawn(move || {
@@ -461,6 +466,116 @@ fn static_link() {
     let viad = inst.prefix.join("libexec/via-rs/viad");
     let (ok, text) = execute(&exe, "static", &[("VIA_VIAD", viad.to_str().unwrap())]);
     assert!(ok && text.contains("PASS sendrecv"), "{text}");
+}
+
+/// The suite's programs that apply between hosts, run with each process on
+/// its own host: two network namespaces joined by a veth pair
+/// (`via_tests::netns`, removed afterwards also when a program fails), the
+/// parent in one, the forked child in the other (`SUITE_PEER_NETNS`: it
+/// enters it before opening anything), each on the sockets NIC of its end
+/// of the pair and with the viad of its own namespace (one instance per
+/// namespace, shared by the programs in turn).
+const BETWEEN_HOSTS: &[&str] = &[
+    "nic",
+    "ptag",
+    "mem",
+    "vi",
+    "connect",
+    "peer",
+    "sendrecv",
+    "gather",
+    "immediate",
+    "rdma",
+    "cq",
+    "notify",
+    "timeout",
+    "disconnect",
+    "kill",
+    "threads",
+    "badinput",
+    "reuse",
+    "handles",
+    "accept_disconnect",
+    "quiet_disconnect",
+];
+
+/// The programs that do not apply between hosts, and why.
+const ONE_HOST_ONLY: &[(&str, &str)] = &[
+    (
+        "ns",
+        "local name-service files: VIA_HOSTS written by the parent, with addresses of this host",
+    ),
+    (
+        "regfork",
+        "fork semantics of registrations: the child inherits the parent's registered memory \
+         and NIC, it must stay in the parent's process tree and host",
+    ),
+    (
+        "smi",
+        "local name-service files (VIA_HOSTS with 6-byte addresses of the shared-memory NIC)",
+    ),
+    (
+        "errcb",
+        "an Unreliable send completes once written: only on one host does that mean the message \
+         reached (and was dropped by) the target before the receive the program posts next",
+    ),
+    (
+        "regrace",
+        "64 MiB single transfers racing deregistration: above the sockets NIC's \
+         MaxTransferSize (4 MiB)",
+    ),
+    (
+        "viad_inherits_fds",
+        "what the viad started by the library inherits from this process: one host's daemon",
+    ),
+];
+
+#[test]
+fn between_two_hosts_over_the_sockets_nic() {
+    use via_tests::netns::{Hosts, Side};
+    let Some(h) = Hosts::new("csuite") else {
+        return;
+    };
+    let _g = serial();
+    for (name, why) in ONE_HOST_ONLY {
+        eprintln!("c_suite between hosts: {name} not run: {why}");
+    }
+    let netns = |s: Side| format!("/run/netns/{}", h.namespace(s));
+    let (dev_a, dev_b) = (h.device(Side::A), h.device(Side::B));
+    let (ns_b, peer_dev) = (netns(Side::B), dev_b.as_str());
+    let env: Vec<(&str, &str)> = vec![
+        ("VIA_INSTANCE", h.namespace(Side::A)),
+        ("SUITE_DEVICE", &dev_a),
+        ("SUITE_REMOTE_HOST", h.addr(Side::B)),
+        ("SUITE_PEER_NETNS", &ns_b),
+        ("SUITE_PEER_DEVICE", peer_dev),
+        ("SUITE_PEER_INSTANCE", h.namespace(Side::B)),
+        ("SUITE_PEER_REMOTE_HOST", h.addr(Side::A)),
+    ];
+    let mut failed = Vec::new();
+    for name in BETWEEN_HOSTS {
+        let exe = build("tests/c/suite", name, &[], "");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", h.namespace(Side::A)]).arg(&exe);
+        let t = Instant::now();
+        let (ok, text) = execute_cmd(cmd, name, &env);
+        let passed = ok && text.lines().any(|l| l == format!("PASS {name}"));
+        eprintln!(
+            "c_suite between hosts: {name}: {} ({:.1} s)",
+            if passed { "PASS" } else { "FAIL" },
+            t.elapsed().as_secs_f64()
+        );
+        if !passed {
+            failed.push(format!("== {name}\n{text}"));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} programs failed between hosts:\n{}",
+        failed.len(),
+        BETWEEN_HOSTS.len(),
+        failed.join("\n")
+    );
 }
 
 /// A disconnect that reaches a client while its VipConnectRequest is still

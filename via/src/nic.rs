@@ -218,6 +218,9 @@ pub(crate) struct NicInner {
     pub error_cb: Mutex<Option<ErrorHandler>>,
     pub closed: AtomicBool,
     pub ns_open: AtomicBool,
+    /// The host address `VipQueryNic` reports (the device's, e.g. a sockets
+    /// NIC's interface address, or the process's host), for the NIC's life.
+    pub host: Vec<u8>,
 }
 
 impl crate::mem::fork::HoldsPages for NicInner {
@@ -276,6 +279,7 @@ impl NicInner {
         };
         let dev = make(process, id, name)?;
         let limits = dev.limits();
+        let host = dev.local_address().unwrap_or_else(|| process.host.clone());
         let nic = process
             .nics
             .write()
@@ -308,6 +312,7 @@ impl NicInner {
                     error_cb: Mutex::new(None),
                     closed: AtomicBool::new(false),
                     ns_open: AtomicBool::new(false),
+                    host: host.clone(),
                 })
             })
             .cloned()
@@ -328,9 +333,7 @@ impl NicInner {
 
     /// The host part of this NIC's addresses.
     pub fn host_address(&self) -> Vec<u8> {
-        self.dev
-            .local_address()
-            .unwrap_or_else(|| self.process.host.clone())
+        self.host.clone()
     }
 
     /// `VipQueryNic`.

@@ -38,7 +38,7 @@ static int child(void)
         VIP_VI_ATTRIBUTES ra;
         VIP_VI_STATE st;
         snprintf(d, sizeof d, "ad%d", i);
-        remote = make_addr(nic, disc(d));
+        remote = remote_addr(nic, disc(d));
         snprintf(mine, sizeof mine, "%s-client", disc(d));
         local = make_addr(nic, mine);
         OK(VipConnectRequest(vi, local, remote, WAIT_MS, &ra));

@@ -1,8 +1,10 @@
 /* common.c: helpers of the VIPL C conformance suite; see common.h. */
 #include "common.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
@@ -62,6 +64,39 @@ static void on_alarm(int sig)
 int child_pid(void) { return (int)the_child; }
 void child_reaped(void) { the_child = -1; }
 
+/* SUITE_PEER_NETNS=/run/netns/<name>: the child is "another host". Before
+ * it opens anything of the library, it enters that network namespace and
+ * takes the other host's settings: SUITE_PEER_DEVICE (its NIC),
+ * SUITE_PEER_INSTANCE (its own viad: the daemon's socket path is reachable
+ * from every namespace, its TCP listeners are not) and
+ * SUITE_PEER_REMOTE_HOST (the parent's host address, for remote_addr). */
+static void become_remote_peer(void)
+{
+    const char *ns = getenv("SUITE_PEER_NETNS");
+    const char *dev = getenv("SUITE_PEER_DEVICE");
+    const char *inst = getenv("SUITE_PEER_INSTANCE");
+    const char *remote = getenv("SUITE_PEER_REMOTE_HOST");
+    int fd;
+    if (!ns || !*ns)
+        return;
+    CHECK_MSG(dev && *dev && inst && *inst && remote && *remote,
+              "SUITE_PEER_NETNS needs SUITE_PEER_DEVICE, SUITE_PEER_INSTANCE and "
+              "SUITE_PEER_REMOTE_HOST");
+    fd = open(ns, O_RDONLY | O_CLOEXEC);
+    CHECK_MSG(fd >= 0, "open %s: %s", ns, strerror(errno));
+    CHECK_MSG(setns(fd, CLONE_NEWNET) == 0, "setns %s: %s", ns, strerror(errno));
+    close(fd);
+    CHECK(setenv("SUITE_DEVICE", dev, 1) == 0);
+    CHECK(setenv("VIA_INSTANCE", inst, 1) == 0);
+    CHECK(setenv("SUITE_REMOTE_HOST", remote, 1) == 0);
+}
+
+int suite_between_hosts(void)
+{
+    const char *ns = getenv("SUITE_PEER_NETNS");
+    return ns && *ns;
+}
+
 int run_pair(const char *prog, unsigned alarm_s, int (*parent)(void), int (*child)(void))
 {
     int p2c[2], c2p[2];
@@ -92,6 +127,7 @@ int run_pair(const char *prog, unsigned alarm_s, int (*parent)(void), int (*chil
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != (pid_t)suite_pid)
             _exit(4);
+        become_remote_peer();
         close(p2c[1]);
         close(c2p[0]);
         from_peer = p2c[0];
@@ -264,6 +300,21 @@ VIP_NET_ADDRESS *make_addr(VIP_NIC_HANDLE nic, const char *d)
     return addr;
 }
 
+VIP_NET_ADDRESS *remote_addr(VIP_NIC_HANDLE nic, const char *d)
+{
+    /* SUITE_REMOTE_HOST: the other process's host (an IPv4 address), when
+     * it runs on another host (SUITE_PEER_NETNS); else it is this one. */
+    const char *host = getenv("SUITE_REMOTE_HOST");
+    struct in_addr in;
+    VIP_NET_ADDRESS *addr = make_addr(nic, d);
+    if (!host || !*host)
+        return addr;
+    CHECK_MSG(inet_pton(AF_INET, host, &in) == 1, "SUITE_REMOTE_HOST=%s is not an IPv4 address", host);
+    CHECK_MSG(addr->HostAddressLen == 4, "SUITE_REMOTE_HOST on a NIC whose addresses are not IPv4");
+    memcpy(addr->HostAddress, &in.s_addr, 4);
+    return addr;
+}
+
 VIP_NET_ADDRESS *addr_room(VIP_NIC_HANDLE nic)
 {
     VIP_NIC_ATTRIBUTES a = nic_attrs(nic);
@@ -338,7 +389,7 @@ void accept_on(VIP_NIC_HANDLE nic, VIP_VI_HANDLE vi, const char *d)
 void connect_to(VIP_NIC_HANDLE nic, VIP_VI_HANDLE vi, const char *d)
 {
     char mine[120];
-    VIP_NET_ADDRESS *local, *remote = make_addr(nic, d);
+    VIP_NET_ADDRESS *local, *remote = remote_addr(nic, d);
     VIP_VI_ATTRIBUTES ra;
     snprintf(mine, sizeof mine, "%s-client", d);
     local = make_addr(nic, mine);

@@ -88,6 +88,11 @@ const char *vip_str(VIP_RETURN r);
 /* Forks; runs parent() here and child() in the child; returns the exit
  * code for main (0 if both sides returned 0). `alarm_s` bounds the run. */
 int run_pair(const char *prog, unsigned alarm_s, int (*parent)(void), int (*child)(void));
+/* Between hosts: with SUITE_PEER_NETNS=/run/netns/<name> the child enters
+ * that network namespace right after the fork and takes SUITE_PEER_DEVICE,
+ * SUITE_PEER_INSTANCE and SUITE_PEER_REMOTE_HOST as its SUITE_DEVICE,
+ * VIA_INSTANCE and SUITE_REMOTE_HOST (see remote_addr). Non-zero then. */
+int suite_between_hosts(void);
 /* The child's pid (in the parent), e.g. to kill it. */
 int child_pid(void);
 /* Marks the child as gone (after the parent reaped it itself). */
@@ -124,6 +129,9 @@ VIP_PROTECTION_HANDLE new_ptag(VIP_NIC_HANDLE nic);
 const char *disc(const char *tag);
 /* A malloc'ed address: this NIC's host address plus discriminator `d`. */
 VIP_NET_ADDRESS *make_addr(VIP_NIC_HANDLE nic, const char *d);
+/* make_addr with the other process's host: SUITE_REMOTE_HOST (IPv4) when
+ * set (the processes are on two hosts), else this NIC's. */
+VIP_NET_ADDRESS *remote_addr(VIP_NIC_HANDLE nic, const char *d);
 /* Room for any address the NIC can report (NicAddressLen + MaxDiscriminatorLen). */
 VIP_NET_ADDRESS *addr_room(VIP_NIC_HANDLE nic);
 
@@ -136,7 +144,8 @@ int wait_state(VIP_VI_HANDLE vi, VIP_VI_STATE state, unsigned long ms);
 
 /* Server side: waits for a request on discriminator d and accepts it with vi. */
 void accept_on(VIP_NIC_HANDLE nic, VIP_VI_HANDLE vi, const char *d);
-/* Client side: connects vi to discriminator d on this host. */
+/* Client side: connects vi to discriminator d on the other process's host
+ * (remote_addr). */
 void connect_to(VIP_NIC_HANDLE nic, VIP_VI_HANDLE vi, const char *d);
 
 /* Registered memory: page-aligned, zeroed, `len` bytes (rounded to pages). */

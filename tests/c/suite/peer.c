@@ -8,7 +8,7 @@ static VIP_PROTECTION_HANDLE tag;
 
 static VIP_RETURN peer_request(VIP_VI_HANDLE vi, const char *mine, const char *theirs, unsigned long ms)
 {
-    VIP_NET_ADDRESS *l = make_addr(nic, mine), *r = make_addr(nic, theirs);
+    VIP_NET_ADDRESS *l = make_addr(nic, mine), *r = remote_addr(nic, theirs);
     VIP_RETURN rc = VipConnectPeerRequest(vi, l, r, ms);
     free(l);
     free(r);

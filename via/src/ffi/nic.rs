@@ -90,9 +90,9 @@ pub unsafe extern "C" fn VipQueryNic(
         for (d, s) in name.iter_mut().zip(a.name.bytes().take(63)) {
             *d = s as VIP_CHAR;
         }
-        // The process's copy of the host address lives as long as the NIC
-        // (the NIC holds the process state), unlike `a.local_address`.
-        let host = &nic.process.host;
+        // The NIC's copy of its host address (the interface's on a sockets
+        // NIC) lives as long as the NIC, unlike `a.local_address`.
+        let host = &nic.host;
         out.write(VIP_NIC_ATTRIBUTES {
             Name: name,
             HardwareVersion: a.hardware_version as VIP_ULONG,

@@ -24,7 +24,7 @@ fn host_file_names() -> Vec<String> {
 
 /// The discovered host addresses, this NIC's first.
 fn discover(nic: &NicInner, hops: VIP_ULONG) -> Vec<Vec<u8>> {
-    let own = nic.process.host.clone();
+    let own = nic.host.clone();
     let mut seen: HashSet<Vec<u8>> = HashSet::from([own.clone()]);
     let mut out = vec![own];
     if hops > 0 {
@@ -76,7 +76,7 @@ pub unsafe extern "C" fn VipQuerySystemManagementInfo(
         let info = Info.cast::<VIP_AUTODISCOVERY_LIST>();
         // SAFETY: the caller's contract for `Info`.
         let list = unsafe { read_in(info) }?;
-        let room = nic.process.host.len();
+        let room = nic.host.len();
         let found: Vec<Vec<u8>> = discover(&nic, list.NumberOfHops)
             .into_iter()
             .filter(|a| a.len() <= room)

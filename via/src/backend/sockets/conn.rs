@@ -107,6 +107,9 @@ pub(crate) struct Conn {
     pub timeout: Duration,
     /// Most bytes per write system call (0: no bound).
     fragment: usize,
+    /// The peer VI's MaxTransferSize (the smaller of the two applies; 0:
+    /// not known).
+    pub peer_mtu: u32,
 }
 
 impl Conn {
@@ -115,6 +118,7 @@ impl Conn {
         stream: TcpStream,
         timeout: Duration,
         fragment: usize,
+        peer_mtu: u32,
     ) -> io::Result<Conn> {
         // Every call passes MSG_DONTWAIT anyway (`io.rs`: viad may change
         // this flag of the shared file description).
@@ -137,6 +141,7 @@ impl Conn {
             closed: AtomicBool::new(false),
             timeout,
             fragment,
+            peer_mtu,
         })
     }
 

@@ -73,11 +73,15 @@ const DEFAULT_TIMEOUT_MS: u64 = 5000;
 pub(crate) fn accepts(name: &str) -> Option<String> {
     let base = name.strip_prefix("/dev/").unwrap_or(name);
     let ifname = base.strip_prefix("via_")?;
+    // /sys shows the interfaces of the namespace it was mounted in; a
+    // process that entered another network namespace (setns) finds its
+    // interfaces through getifaddrs (those with an IPv4 address).
     let ok = ifname != "lo"
         && !ifname.is_empty()
         && !ifname.contains('/')
         && !ifname.starts_with('.')
-        && std::path::Path::new("/sys/class/net").join(ifname).exists();
+        && (std::path::Path::new("/sys/class/net").join(ifname).exists()
+            || via_sys::interface_ipv4(ifname).is_ok_and(|a| !a.is_empty()));
     ok.then(|| base.to_string())
 }
 
@@ -176,7 +180,6 @@ pub(crate) struct Sockets {
     process: Arc<Process>,
     ifname: String,
     addr: Option<Ipv4Addr>,
-    next_handle: AtomicU32,
     /// Requesters' connections between the answer and `connect`.
     accepted: Arc<Mutex<HashMap<u32, TcpStream>>>,
     breaks: Mutex<Vec<Break>>,
@@ -228,7 +231,6 @@ pub(crate) fn open(process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<d
         process: process.clone(),
         ifname,
         addr,
-        next_handle: AtomicU32::new(0x100),
         accepted: Arc::new(Mutex::new(HashMap::new())),
         breaks: Mutex::new(Vec::new()),
         progress: Mutex::new(None),
@@ -465,8 +467,11 @@ impl Device for Sockets {
     }
 
     fn reserve_region(&self) -> Result<RegionSlot> {
+        // Unique in the process, not only in this NIC: a handle of another
+        // NIC is refused (`VIP_INVALID_PARAMETER`), not taken for one of ours.
+        static NEXT: AtomicU32 = AtomicU32::new(0x100);
         Ok(RegionSlot {
-            handle: self.next_handle.fetch_add(1, Ordering::Relaxed),
+            handle: NEXT.fetch_add(1, Ordering::Relaxed),
             index: 0,
         })
     }
@@ -609,6 +614,7 @@ impl Device for Sockets {
             stream,
             self.shared.settings.timeout,
             self.shared.settings.fragment,
+            peer.mtu,
         )
         .map_err(|e| Error::failed("setting up the connection", e))?;
         *self.shared.vis[vi.slot as usize].conn.write().unwrap() = Some(Arc::new(c));
@@ -664,8 +670,14 @@ impl Device for Sockets {
             read_into: None,
             status: None,
         };
-        if wr.fault != 0 {
-            aw.status = Some(wr.fault);
+        // The smaller MaxTransferSize of the two VIs applies.
+        let fault = if wr.fault == 0 && conn.peer_mtu != 0 && wr.length > conn.peer_mtu {
+            status::LENGTH_ERROR
+        } else {
+            wr.fault
+        };
+        if fault != 0 {
+            aw.status = Some(fault);
             let mut q = conn.awaiting.lock().unwrap();
             q.push_back(aw);
             Conn::drain(nic, vi, &mut q);
