@@ -396,6 +396,8 @@ pub(crate) struct Verbs {
     /// Held while polling the device CQ (the progress thread, or a
     /// disconnect draining a QP's flushes).
     poll_lock: Mutex<()>,
+    /// Calls of `Device::poll` (application threads polling).
+    polls: std::sync::atomic::AtomicU64,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -472,6 +474,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         errors: Mutex::new(Vec::new()),
         breaks: Mutex::new(Vec::new()),
         poll_lock: Mutex::new(()),
+        polls: std::sync::atomic::AtomicU64::new(0),
         stop: AtomicBool::new(false),
         thread: Mutex::new(None),
     }))
@@ -666,11 +669,28 @@ impl Verbs {
 
     /// The progress thread: polls the device CQ, sleeps on the completion
     /// channel when it is empty, until the NIC closes.
+    ///
+    /// While application threads poll ([`Device::poll`] counts their
+    /// calls), they take their completions themselves: the thread then
+    /// does not arm the CQ, which would wake it (and preempt a poller) on
+    /// every completion, but looks again every millisecond. The cost: a
+    /// waiter that stops polling to sleep may see its completion up to a
+    /// millisecond later, once.
     fn progress(self: Arc<Self>, nic: Weak<NicInner>) {
+        let mut polls = self.polls.load(Ordering::Relaxed);
         while !self.stop.load(Ordering::Acquire) {
             let Some(n) = nic.upgrade() else { break };
             if self.take_completions(&n) > 0 {
                 self.settle(&n);
+                continue;
+            }
+            let now = self.polls.load(Ordering::Relaxed);
+            if now != polls {
+                polls = now;
+                self.settle(&n);
+                drop(n);
+                // Not armed: a bounded idle wait, not a synchronisation.
+                self.cq.wait_event(1);
                 continue;
             }
             self.cq.arm();
@@ -1311,7 +1331,9 @@ impl Device for Verbs {
 
     fn poll(&self, nic: &NicInner, _vi: &ViCore) {
         // A polling program takes its completion itself rather than wait
-        // for the progress thread to be scheduled.
+        // for the progress thread to be scheduled (which, seeing it poll,
+        // stops arming the CQ: `progress`).
+        self.polls.fetch_add(1, Ordering::Relaxed);
         if self.try_take_completions(nic) > 0 {
             self.settle(nic);
         }
