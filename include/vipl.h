@@ -736,6 +736,65 @@ VIP_RETURN VipNSGetHostByAddr(VIP_NIC_HANDLE NicHandle,
  * VIP_ERROR_RESOURCE. */
 VIP_RETURN VipNSShutdown(VIP_NIC_HANDLE NicHandle);
 
+/* ------------------------------------------------------------------ */
+/* Extensions of via-rs: NOT VIPL 1.0                                  */
+/* ------------------------------------------------------------------ */
+
+/* Shared receive queues (SRQ). Receive descriptors are posted once to an
+ * SRQ for every VI attached to it; a message to any of them takes the
+ * oldest. Only the verbs kind of NIC (InfiniBand, RoCE) has them; on the
+ * other kinds every call below returns VIP_INVALID_PARAMETER. VIPL 1.0
+ * programs never see them. XRC (one connection per remote node shared by
+ * its processes) is not offered: see docs/design.md section 8. */
+typedef void *VIP_SRQ_HANDLE;
+
+/* Create an SRQ of EntryCount descriptors of the protection tag Ptag.
+ * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle, NULL SrqHandle,
+ * EntryCount 0, or a kind of NIC without SRQs; VIP_INVALID_PTAG;
+ * VIP_ERROR_RESOURCE: EntryCount above MaxDescriptorsPerQueue, or too
+ * many SRQs. (Not VIPL 1.0.) */
+VIP_RETURN VipCreateSrq(VIP_NIC_HANDLE NicHandle, VIP_PROTECTION_HANDLE Ptag,
+                        VIP_ULONG EntryCount, VIP_SRQ_HANDLE *SrqHandle);
+
+/* Destroy an SRQ; descriptors still posted complete with
+ * VIP_STATUS_DESC_FLUSHED_ERROR written into them.
+ * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad SrqHandle; VIP_INVALID_STATE: a
+ * VI is attached. (Not VIPL 1.0.) */
+VIP_RETURN VipDestroySrq(VIP_SRQ_HANDLE SrqHandle);
+
+/* Post a receive descriptor to an SRQ, as VipPostRecv does to a VI.
+ * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad SrqHandle or MemoryHandle, NULL
+ * DescriptorPtr; VIP_DESCRIPTOR_ERROR: misaligned or malformed descriptor,
+ * or one of another protection tag; VIP_ERROR_RESOURCE: the SRQ holds
+ * EntryCount descriptors. (Not VIPL 1.0.) */
+VIP_RETURN VipPostSrqRecv(VIP_SRQ_HANDLE SrqHandle, VIP_DESCRIPTOR *DescriptorPtr,
+                          VIP_MEM_HANDLE MemoryHandle);
+
+/* Take the oldest completed descriptor of an SRQ: *ViHandle is the VI
+ * that received (NULL for a descriptor completed at post time), and
+ * *DescriptorPtr the descriptor (status, length and immediate data are
+ * in it, as for VipRecvDone).
+ * VIP_SUCCESS; VIP_NOT_DONE; VIP_INVALID_PARAMETER: bad SrqHandle or NULL
+ * pointer. (Not VIPL 1.0.) */
+VIP_RETURN VipSrqDone(VIP_SRQ_HANDLE SrqHandle, VIP_VI_HANDLE *ViHandle,
+                      VIP_DESCRIPTOR **DescriptorPtr);
+
+/* Wait up to Timeout ms for a completed descriptor, as VipSrqDone.
+ * VIP_SUCCESS; VIP_TIMEOUT; VIP_INVALID_PARAMETER: bad SrqHandle or NULL
+ * pointer. (Not VIPL 1.0.) */
+VIP_RETURN VipSrqWait(VIP_SRQ_HANDLE SrqHandle, VIP_ULONG Timeout,
+                      VIP_VI_HANDLE *ViHandle, VIP_DESCRIPTOR **DescriptorPtr);
+
+/* Attach an idle VI without posted receives to an SRQ (SrqHandle NULL:
+ * back to its own receive queue). While attached, VipPostRecv on the VI
+ * returns VIP_INVALID_STATE, and its receives complete through the SRQ
+ * (VipSrqDone/VipSrqWait), not its receive queue or CQ.
+ * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad handle, an SRQ of another NIC,
+ * or a kind of NIC without SRQs; VIP_INVALID_STATE: the VI is not idle or
+ * has receives posted; VIP_INVALID_PTAG: the SRQ's tag is not the VI's;
+ * VIP_INVALID_RELIABILITY_LEVEL: an Unreliable VI. (Not VIPL 1.0.) */
+VIP_RETURN VipSetViSrq(VIP_VI_HANDLE ViHandle, VIP_SRQ_HANDLE SrqHandle);
+
 #ifdef __cplusplus
 }
 #endif

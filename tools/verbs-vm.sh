@@ -5,6 +5,9 @@
 #   tools/verbs-vm.sh verbs@central  a test with VIA_DOORBELL=central (the central send
 #                                    queue; without @: the default, direct posting)
 #   tools/verbs-vm.sh verbs_bench    the measurements (doorbell posts/s table and JSON)
+#   tools/verbs-vm.sh callgrind      instructions per post (Vi::post_send/post_recv against
+#                                    the bare ibv_post_send/ibv_post_recv) under callgrind in
+#                                    the VM, 8 B and 64 KiB; and ibv_devinfo -v of rxe0
 #   tools/verbs-vm.sh c              the C conformance suite (tests/c/suite, the
 #                                    programs listed in $c_programs) on rxe0
 # Each named integration test binary runs inside the VM with the test's peer
@@ -73,20 +76,59 @@ case $profile in
     release) cargo_profile=(--release) ;;
     *) fail "VERBS_VM_PROFILE must be debug or release" ;;
 esac
+test_exe() {
+    cargo test -q "${cargo_profile[@]}" -p via-tests --features via/verbs,via-tests/verbs --test "$1" --no-run \
+            --message-format=json 2>/dev/null |
+        grep '"kind":\["test"\]' | grep "\"name\":\"$1\"" |
+        grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4
+}
+
+# Instructions per post under callgrind (the VM has no perf counters).
+callgrind_run() {
+    local out=$root/target/verbs-vm/callgrind exe script size
+    mkdir -p "$out"
+    rm -f "$out"/cg-*.out "$out"/cg-*.log
+    exe=$(test_exe verbs_bench)
+    [ -n "$exe" ] || fail "no test binary for verbs_bench"
+    script=$out/run.sh
+    {
+        echo "cd $out"
+        echo "ibv_devinfo -v -d rxe0 > devinfo.txt 2>&1"
+        # viad started natively: valgrind 3.19 lacks pidfd_open, which the
+        # library's start of viad uses (a running viad is only connected to).
+        echo '"$VIA_VIAD" --daemon --idle-ms 600000 < /dev/null || echo VIAD-FAIL'
+        for size in 8 65536; do
+            echo "VIA_BENCH_SIZES=$size VIA_BENCH_ITERS=${VERBS_VM_CG_ITERS:-256} valgrind --tool=callgrind --callgrind-out-file=$out/cg-$size.out $exe --exact post_cost_by_size --nocapture --test-threads=1 > cg-$size.log 2>&1 || echo CALLGRIND-FAIL $size"
+        done
+    } > "$script"
+    printf '\n==> callgrind of the post path on Soft-RoCE (rxe0, in a VM)\n'
+    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1800} SOFTROCE_VALGRIND=1 SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
+    SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 ${VERBS_VM_ENV:-}" \
+        "$vm" "$(command -v bash)" "$script" || fail "the callgrind run failed on Soft-RoCE (exit $?)"
+    for size in 8 65536; do
+        [ -s "$out/cg-$size.out" ] || { cat "$out/cg-$size.log" 2>/dev/null; fail "no callgrind output for $size B"; }
+        grep -h "POST-COST-SIZE" "$out/cg-$size.log" || true
+        printf '\n==> instructions per call, %s B (%s)\n' "$size" "$out/cg-$size.out"
+        python3 tools/callgrind-calls.py "$out/cg-$size.out" 'Vi::post_send' 'Vi::post_recv' \
+            'ibv::Qp::post_send' 'ibv::Qp::post_recv'
+    done
+}
+
 cargo build -q "${cargo_profile[@]}" --workspace --bins --features via/verbs,via-tests/verbs
 for t in "${tests[@]}"; do
     if [ "$t" = c ]; then
         c_suite
         continue
     fi
+    if [ "$t" = callgrind ]; then
+        callgrind_run
+        continue
+    fi
     mode_env=
     case $t in
         *@*) mode_env="VIA_DOORBELL=${t#*@}"; t=${t%@*} ;;
     esac
-    exe=$(cargo test -q "${cargo_profile[@]}" -p via-tests --features via/verbs,via-tests/verbs --test "$t" --no-run \
-            --message-format=json 2>/dev/null |
-          grep '"kind":\["test"\]' | grep "\"name\":\"$t\"" |
-          grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
+    exe=$(test_exe "$t")
     [ -n "$exe" ] || fail "no test binary for $t"
     printf '\n==> %s on Soft-RoCE (rxe0, in a VM) %s\n' "$t" "$mode_env"
     SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \

@@ -190,6 +190,18 @@ impl Nic {
         })
     }
 
+    /// Creates a shared receive queue of `entries` descriptors of tag
+    /// `ptag` (an extension, not VIPL 1.0; `VipCreateSrq`): VIs attached
+    /// with [`Vi::set_srq`] take their receives from it.
+    ///
+    /// # Errors
+    /// `InvalidParameter` on a kind of NIC without SRQs (only verbs has
+    /// them) or for 0 entries; `InvalidPtag`; `Resource` above
+    /// `MaxDescriptorsPerQueue` or the NIC's SRQs.
+    pub fn create_srq(&self, ptag: Ptag, entries: u32) -> Result<Srq> {
+        Srq::create(&self.inner, ptag, entries)
+    }
+
     /// Waits for a connection request on `local` (`VipConnectWait`).
     pub fn connect_wait(&self, local: &NetAddr, timeout: Option<Duration>) -> Result<ConnRequest> {
         let (h, remote, attrs) = crate::conn::wait(&self.inner, local.clone(), timeout)?;
@@ -315,6 +327,187 @@ impl Cq {
     }
 }
 
+/// A shared receive queue (an extension, not VIPL 1.0): receive
+/// descriptors posted once for every VI attached ([`Vi::set_srq`]); a
+/// message to any of them takes the oldest. Destroyed with
+/// [`Srq::destroy`] (or when dropped) once no VI is attached.
+pub struct Srq {
+    nic: Arc<NicInner>,
+    id: u32,
+    ptag: Ptag,
+    post: std::sync::Mutex<Box<SrqPost>>,
+    /// Destroyed by [`Srq::destroy`] (the id may belong to another SRQ).
+    gone: std::sync::atomic::AtomicBool,
+}
+
+/// The posting path's scratch of an SRQ.
+#[derive(Default)]
+struct SrqPost {
+    regions: crate::regions::RegionCache,
+    desc: crate::translate::UserDesc,
+    rwr: crate::translate::RecvWr,
+}
+
+/// A descriptor a shared receive queue completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqCompletion {
+    /// Slot of the VI that received ([`Vi::slot`]); `u32::MAX` for a
+    /// descriptor completed at post time (a bad segment) or flushed.
+    pub vi: u32,
+    /// Address of the descriptor.
+    pub desc: u64,
+    /// Its status word (as written into the descriptor).
+    pub status: u32,
+    /// Generation of the VI (the C layer's handle).
+    pub(crate) generation: u16,
+}
+
+impl Srq {
+    pub(crate) fn create(nic: &Arc<NicInner>, ptag: Ptag, entries: u32) -> Result<Srq> {
+        if !nic.ptag_valid(ptag) {
+            return Err(Error::InvalidPtag);
+        }
+        let id = nic.dev.create_srq(nic, ptag.id(), entries)?;
+        Ok(Srq {
+            nic: nic.clone(),
+            id,
+            ptag,
+            post: std::sync::Mutex::new(Box::default()),
+            gone: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The NIC of the SRQ.
+    pub(crate) fn nic(&self) -> &Arc<NicInner> {
+        &self.nic
+    }
+
+    /// [`Vi::set_srq`] of VI `core` of `nic`.
+    pub(crate) fn attach(nic: &Arc<NicInner>, core: &ViCore, srq: Option<&Srq>) -> Result<()> {
+        if let Some(s) = srq {
+            if !Arc::ptr_eq(&s.nic, nic) {
+                return Err(Error::InvalidParameter);
+            }
+        }
+        if core.vi_state() != ViState::Idle {
+            return Err(Error::InvalidState);
+        }
+        let (_, _, _, recv_empty) = core.query();
+        if !recv_empty {
+            return Err(Error::InvalidState);
+        }
+        nic.dev.attach_srq(nic, core, srq.map(|s| s.id))
+    }
+
+    /// Posts the receive descriptor at byte `desc` of `mem`
+    /// (`VipPostSrqRecv`).
+    ///
+    /// # Errors
+    /// As [`Vi::post_recv`]: `InvalidParameter` for a bad handle or
+    /// address, `DescriptorError` for a malformed descriptor (a segment
+    /// fault completes it with an error status instead); `Resource` when
+    /// the SRQ holds `entries` descriptors.
+    pub fn post_recv(&self, mem: &Region, desc: usize) -> Result<()> {
+        self.post_at(mem.addr(desc)?, mem.handle)
+    }
+
+    /// Posts the receive descriptor at address `va` in the region of
+    /// memory handle `handle`.
+    pub(crate) fn post_at(&self, va: u64, handle: u32) -> Result<()> {
+        let nic = &self.nic;
+        let ptag = self.ptag.id();
+        let mut p = self.post.lock().unwrap();
+        let SrqPost {
+            regions,
+            desc: d,
+            rwr,
+        } = &mut **p;
+        crate::translate::read_desc(&nic.regions, va, handle, ptag, regions, d)?;
+        crate::translate::recv_wr(&nic.regions, d, va, handle, ptag, regions, rwr);
+        d.status.complete(0, None, None);
+        nic.dev.post_srq_recv(nic, self.id, va, rwr)
+    }
+
+    /// The oldest completed descriptor (`VipSrqDone`).
+    ///
+    /// # Errors
+    /// `NotDone` when none is.
+    pub fn done(&self) -> Result<SrqCompletion> {
+        match self.nic.dev.srq_done(self.id) {
+            Some(d) => Ok(self.completion(d)),
+            None => {
+                self.nic.dev.kick(&self.nic, None);
+                Err(Error::NotDone)
+            }
+        }
+    }
+
+    /// Waits up to `timeout` (`None`: for ever) for a completed descriptor
+    /// (`VipSrqWait`).
+    ///
+    /// # Errors
+    /// `Timeout`.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<SrqCompletion> {
+        let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+        let wake = self
+            .nic
+            .dev
+            .srq_wake(self.id)
+            .ok_or(Error::InvalidParameter)?;
+        let mut got = None;
+        doorbell::wait_until(wake, crate::config::Config::get().spin, deadline, || {
+            got = self.nic.dev.srq_done(self.id);
+            got.is_some()
+        });
+        match got {
+            Some(d) => Ok(self.completion(d)),
+            None => Err(Error::Timeout),
+        }
+    }
+
+    fn completion(&self, d: crate::backend::SrqDone) -> SrqCompletion {
+        SrqCompletion {
+            vi: d.vi.0,
+            desc: d.desc,
+            status: d.status,
+            generation: d.vi.1,
+        }
+    }
+
+    /// [`Srq::destroy`] of an SRQ the C layer shares.
+    pub(crate) fn destroy_shared(&self) -> Result<()> {
+        self.nic.dev.destroy_srq(&self.nic, self.id)?;
+        self.gone.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Destroys the SRQ (`VipDestroySrq`); descriptors still posted
+    /// complete with `DESC_FLUSHED_ERROR` written into them.
+    ///
+    /// # Errors
+    /// `InvalidState` (the SRQ is given back) while a VI is attached.
+    pub fn destroy(self) -> std::result::Result<(), Refused<Srq>> {
+        match self.nic.dev.destroy_srq(&self.nic, self.id) {
+            Ok(()) => {
+                self.gone.store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => Err(Refused {
+                error,
+                object: self,
+            }),
+        }
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        if !self.gone.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = self.nic.dev.destroy_srq(&self.nic, self.id);
+        }
+    }
+}
+
 /// A VI.
 pub struct Vi {
     nic: Arc<NicInner>,
@@ -396,6 +589,21 @@ impl Vi {
     /// Waits for a peer-to-peer connection.
     pub fn connect_peer_wait(&self) -> Result<ViAttributes> {
         crate::conn::peer_done(&self.nic, &self.core, true)
+    }
+
+    /// Attaches the VI to a shared receive queue (`Some`), or gives it
+    /// its own receive queue again (`None`) (an extension, not VIPL 1.0;
+    /// `VipSetViSrq`). The VI must be idle with no receive posted; while
+    /// attached, its receives come from the SRQ ([`Srq::done`] says which
+    /// VI took each) and [`Vi::post_recv`] is `InvalidState`.
+    ///
+    /// # Errors
+    /// `InvalidParameter`: an SRQ of another NIC, or a kind without SRQs;
+    /// `InvalidState`: the VI is not idle or has receives posted;
+    /// `InvalidPtag`: the SRQ's tag is not the VI's;
+    /// `InvalidReliabilityLevel`: an Unreliable VI.
+    pub fn set_srq(&self, srq: Option<&Srq>) -> Result<()> {
+        Srq::attach(&self.nic, &self.core, srq)
     }
 
     /// Disconnects.

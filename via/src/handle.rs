@@ -19,6 +19,8 @@ pub enum Kind {
     Ptag = 4,
     /// `VIP_CONN_HANDLE`.
     Conn = 5,
+    /// `VIP_SRQ_HANDLE` (an extension, not VIPL 1.0).
+    Srq = 6,
 }
 
 /// A decoded handle.
@@ -51,6 +53,7 @@ impl Handle {
             3 => Kind::Cq,
             4 => Kind::Ptag,
             5 => Kind::Conn,
+            6 => Kind::Srq,
             _ => return None,
         };
         if kind != want {

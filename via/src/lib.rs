@@ -38,7 +38,10 @@ pub mod shm;
 mod translate;
 mod vi;
 
-pub use api::{ConnRequest, Cq, DescBuilder, Memory, Nic, Refused, Region, RegistrationStats, Vi};
+pub use api::{
+    ConnRequest, Cq, DescBuilder, Memory, Nic, Refused, Region, RegistrationStats, Srq,
+    SrqCompletion, Vi,
+};
 pub use attrs::{MemAttributes, NicAttributes, Ptag, Reliability, ViAttributes, ViState};
 pub use backend::{CacheCounts, TranslationStats};
 pub use error::{Error, ErrorKind, Result};
@@ -88,6 +91,17 @@ pub fn bare_ibv_post_cost(
 #[cfg(feature = "verbs")]
 #[doc(hidden)]
 pub use backend::verbs::bench::RawPingPong;
+
+/// Whether RDMA device `name` supports XRC (`ibv_open_xrcd`), and the
+/// device's error if not (Soft-RoCE: "Operation not supported").
+///
+/// # Errors
+/// The device's.
+#[cfg(feature = "verbs")]
+#[doc(hidden)]
+pub fn rdma_xrc_supported(name: &str) -> std::io::Result<()> {
+    backend::verbs::xrc_supported(name)
+}
 
 /// Work requests the verbs kind's central send queue (`VIA_DOORBELL=central`)
 /// posted in this process, and the `ibv_post_send` calls (chains) they took.

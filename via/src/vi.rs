@@ -111,6 +111,9 @@ pub(crate) struct ViCore {
     /// Set once `VipDestroyVi` succeeded (handles cached by the C layer
     /// check it).
     pub destroyed: AtomicBool,
+    /// The shared receive queue the VI receives from (an extension, not
+    /// VIPL 1.0; [`NO_SRQ`]: its own receive queue).
+    pub srq: std::sync::atomic::AtomicU32,
     pub send: Mutex<Queue>,
     pub recv: Mutex<Queue>,
     pub send_cq: Option<Arc<CqCore>>,
@@ -118,6 +121,9 @@ pub(crate) struct ViCore {
     pub notify_send: Mutex<VecDeque<ViHandler>>,
     pub notify_recv: Mutex<VecDeque<ViHandler>>,
 }
+
+/// [`ViCore::srq`] of a VI with its own receive queue.
+pub(crate) const NO_SRQ: u32 = u32::MAX;
 
 fn check_attrs(nic: &NicInner, a: &ViAttributes) -> Result<()> {
     if a.max_transfer_size == 0 || a.max_transfer_size > nic.limits.max_transfer {
@@ -162,6 +168,7 @@ impl ViCore {
                     }),
                     broken: AtomicBool::new(false),
                     destroyed: AtomicBool::new(false),
+                    srq: std::sync::atomic::AtomicU32::new(NO_SRQ),
                     send: Mutex::new(Queue::default()),
                     recv: Mutex::new(Queue::default()),
                     send_cq,
@@ -366,6 +373,10 @@ impl ViCore {
 
     /// `VipPostRecv`.
     pub fn post_recv(&self, nic: &NicInner, desc_va: u64, handle: u32) -> Result<()> {
+        // A VI attached to a shared receive queue has no receive queue.
+        if self.srq.load(Ordering::Relaxed) != NO_SRQ {
+            return Err(Error::InvalidState);
+        }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         let state = self.vi_state();
         let mut q = self.recv.lock().unwrap();

@@ -358,6 +358,54 @@ pub(crate) trait Device: Send + Sync {
     fn translation_stats(&self) -> Option<TranslationStats> {
         None
     }
+
+    // ---- shared receive queues (an extension, not VIPL 1.0) ----
+    // Kinds without them keep these defaults: `InvalidParameter`, the
+    // answer VIPL gives for a NIC that cannot do what is asked.
+
+    /// Creates a shared receive queue of `entries` descriptors of tag
+    /// `ptag`; its id.
+    fn create_srq(&self, _nic: &NicInner, _ptag: u32, _entries: u32) -> Result<u32> {
+        Err(Error::InvalidParameter)
+    }
+
+    /// Destroys SRQ `id` (no VI attached): its outstanding descriptors
+    /// complete flushed.
+    fn destroy_srq(&self, _nic: &NicInner, _id: u32) -> Result<()> {
+        Err(Error::InvalidParameter)
+    }
+
+    /// Posts a validated receive (descriptor at `desc_va`) to SRQ `id`.
+    fn post_srq_recv(&self, _nic: &NicInner, _id: u32, _desc_va: u64, _wr: &RecvWr) -> Result<()> {
+        Err(Error::InvalidParameter)
+    }
+
+    /// The oldest completed descriptor of SRQ `id`, if any.
+    fn srq_done(&self, _id: u32) -> Option<SrqDone> {
+        None
+    }
+
+    /// The event count SRQ `id`'s waiters sleep on.
+    fn srq_wake(&self, _id: u32) -> Option<&EventCount> {
+        None
+    }
+
+    /// Attaches idle `vi` (no receive posted) to SRQ `id`, or detaches it
+    /// (`None`).
+    fn attach_srq(&self, _nic: &NicInner, _vi: &ViCore, _id: Option<u32>) -> Result<()> {
+        Err(Error::InvalidParameter)
+    }
+}
+
+/// A descriptor a shared receive queue completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqDone {
+    /// Slot and generation of the VI that received.
+    pub vi: (u32, u16),
+    /// Address of the descriptor.
+    pub desc: u64,
+    /// Its status word.
+    pub status: u32,
 }
 
 /// Opens NIC number `id` of a process under the canonical `name`.

@@ -7,6 +7,7 @@
 //! | `VIP_CQ_HANDLE` | `Cq` | NIC slot | CQ generation | NIC generation << 16 \| CQ slot |
 //! | `VIP_PROTECTION_HANDLE` | `Ptag` | NIC slot | ptag generation | NIC generation << 16 \| ptag index |
 //! | `VIP_CONN_HANDLE` | `Conn` | NIC slot | request generation | NIC generation << 16 \| request slot |
+//! | `VIP_SRQ_HANDLE` (extension) | `Srq` | NIC slot | SRQ generation | NIC generation << 16 \| SRQ slot (`ffi::srq`'s table) |
 //!
 //! Every handle names its NIC by slot *and* generation, so a handle of a
 //! closed NIC whose slot was reused is refused, and so is a handle used
@@ -51,6 +52,19 @@ fn encode(kind: Kind, nic: &NicInner, generation: u16, slot: u32) -> *mut core::
 /// The handle of `nic`.
 pub(crate) fn nic_handle(nic: &NicInner) -> VIP_NIC_HANDLE {
     encode(Kind::Nic, nic, nic.generation, 0)
+}
+
+/// The handle of SRQ (`slot`, `generation`) of `nic` (`ffi::srq`'s table).
+pub(crate) fn srq_handle(nic: &NicInner, slot: u32, generation: u16) -> VIP_SRQ_HANDLE {
+    encode(Kind::Srq, nic, generation, slot)
+}
+
+/// The NIC, table slot and generation of SRQ handle `h`.
+///
+/// # Errors
+/// `InvalidParameter` for anything but a live NIC's SRQ handle.
+pub(crate) fn srq_decode(h: VIP_SRQ_HANDLE) -> Result<(Arc<NicInner>, u32, u16)> {
+    decode(h, Kind::Srq)
 }
 
 /// The handle of VI (`slot`, `generation`) of `nic`.

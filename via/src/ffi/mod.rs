@@ -41,6 +41,7 @@ pub mod ptag;
 pub mod recv;
 pub mod send;
 pub mod smi;
+pub mod srq;
 pub mod types;
 pub mod vi;
 
@@ -57,4 +58,5 @@ pub use ptag::*;
 pub use recv::*;
 pub use send::*;
 pub use smi::*;
+pub use srq::*;
 pub use vi::*;

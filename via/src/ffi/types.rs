@@ -60,6 +60,8 @@ pub type VIP_NIC_HANDLE = *mut c_void;
 pub type VIP_VI_HANDLE = *mut c_void;
 /// `VIP_CQ_HANDLE`.
 pub type VIP_CQ_HANDLE = *mut c_void;
+/// `VIP_SRQ_HANDLE`: a shared receive queue (an extension, not VIPL 1.0).
+pub type VIP_SRQ_HANDLE = *mut c_void;
 /// `VIP_PROTECTION_HANDLE` (a ptag).
 pub type VIP_PROTECTION_HANDLE = *mut c_void;
 /// `VIP_CONN_HANDLE`: a pending connection request from `VipConnectWait`.

@@ -54,7 +54,7 @@ impl Bare {
         // MR (field order).
         #[allow(unsafe_code)]
         let mr = unsafe { pd.register(buf.as_ptr() as u64, BUF as u64, access)? };
-        let qp = Qp::new(&pd, &cq, Transport::Rc, depth, 1)?;
+        let qp = Qp::new(&pd, &cq, Transport::Rc, depth, 1, None)?;
         qp.init(PORT, access)?;
         Ok(Bare {
             qp,

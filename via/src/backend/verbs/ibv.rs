@@ -177,6 +177,28 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Whether the device opens an XRC domain (`ibv_open_xrcd`); the error
+    /// when it does not (rxe: `EOPNOTSUPP`).
+    pub fn xrc_supported(&self) -> io::Result<()> {
+        // SAFETY: plain data; zero is valid.
+        let mut a: sys::ibv_xrcd_init_attr = unsafe { std::mem::zeroed() };
+        a.comp_mask = (sys::ibv_xrcd_init_attr_mask::IBV_XRCD_INIT_ATTR_FD
+            | sys::ibv_xrcd_init_attr_mask::IBV_XRCD_INIT_ATTR_OFLAGS)
+            .0;
+        a.fd = -1;
+        a.oflags = libc::O_CREAT;
+        // SAFETY: `ctx` is live; `a` valid for the call.
+        let x = unsafe { sys::ibv_open_xrcd(self.ctx, &mut a) };
+        if x.is_null() {
+            return Err(last_error("ibv_open_xrcd"));
+        }
+        // SAFETY: the domain just opened, closed once.
+        unsafe { sys::ibv_close_xrcd(x) };
+        Ok(())
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every object of the context holds an Arc of it, so none
@@ -292,6 +314,8 @@ unsafe impl Sync for Cq {}
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Wc {
     pub wr_id: u64,
+    /// The QP the completion belongs to (which VI took a shared receive).
+    pub qp_num: u32,
     pub status: u32,
     pub opcode: u32,
     pub byte_len: u32,
@@ -338,6 +362,7 @@ impl Cq {
             let with_imm = w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
             *o = Wc {
                 wr_id: w.wr_id,
+                qp_num: w.qp_num,
                 status: w.status,
                 opcode: w.opcode,
                 byte_len: w.byte_len,
@@ -412,6 +437,73 @@ impl Drop for Cq {
         unsafe {
             sys::ibv_destroy_cq(self.cq);
             sys::ibv_destroy_comp_channel(self.channel);
+        }
+    }
+}
+
+/// A shared receive queue.
+pub(crate) struct Srq {
+    srq: *mut sys::ibv_srq,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Srq {}
+// SAFETY: see Context.
+unsafe impl Sync for Srq {}
+
+impl Srq {
+    /// An SRQ of `depth` receives of up to `sges` segments in `pd`.
+    pub fn new(pd: &Arc<Pd>, depth: u32, sges: u32) -> io::Result<Arc<Srq>> {
+        let mut a = sys::ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: sys::ibv_srq_attr {
+                max_wr: depth,
+                max_sge: sges,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: `pd` is live and kept alive by the SRQ; `a` valid.
+        let srq = unsafe { sys::ibv_create_srq(pd.pd, &mut a) };
+        if srq.is_null() {
+            return Err(last_error("ibv_create_srq"));
+        }
+        Ok(Arc::new(Srq {
+            srq,
+            _pd: pd.clone(),
+        }))
+    }
+
+    /// Posts one receive of `sges` with `wr_id`.
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
+        let mut s = [SGE_ZERO; MAX_SGE];
+        for (d, x) in s.iter_mut().zip(sges) {
+            *d = sys::ibv_sge {
+                addr: x.addr,
+                length: x.len,
+                lkey: x.lkey,
+            };
+        }
+        let mut wr = sys::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: s.as_mut_ptr(),
+            num_sge: sges.len().min(MAX_SGE) as i32,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: live SRQ; `wr` and `s` live until the call returns.
+        let rc = unsafe { sys::ibv_post_srq_recv(self.srq, &mut wr, &mut bad) };
+        check(rc, "ibv_post_srq_recv")
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: QPs attached hold an Arc of the SRQ, so none is left;
+        // destroyed once.
+        let rc = unsafe { sys::ibv_destroy_srq(self.srq) };
+        if rc != 0 {
+            log::warn!("ibv_destroy_srq: {}", io::Error::from_raw_os_error(rc));
         }
     }
 }
@@ -507,6 +599,7 @@ pub(crate) struct Qp {
     pub transport: Transport,
     _pd: Arc<Pd>,
     _cq: Arc<Cq>,
+    _srq: Option<Arc<Srq>>,
 }
 
 // SAFETY: see Context.
@@ -516,13 +609,15 @@ unsafe impl Sync for Qp {}
 
 impl Qp {
     /// Creates a QP of `transport` in `pd`, both queues on `cq`, every send
-    /// signalled.
+    /// signalled; receives from `srq` when given (no receive queue of its
+    /// own then).
     pub fn new(
         pd: &Arc<Pd>,
         cq: &Arc<Cq>,
         transport: Transport,
         depth: u32,
         sges: u32,
+        srq: Option<&Arc<Srq>>,
     ) -> io::Result<Qp> {
         // SAFETY: plain data; zero is valid for every field.
         let mut a: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -537,7 +632,12 @@ impl Qp {
             Transport::Uc => sys::ibv_qp_type::IBV_QPT_UC,
         };
         a.sq_sig_all = 1;
-        // SAFETY: `pd` and `cq` are live and kept alive by the QP.
+        if let Some(s) = srq {
+            a.srq = s.srq;
+            a.cap.max_recv_wr = 0;
+            a.cap.max_recv_sge = 0;
+        }
+        // SAFETY: `pd`, `cq` and `srq` are live and kept alive by the QP.
         let qp = unsafe { sys::ibv_create_qp(pd.pd, &mut a) };
         if qp.is_null() {
             return Err(last_error("ibv_create_qp"));
@@ -550,6 +650,7 @@ impl Qp {
             transport,
             _pd: pd.clone(),
             _cq: cq.clone(),
+            _srq: srq.cloned(),
         })
     }
 

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use doorbell::EventCount;
 
 use crate::attrs::{Reliability, ViAttributes, ViState};
-use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, ViSignals};
+use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, SrqDone, ViSignals};
 use crate::completion;
 use crate::config::{Config, DoorbellMode};
 use crate::descriptor::{control, status};
@@ -54,10 +54,15 @@ use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
-use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, Sge, Transport, Wc};
+use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, Sge, Srq, Transport, Wc};
 
 const MAX_VI: u32 = 1024;
 const MAX_CQ: u32 = 1024;
+/// Shared receive queues per NIC (an extension, not VIPL 1.0).
+const MAX_SRQ: u32 = 64;
+/// The `wr_id` slot field of an SRQ's receives: this bit plus the SRQ id
+/// (VI slots are below [`MAX_VI`]).
+const SRQ_SLOT: u32 = 0x8000;
 /// Work requests per queue of a QP (and descriptors per VIA work queue).
 const QUEUE_DEPTH: u32 = 1024;
 /// Entries of the NIC's one device CQ (rxe's largest; the work requests
@@ -86,6 +91,11 @@ pub(crate) fn accepts(name: &str) -> Option<String> {
 /// The RDMA devices of this host (for tests and tools; empty when none).
 pub(crate) fn devices() -> Vec<String> {
     ibv::devices()
+}
+
+/// Whether device `name` opens XRC domains (the error if not).
+pub(crate) fn xrc_supported(name: &str) -> std::io::Result<()> {
+    Context::open(Some(name))?.xrc_supported()
 }
 
 /// Work requests posted through central queues and the chains they took.
@@ -136,7 +146,62 @@ struct ViQp {
     sends: VecDeque<SendRec>,
     /// Receives on the QP, by queue position (removed when completed or
     /// cancelled; a completion of a removed one is ignored).
-    recvs: HashMap<u64, RecvWr>,
+    recvs: KeyMap<u64, RecvWr>,
+    /// The SRQ the QP receives from.
+    srq: Option<u32>,
+}
+
+/// A map keyed by memory handles or queue positions: integers that need
+/// no protection against chosen collisions, hashed by one multiplication
+/// (std's SipHash was a tenth of the post path's instructions).
+type KeyMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// Fibonacci hashing of an integer key.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64);
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A scatter list on the stack.
+struct Sges {
+    a: [Sge; crate::descriptor::MAX_SEGMENTS],
+    n: usize,
+}
+
+impl std::ops::Deref for Sges {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        &self.a[..self.n]
+    }
+}
+
+/// A shared receive queue of the NIC.
+struct SrqDev {
+    srq: Arc<Srq>,
+    ptag: u32,
+    entries: u32,
+    /// Receives posted, by position: the work request and the descriptor.
+    recvs: KeyMap<u64, (RecvWr, u64)>,
+    tail: u64,
+    /// Completed descriptors, oldest first.
+    done: VecDeque<SrqDone>,
+    /// VIs attached.
+    attached: u32,
 }
 
 /// A connection break found while running, settled outside the locks the
@@ -225,6 +290,52 @@ fn qp_access(a: &ViAttributes) -> u32 {
     x
 }
 
+/// The status word of a receive completion.
+fn recv_status(wc: &Wc) -> u32 {
+    let ok = wc.status == ibv::WC_SUCCESS;
+    let op = if wc.opcode == ibv::WC_RECV_RDMA_WITH_IMM {
+        status::OP_REMOTE_RDMA_WRITE
+    } else {
+        status::OP_RECEIVE
+    };
+    let err = match wc.status {
+        ibv::WC_SUCCESS => 0,
+        ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
+        // A message longer than the receive: LOC_LEN_ERR by the verbs
+        // specification, REM_INV_REQ_ERR from rxe (the NAK it sends,
+        // reported on the receive too). On UC, rxe reports it as
+        // LOC_QP_OP_ERR.
+        ibv::WC_LOC_LEN_ERR | ibv::WC_REM_INV_REQ_ERR | ibv::WC_LOC_QP_OP_ERR => {
+            status::LENGTH_ERROR
+        }
+        ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
+        _ => status::TRANSPORT_ERROR,
+    };
+    let imm = if ok { wc.imm } else { None };
+    status::DONE | op | err | if imm.is_some() { status::IMMEDIATE } else { 0 }
+}
+
+/// Writes the completion `wc` into the receive descriptor of `rw`; its
+/// status, or `None` if the descriptor cannot be written.
+fn write_recv(nic: &NicInner, rw: &RecvWr, wc: &Wc) -> Option<u32> {
+    let ok = wc.status == ibv::WC_SUCCESS;
+    let st = recv_status(wc);
+    let imm = if ok { wc.imm } else { None };
+    let len = ok.then_some(wc.byte_len);
+    let Some(d) = nic.regions.get(rw.desc_handle) else {
+        log::warn!("a receive descriptor lost its registration");
+        return None;
+    };
+    let va = d.va + rw.desc_off;
+    match completion::write_in_region(&d, va, st, len, imm) {
+        Ok(_) => Some(st),
+        Err(_) => {
+            log::warn!("cannot write a receive status at {va:#x}");
+            None
+        }
+    }
+}
+
 /// The verbs operation and immediate data of a validated send.
 fn send_op(wr: &SendWr) -> (SendOp, Option<u32>) {
     let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
@@ -264,7 +375,7 @@ pub(crate) struct Verbs {
     cq: Arc<Cq>,
     pds: Mutex<HashMap<u32, Arc<Pd>>>,
     /// Live MRs by memory handle (= rkey).
-    mrs: RwLock<HashMap<u32, Arc<Mr>>>,
+    mrs: RwLock<KeyMap<u32, Arc<Mr>>>,
     vis: Box<[Mutex<Option<ViQp>>]>,
     /// Each VI's QP (and generation) for the central poster, which never
     /// takes the VIs' locks (a poster draining a full queue holds one).
@@ -272,6 +383,11 @@ pub(crate) struct Verbs {
     /// The central send queue (`VIA_DOORBELL=central`), or direct posting.
     central: Option<Central>,
     poster: Mutex<Option<JoinHandle<()>>>,
+    srqs: Box<[Mutex<Option<SrqDev>>]>,
+    srq_wakes: Box<[EventCount]>,
+    /// The VI (slot, generation) of each QP number: who took a shared
+    /// receive.
+    qpns: Mutex<HashMap<u32, (u32, u16)>>,
     vi_words: Box<[ViWords]>,
     cq_words: Box<[CqWords]>,
     provider: EventCount,
@@ -280,6 +396,8 @@ pub(crate) struct Verbs {
     /// Held while polling the device CQ (the progress thread, or a
     /// disconnect draining a QP's flushes).
     poll_lock: Mutex<()>,
+    /// Calls of `Device::poll` (application threads polling).
+    polls: std::sync::atomic::AtomicU64,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -342,17 +460,21 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         ctx,
         cq,
         pds: Mutex::new(HashMap::new()),
-        mrs: RwLock::new(HashMap::new()),
+        mrs: RwLock::new(KeyMap::default()),
         vis: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
         qps: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
         central: (Config::get().verbs_doorbell == DoorbellMode::Central).then(Central::new),
         poster: Mutex::new(None),
+        srqs: (0..MAX_SRQ).map(|_| Mutex::new(None)).collect(),
+        srq_wakes: (0..MAX_SRQ).map(|_| EventCount::new()).collect(),
+        qpns: Mutex::new(HashMap::new()),
         vi_words: (0..MAX_VI).map(|_| ViWords::default()).collect(),
         cq_words: (0..MAX_CQ).map(|_| CqWords::default()).collect(),
         provider: EventCount::new(),
         errors: Mutex::new(Vec::new()),
         breaks: Mutex::new(Vec::new()),
         poll_lock: Mutex::new(()),
+        polls: std::sync::atomic::AtomicU64::new(0),
         stop: AtomicBool::new(false),
         thread: Mutex::new(None),
     }))
@@ -369,14 +491,26 @@ impl Verbs {
         Ok(p)
     }
 
-    fn new_qp(&self, a: &ViAttributes) -> Result<Arc<Qp>> {
+    fn new_qp(&self, a: &ViAttributes, srq: Option<u32>) -> Result<Arc<Qp>> {
         let pd = self.pd(a.ptag.id())?;
+        let srq = match srq {
+            Some(id) => Some(
+                self.srqs[id as usize]
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .map(|s| s.srq.clone())
+                    .ok_or(Error::InvalidParameter)?,
+            ),
+            None => None,
+        };
         let qp = Qp::new(
             &pd,
             &self.cq,
             transport(a.reliability),
             QUEUE_DEPTH,
             crate::descriptor::MAX_SEGMENTS as u32,
+            srq.as_ref(),
         )
         .map_err(Error::resource)?;
         qp.init(PORT, qp_access(a)).map_err(Error::resource)?;
@@ -455,6 +589,10 @@ impl Verbs {
     /// Completes the descriptor of one work completion.
     fn complete(&self, nic: &NicInner, wc: &Wc) {
         let (slot, generation, recv, pos) = wr_id_parts(wc.wr_id);
+        if recv && slot & SRQ_SLOT != 0 {
+            self.complete_srq(nic, wc, slot & !SRQ_SLOT, pos);
+            return;
+        }
         let Some(vi) = nic.vi(slot, generation) else {
             return;
         };
@@ -487,37 +625,8 @@ impl Verbs {
                     None => return,
                 }
             };
-            let op = if wc.opcode == ibv::WC_RECV_RDMA_WITH_IMM {
-                status::OP_REMOTE_RDMA_WRITE
-            } else {
-                status::OP_RECEIVE
-            };
-            let err = match wc.status {
-                ibv::WC_SUCCESS => 0,
-                ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
-                // A message longer than the receive: LOC_LEN_ERR by the
-                // verbs specification, REM_INV_REQ_ERR from rxe (the NAK it
-                // sends, reported on the receive too).
-                // On UC, rxe reports it as LOC_QP_OP_ERR.
-                ibv::WC_LOC_LEN_ERR | ibv::WC_REM_INV_REQ_ERR | ibv::WC_LOC_QP_OP_ERR => {
-                    status::LENGTH_ERROR
-                }
-                ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
-                _ => status::TRANSPORT_ERROR,
-            };
-            let imm = if ok { wc.imm } else { None };
-            let st = status::DONE | op | err | if imm.is_some() { status::IMMEDIATE } else { 0 };
-            let len = ok.then_some(wc.byte_len);
-            match nic.regions.get(rw.desc_handle) {
-                Some(d) => {
-                    let va = d.va + rw.desc_off;
-                    if completion::write_in_region(&d, va, st, len, imm).is_ok() {
-                        completion::after_local(nic, &vi, Which::Recv);
-                    } else {
-                        log::warn!("VI {slot}: cannot write receive status at {va:#x}");
-                    }
-                }
-                None => log::warn!("VI {slot}: receive descriptor lost its registration"),
+            if write_recv(nic, &rw, wc).is_some() {
+                completion::after_local(nic, &vi, Which::Recv);
             }
         } else {
             let (rec, reliability) = {
@@ -560,11 +669,28 @@ impl Verbs {
 
     /// The progress thread: polls the device CQ, sleeps on the completion
     /// channel when it is empty, until the NIC closes.
+    ///
+    /// While application threads poll ([`Device::poll`] counts their
+    /// calls), they take their completions themselves: the thread then
+    /// does not arm the CQ, which would wake it (and preempt a poller) on
+    /// every completion, but looks again every millisecond. The cost: a
+    /// waiter that stops polling to sleep may see its completion up to a
+    /// millisecond later, once.
     fn progress(self: Arc<Self>, nic: Weak<NicInner>) {
+        let mut polls = self.polls.load(Ordering::Relaxed);
         while !self.stop.load(Ordering::Acquire) {
             let Some(n) = nic.upgrade() else { break };
             if self.take_completions(&n) > 0 {
                 self.settle(&n);
+                continue;
+            }
+            let now = self.polls.load(Ordering::Relaxed);
+            if now != polls {
+                polls = now;
+                self.settle(&n);
+                drop(n);
+                // Not armed: a bounded idle wait, not a synchronisation.
+                self.cq.wait_event(1);
                 continue;
             }
             self.cq.arm();
@@ -725,6 +851,56 @@ impl Verbs {
         }
     }
 
+    /// Completes receive `pos` of SRQ `id`, taken by the QP of `wc`.
+    fn complete_srq(&self, nic: &NicInner, wc: &Wc, id: u32, pos: u64) {
+        let Some(cell) = self.srqs.get(id as usize) else {
+            return;
+        };
+        let Some((rw, desc)) = cell
+            .lock()
+            .unwrap()
+            .as_mut()
+            .and_then(|s| s.recvs.remove(&pos))
+        else {
+            return;
+        };
+        let vi = self.qpns.lock().unwrap().get(&wc.qp_num).copied();
+        let ok = wc.status == ibv::WC_SUCCESS;
+        if !ok && wc.status != ibv::WC_WR_FLUSH_ERR {
+            log::info!(
+                "SRQ {id}: receive completion of QP {}: {}",
+                wc.qp_num,
+                ibv::status_str(wc.status)
+            );
+            if let Some((slot, generation)) = vi {
+                let erroring = self.vis[slot as usize]
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|v| v.generation == generation && v.erroring);
+                if !erroring {
+                    self.brk((slot, generation), ErrorCode::ConnLost);
+                }
+            }
+        }
+        let st = write_recv(nic, &rw, wc).unwrap_or(status::DONE | recv_status(wc));
+        self.srq_push(
+            id,
+            SrqDone {
+                vi: vi.unwrap_or((u32::MAX, 0)),
+                desc,
+                status: st,
+            },
+        );
+    }
+
+    fn srq_push(&self, id: u32, d: SrqDone) {
+        if let Some(s) = self.srqs[id as usize].lock().unwrap().as_mut() {
+            s.done.push_back(d);
+        }
+        self.srq_wakes[id as usize].notify_all();
+    }
+
     fn complete_now(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr, st: u32) {
         let desc = nic
             .regions
@@ -873,8 +1049,12 @@ impl Device for Verbs {
 
     fn add_vi(&self, _nic: &NicInner, vi: &ViCore) -> Result<()> {
         let a = vi.attributes();
-        let qp = self.new_qp(&a)?;
+        let qp = self.new_qp(&a, None)?;
         *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
+        self.qpns
+            .lock()
+            .unwrap()
+            .insert(qp.qpn, (vi.slot, vi.generation));
         *self.vis[vi.slot as usize].lock().unwrap() = Some(ViQp {
             generation: vi.generation,
             reliability: a.reliability,
@@ -886,7 +1066,8 @@ impl Device for Verbs {
             mtu: a.max_transfer_size,
             erroring: false,
             sends: VecDeque::new(),
-            recvs: HashMap::new(),
+            recvs: KeyMap::default(),
+            srq: None,
         });
         Ok(())
     }
@@ -898,10 +1079,14 @@ impl Device for Verbs {
             return;
         }
         // An idle VI: a new QP of the new kind, its receives posted again.
-        match self.new_qp(a) {
+        match self.new_qp(a, v.srq) {
             Ok(qp) => {
+                let mut qpns = self.qpns.lock().unwrap();
+                qpns.remove(&v.qp.qpn);
+                qpns.insert(qp.qpn, (vi.slot, vi.generation));
+                drop(qpns);
                 for (pos, rw) in &v.recvs {
-                    let sges = match self.recv_sges_of(rw, vi) {
+                    let sges = match self.recv_sges_of(rw) {
                         Some(s) => s,
                         None => continue,
                     };
@@ -922,6 +1107,14 @@ impl Device for Verbs {
     fn remove_vi(&self, _nic: &NicInner, vi: &ViCore) {
         let v = self.vis[vi.slot as usize].lock().unwrap().take();
         self.qps[vi.slot as usize].lock().unwrap().take();
+        if let Some(v) = &v {
+            self.qpns.lock().unwrap().remove(&v.qp.qpn);
+            if let Some(id) = v.srq {
+                if let Some(s) = self.srqs[id as usize].lock().unwrap().as_mut() {
+                    s.attached -= 1;
+                }
+            }
+        }
         drop(v);
     }
 
@@ -1138,7 +1331,9 @@ impl Device for Verbs {
 
     fn poll(&self, nic: &NicInner, _vi: &ViCore) {
         // A polling program takes its completion itself rather than wait
-        // for the progress thread to be scheduled.
+        // for the progress thread to be scheduled (which, seeing it poll,
+        // stops arming the CQ: `progress`).
+        self.polls.fetch_add(1, Ordering::Relaxed);
         if self.try_take_completions(nic) > 0 {
             self.settle(nic);
         }
@@ -1149,7 +1344,7 @@ impl Device for Verbs {
     }
 
     fn post_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, wr: &RecvWr) -> Result<()> {
-        let sges = self.recv_sges_of(wr, vi).ok_or(Error::InvalidParameter)?;
+        let sges = self.recv_sges_of(wr).ok_or(Error::InvalidParameter)?;
         let mut g = self.vis[vi.slot as usize].lock().unwrap();
         let v = match g.as_mut() {
             Some(v) if v.generation == vi.generation => v,
@@ -1171,24 +1366,184 @@ impl Device for Verbs {
         g.as_mut()
             .is_some_and(|v| v.generation == vi.generation && v.recvs.remove(&pos).is_some())
     }
+
+    // ---- shared receive queues ----
+
+    fn create_srq(&self, _nic: &NicInner, ptag: u32, entries: u32) -> Result<u32> {
+        if entries == 0 {
+            return Err(Error::InvalidParameter);
+        }
+        if entries > QUEUE_DEPTH {
+            return Err(Error::Resource);
+        }
+        let pd = self.pd(ptag)?;
+        for (id, cell) in self.srqs.iter().enumerate() {
+            let mut g = cell.lock().unwrap();
+            if g.is_some() {
+                continue;
+            }
+            let srq =
+                Srq::new(&pd, entries, crate::descriptor::MAX_SEGMENTS as u32).map_err(|e| {
+                    log::warn!("verbs: {e}");
+                    Error::resource(e)
+                })?;
+            *g = Some(SrqDev {
+                srq,
+                ptag,
+                entries,
+                recvs: KeyMap::default(),
+                tail: 0,
+                done: VecDeque::new(),
+                attached: 0,
+            });
+            return Ok(id as u32);
+        }
+        Err(Error::Resource)
+    }
+
+    fn destroy_srq(&self, nic: &NicInner, id: u32) -> Result<()> {
+        let cell = self.srqs.get(id as usize).ok_or(Error::InvalidParameter)?;
+        let s = {
+            let mut g = cell.lock().unwrap();
+            match g.as_ref() {
+                None => return Err(Error::InvalidParameter),
+                Some(s) if s.attached > 0 => return Err(Error::InvalidState),
+                Some(_) => g.take().unwrap(),
+            }
+        };
+        // Outstanding descriptors complete flushed (nobody will take them).
+        for (rw, _) in s.recvs.values() {
+            if let Some(d) = nic.regions.get(rw.desc_handle) {
+                let va = d.va + rw.desc_off;
+                let st = status::DONE | status::OP_RECEIVE | status::DESC_FLUSHED_ERROR;
+                let _ = completion::write_in_region(&d, va, st, None, None);
+            }
+        }
+        self.srq_wakes[id as usize].notify_all();
+        Ok(())
+    }
+
+    fn post_srq_recv(&self, nic: &NicInner, id: u32, desc_va: u64, wr: &RecvWr) -> Result<()> {
+        let cell = self.srqs.get(id as usize).ok_or(Error::InvalidParameter)?;
+        if wr.fault != 0 {
+            // Completed at once, as a VI's receive with a bad segment is.
+            let st = status::DONE | status::OP_RECEIVE | wr.fault;
+            if let Some(d) = nic.regions.get(wr.desc_handle) {
+                let _ = completion::write_in_region(&d, d.va + wr.desc_off, st, None, None);
+            }
+            if cell.lock().unwrap().is_none() {
+                return Err(Error::InvalidParameter);
+            }
+            self.srq_push(
+                id,
+                SrqDone {
+                    vi: (u32::MAX, 0),
+                    desc: desc_va,
+                    status: st,
+                },
+            );
+            return Ok(());
+        }
+        let sges = self.recv_sges_of(wr).ok_or(Error::InvalidParameter)?;
+        let mut g = cell.lock().unwrap();
+        let s = g.as_mut().ok_or(Error::InvalidParameter)?;
+        if s.recvs.len() >= s.entries as usize {
+            return Err(Error::Resource);
+        }
+        let pos = s.tail & 0x7fff_ffff;
+        s.tail += 1;
+        s.recvs.insert(pos, (wr.clone(), desc_va));
+        if let Err(e) = s.srq.post_recv(wr_id(SRQ_SLOT | id, 0, true, pos), &sges) {
+            s.recvs.remove(&pos);
+            log::warn!("verbs: SRQ {id}: {e}");
+            return Err(Error::resource(e));
+        }
+        Ok(())
+    }
+
+    fn srq_done(&self, id: u32) -> Option<SrqDone> {
+        self.srqs
+            .get(id as usize)?
+            .lock()
+            .unwrap()
+            .as_mut()?
+            .done
+            .pop_front()
+    }
+
+    fn srq_wake(&self, id: u32) -> Option<&EventCount> {
+        self.srq_wakes.get(id as usize)
+    }
+
+    fn attach_srq(&self, _nic: &NicInner, vi: &ViCore, id: Option<u32>) -> Result<()> {
+        let a = vi.attributes();
+        if let Some(id) = id {
+            let g = self
+                .srqs
+                .get(id as usize)
+                .ok_or(Error::InvalidParameter)?
+                .lock()
+                .unwrap();
+            let s = g.as_ref().ok_or(Error::InvalidParameter)?;
+            if s.ptag != a.ptag.id() {
+                return Err(Error::InvalidPtag);
+            }
+            if a.reliability == Reliability::Unreliable {
+                // UC QPs do not take receives from an SRQ on every device.
+                return Err(Error::InvalidReliabilityLevel);
+            }
+        }
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let v = match g.as_mut() {
+            Some(v) if v.generation == vi.generation => v,
+            _ => return Err(Error::InvalidState),
+        };
+        if v.srq == id {
+            return Ok(());
+        }
+        if v.connected || !v.recvs.is_empty() {
+            return Err(Error::InvalidState);
+        }
+        let qp = self.new_qp(&a, id)?;
+        {
+            let mut qpns = self.qpns.lock().unwrap();
+            qpns.remove(&v.qp.qpn);
+            qpns.insert(qp.qpn, (vi.slot, vi.generation));
+        }
+        *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
+        v.qp = qp;
+        for (x, d) in [(v.srq, u32::MAX), (id, 1)] {
+            if let Some(x) = x {
+                if let Some(s) = self.srqs[x as usize].lock().unwrap().as_mut() {
+                    s.attached = s.attached.wrapping_add(d);
+                }
+            }
+        }
+        v.srq = id;
+        vi.srq
+            .store(id.unwrap_or(crate::vi::NO_SRQ), Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 impl Verbs {
     /// The scatter list of a validated receive (segments are relative to
     /// their regions).
-    fn recv_sges_of(&self, wr: &RecvWr, _vi: &ViCore) -> Option<Vec<Sge>> {
+    fn recv_sges_of(&self, wr: &RecvWr) -> Option<Sges> {
         let mrs = self.mrs.read().unwrap();
-        wr.segs[..wr.n]
-            .iter()
-            .map(|&(off, len, h)| {
-                let m = mrs.get(&h)?;
-                Some(Sge {
-                    addr: m.addr + off,
-                    len,
-                    lkey: m.lkey,
-                })
-            })
-            .collect()
+        let mut out = Sges {
+            a: [Sge::default(); crate::descriptor::MAX_SEGMENTS],
+            n: wr.n.min(crate::descriptor::MAX_SEGMENTS),
+        };
+        for (d, &(off, len, h)) in out.a.iter_mut().zip(&wr.segs[..out.n]) {
+            let m = mrs.get(&h)?;
+            *d = Sge {
+                addr: m.addr + off,
+                len,
+                lkey: m.lkey,
+            };
+        }
+        Some(out)
     }
 }
 
