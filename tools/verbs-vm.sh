@@ -39,7 +39,7 @@ tests=("$@")
 # refused), reuse (unmapped registered memory stays reachable until the
 # unmap event is applied); nic opens via_lo by name; late_client, regfork,
 # regrace, smi and viad_inherits_fds test the soft NIC or viad.
-c_programs=${VERBS_VM_C:-"sendrecv gather immediate connect disconnect accept_disconnect quiet_disconnect cq notify kill timeout threads badinput vi peer ns"}
+c_programs=${VERBS_VM_C:-"sendrecv gather immediate connect disconnect accept_disconnect quiet_disconnect cq notify kill timeout threads badinput vi peer ns srq"}
 
 c_suite() {
     local out=$root/target/verbs-vm prefix bin

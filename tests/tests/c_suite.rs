@@ -235,7 +235,7 @@ macro_rules! programs {
 
 programs!(
     nic, ptag, mem, vi, connect, peer, sendrecv, gather, immediate, rdma, cq, notify, timeout,
-    disconnect, kill, errcb, ns, smi, threads, badinput, reuse, regrace, regfork, handles,
+    disconnect, kill, errcb, ns, smi, threads, badinput, reuse, regrace, regfork, handles, srq,
 );
 
 #[test]

@@ -108,7 +108,8 @@ pub struct Config {
     /// to its QP (one doorbell per post, the default), `Central` gathers
     /// the posts of all VIs in one queue that a poster thread hands to the
     /// device as one chain per QP. Same variable (`VIA_DOORBELL`), another
-    /// default: direct posting measured better (docs/design.md §8).
+    /// default: direct (the measurements under emulation disagree from run
+    /// to run; docs/design.md §8).
     pub verbs_doorbell: DoorbellMode,
     /// CQ1 or CQ2.
     pub cq: CqMode,

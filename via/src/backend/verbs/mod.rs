@@ -393,6 +393,8 @@ pub(crate) struct Verbs {
     provider: EventCount,
     errors: Mutex<Vec<AsyncError>>,
     breaks: Mutex<Vec<Break>>,
+    /// `breaks` may be non-empty.
+    breaks_pending: AtomicBool,
     /// Held while polling the device CQ (the progress thread, or a
     /// disconnect draining a QP's flushes).
     poll_lock: Mutex<()>,
@@ -473,6 +475,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         provider: EventCount::new(),
         errors: Mutex::new(Vec::new()),
         breaks: Mutex::new(Vec::new()),
+        breaks_pending: AtomicBool::new(false),
         poll_lock: Mutex::new(()),
         polls: std::sync::atomic::AtomicU64::new(0),
         stop: AtomicBool::new(false),
@@ -523,6 +526,8 @@ impl Verbs {
 
     fn brk(&self, vi: (u32, u16), code: ErrorCode) {
         self.breaks.lock().unwrap().push(Break { vi, code });
+        // After the push: a settler that sees the flag sees the break.
+        self.breaks_pending.store(true, Ordering::Release);
     }
 
     /// Breaks the connections found broken while polling (no lock held),
@@ -531,6 +536,12 @@ impl Verbs {
     /// posted would not notice otherwise.
     fn settle(&self, nic: &NicInner) {
         self.settle_failed(nic);
+        // One load on the common path (every post kicks): no lock unless a
+        // break waits. A break pushed after the swap is taken below or by
+        // the next settle (its flag store comes after its push).
+        if !self.breaks_pending.swap(false, Ordering::Acquire) {
+            return;
+        }
         let breaks = std::mem::take(&mut *self.breaks.lock().unwrap());
         for b in breaks {
             let Some(vi) = nic.vi(b.vi.0, b.vi.1) else {
