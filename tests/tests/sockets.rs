@@ -152,6 +152,15 @@ fn unreliable_protection_errors_keep_the_connection() {
     // Unreliable without a posted receive: dropped, the connection stays.
     assert_eq!(a.cmd("send 64 8192:4096"), "OK");
     assert_eq!(comp(&a.cmd_expect("wait_send", "SEND")).0, DONE | OP_SEND);
+    // The send completed once written; B has seen (and dropped) it once it
+    // answered a later request: an RDMA write it refuses (TCP keeps order).
+    let w = format!("write 0 {:#x} {} 8192:16", m.addr + 4096, m.handle);
+    assert_eq!(a.cmd(&w), "OK");
+    assert_eq!(
+        comp(&a.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_RDMA_WRITE | RDMA_PROT_ERROR
+    );
+    assert!(b.cmd("wait_error RdmawProt").starts_with("ERROR RdmawProt"));
     assert_eq!(b.cmd("recv 64 100000:4096"), "OK");
     assert_eq!(a.cmd("fill 0 8192 4096 5"), "OK");
     assert_eq!(a.cmd("send 64 8192:4096"), "OK");
