@@ -19,7 +19,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::Hash;
 use std::ops::Range;
 
 /// Registrations parked per NIC.
@@ -38,28 +38,6 @@ pub struct Key {
     pub flags: u32,
 }
 
-/// Hashes a [`Key`] by a multiply per word (addresses and lengths of
-/// buffers; no adversary chooses them against this process).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(*b as u64);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-}
-
 impl Key {
     fn overlaps(&self, r: &Range<usize>) -> bool {
         let (a, b) = (self.va as usize, (self.va + self.len.max(1)) as usize);
@@ -73,7 +51,7 @@ impl Key {
 pub struct Parked<T> {
     /// Where each parked key is (one registration per key: parking the
     /// same bytes again evicts the older).
-    index: HashMap<Key, usize, BuildHasherDefault<KeyHasher>>,
+    index: HashMap<Key, usize, crate::regions::BuildWordHasher>,
     keys: Vec<Key>,
     /// When each was parked (0: the place is empty).
     stamps: Vec<u64>,

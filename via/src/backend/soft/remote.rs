@@ -35,7 +35,7 @@ const RECENT_ARENAS: usize = 16;
 #[derive(Default)]
 struct ArenaMaps {
     /// Every mapping still held somewhere, by arena id.
-    held: HashMap<u32, Weak<Mapping>>,
+    held: HashMap<u32, Weak<Mapping>, crate::regions::BuildHandleHasher>,
     /// The most recently used mappings, kept alive (newest last).
     recent: VecDeque<(u32, Arc<Mapping>)>,
 }

@@ -66,7 +66,7 @@ pub(crate) struct TranslationCache {
     sweep_at: usize,
     /// Each peer's arena-retirement count when its entries were last swept.
     retired: std::collections::HashMap<(u64, u32), u32>,
-    seen: HashSet<((u64, u32), u32)>,
+    seen: HashSet<((u64, u32), u32), crate::regions::BuildWordHasher>,
     stats: TranslationStats,
 }
 
@@ -83,7 +83,7 @@ impl TranslationCache {
             clock: 0,
             sweep_at: 0,
             retired: std::collections::HashMap::new(),
-            seen: HashSet::new(),
+            seen: HashSet::default(),
             stats: TranslationStats {
                 entries: sets * ways,
                 ways,
