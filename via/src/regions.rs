@@ -9,7 +9,10 @@
 //! a verbs memory region's rkey).
 //!
 //! Lookups on the posting path go through a [`RegionCache`] per work queue:
-//! a few regions validated by the table's version, so a hit costs one load.
+//! a few regions, each validated by the change count of its handle's bucket
+//! (removals and attribute changes bump it; new registrations do not), so a
+//! hit costs one load and registering or deregistering *other* buffers —
+//! a message layer does it around every message — leaves it valid.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -70,10 +73,16 @@ pub(crate) type BuildWordHasher = BuildHasherDefault<WordHasher>;
 
 type ByHandle = HashMap<u32, Arc<Resolved>, BuildHandleHasher>;
 
+/// Buckets of change counts (a power of two).
+const BUCKETS: usize = 256;
+
 /// The live regions of one NIC, by memory handle.
 pub(crate) struct RegionTable {
     map: RwLock<ByHandle>,
     version: AtomicU64,
+    /// Per bucket of handles, a count bumped whenever a region of the
+    /// bucket is removed or changed (after the change).
+    changes: [AtomicU64; BUCKETS],
 }
 
 impl Default for RegionTable {
@@ -81,8 +90,13 @@ impl Default for RegionTable {
         RegionTable {
             map: RwLock::new(ByHandle::default()),
             version: AtomicU64::new(1),
+            changes: [const { AtomicU64::new(0) }; BUCKETS],
         }
     }
+}
+
+fn bucket(handle: u32) -> usize {
+    (handle.wrapping_mul(0x9e37_79b9) >> 24) as usize % BUCKETS
 }
 
 impl RegionTable {
@@ -115,10 +129,24 @@ impl RegionTable {
         self.bump();
     }
 
+    /// The change count of `handle`'s bucket.
+    fn changes(&self, handle: u32) -> u64 {
+        // Acquire: pairs with the Release bump after a removal or change,
+        // so a count read before a lookup that found the old region differs
+        // from the count after the change.
+        self.changes[bucket(handle)].load(Ordering::Acquire)
+    }
+
+    fn changed(&self, handle: u32) {
+        // Release: after the table change (see `changes`).
+        self.changes[bucket(handle)].fetch_add(1, Ordering::Release);
+    }
+
     /// Removes the region of `handle`; `None` if it is not live.
     pub fn remove(&self, handle: u32) -> Option<Arc<Resolved>> {
         let r = self.map.write().unwrap().remove(&handle);
         if r.is_some() {
+            self.changed(handle);
             self.bump();
         }
         r
@@ -135,18 +163,20 @@ impl RegionTable {
         r.flags = flags;
         g.insert(handle, Arc::new(r));
         drop(g);
+        self.changed(handle);
         self.bump();
         true
     }
 }
 
-/// A small cache of regions for one user of the table (a work queue):
-/// valid while the table's version is unchanged, so a hit costs one load
-/// and a scan of a few handles instead of a lock.
+/// A small cache of regions for one user of the table (a work queue): each
+/// entry valid while its handle's bucket is unchanged, so a hit costs a scan
+/// of a few handles and one load instead of a lock.
 #[derive(Default)]
 pub(crate) struct RegionCache {
-    version: u64,
     handles: [u32; RegionCache::SIZE],
+    /// The bucket change count when each entry was filled.
+    stamps: [u64; RegionCache::SIZE],
     regions: [Option<Arc<Resolved>>; RegionCache::SIZE],
     /// Next entry to replace (round robin).
     next: usize,
@@ -170,20 +200,22 @@ impl RegionCache {
 
     /// The region of `handle`, from the cache or the table.
     pub fn get(&mut self, t: &RegionTable, handle: u32) -> Option<&Arc<Resolved>> {
-        let v = t.version();
-        if v != self.version {
-            *self = RegionCache {
-                version: v,
-                ..Default::default()
-            };
-        }
+        let now = t.changes(handle);
         if let Some(i) = self.find(handle) {
-            return self.regions[i].as_ref();
+            if self.stamps[i] == now {
+                return self.regions[i].as_ref();
+            }
+            // Removed or changed since: forget it, look again.
+            self.handles[i] = 0;
+            self.regions[i] = None;
         }
+        // The count was read before the lookup: a change after it makes the
+        // entry stale at the next `get`.
         let r = t.get(handle)?;
         let i = self.next;
         self.next = (i + 1) % Self::SIZE;
         self.handles[i] = handle;
+        self.stamps[i] = now;
         self.regions[i] = Some(r);
         self.regions[i].as_ref()
     }
@@ -232,11 +264,18 @@ mod tests {
         for h in 1..=6 {
             assert_eq!(c.get(&t, h).unwrap().va, h as u64 * 0x1000);
         }
-        // Cached (4 most recent), then removed: the version change empties
-        // the cache.
+        // Cached (4 most recent), then removed: the entry goes stale.
         assert!(c.get(&t, 6).is_some());
         t.remove(6);
         assert!(c.get(&t, 6).is_none());
+        // New registrations leave cached entries valid; removing one of
+        // them does not make another come back wrong.
+        assert!(c.get(&t, 4).is_some());
+        t.insert(region(7, 0x7000));
+        assert_eq!(c.get(&t, 4).unwrap().va, 0x4000);
+        t.remove(4);
+        assert!(c.get(&t, 4).is_none());
+        assert_eq!(c.get(&t, 7).unwrap().va, 0x7000);
         // A changed region comes back changed.
         assert!(c.get(&t, 5).is_some());
         t.set_attributes(5, 9, 1);
