@@ -181,6 +181,11 @@ pub(crate) struct Shared {
     /// sleeps again).
     pub asleep_until: AtomicU64,
     pub epoch: Instant,
+    /// A polling thread left an acknowledgement owed since the progress
+    /// thread last looked: it then sleeps no longer than the delay for a
+    /// while (`progress::TICKING`), so a polling program's owed
+    /// acknowledgements need no wake-up each.
+    pub polled_owed: AtomicBool,
 }
 
 impl Shared {
@@ -198,6 +203,7 @@ impl Shared {
     /// (an acknowledgement owed, found by a thread that may stop polling):
     /// wakes it if it sleeps past that, once.
     pub fn wake_by(&self, due: Instant) {
+        self.polled_owed.store(true, Ordering::Relaxed);
         // The progress thread publishes its sleep before it reads the owed
         // acknowledgements (under each connection's `acks` lock, which the
         // caller took after making its own owed): either it saw ours, or we
@@ -269,6 +275,7 @@ pub(crate) fn open(process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<d
             stop: AtomicBool::new(false),
             region_users: RwLock::new(()),
             asleep_until: AtomicU64::new(0),
+            polled_owed: AtomicBool::new(false),
             epoch: Instant::now(),
         }),
         process: process.clone(),

@@ -67,6 +67,10 @@ const READ_BUDGET: usize = 4 << 20;
 /// stays far below it).
 const OUTBOX_LIMIT: usize = 64 << 20;
 
+/// How long the progress thread sleeps no longer than the acknowledgement
+/// delay after a polling thread last left an acknowledgement owed.
+const TICKING: Duration = Duration::from_millis(10);
+
 /// The reading state of one connection.
 pub(crate) struct Rx {
     buf: Vec<u8>,
@@ -123,6 +127,7 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
     let mut conns: Vec<Arc<Conn>> = Vec::new();
     let mut version = u32::MAX;
     let mut last_active = Instant::now();
+    let mut ticking_until = last_active;
     let settings = shared.settings;
     let beat = settings.timeout / 4;
     let mut fds = Vec::new();
@@ -173,6 +178,12 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
             if let Some(d) = c.ack_deadline() {
                 until = until.min(d);
             }
+        }
+        if shared.polled_owed.swap(false, Ordering::Relaxed) {
+            ticking_until = now + TICKING;
+        }
+        if now < ticking_until {
+            until = until.min(now + settings.ack_delay);
         }
         shared
             .asleep_until
