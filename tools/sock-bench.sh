@@ -6,8 +6,14 @@
 # plain TCP ping-pong and stream of `via-bench __tcp_client` over the same
 # link. Everything it creates is removed on exit.
 #   tools/sock-bench.sh [target/release]
+# A shorter run for A/B comparisons: SOCK_BENCH_SIZES (rl sizes, default
+# 8,64K,1M), SOCK_BENCH_SPINS (default "0 50"), SOCK_BENCH_SPL=0 (no
+# streaming).
 set -eu
 bin=${1:-target/release}
+sizes=${SOCK_BENCH_SIZES:-8,64K,1M}
+spins=${SOCK_BENCH_SPINS:-0 50}
+spl=${SOCK_BENCH_SPL:-1}
 B=$bin/via-bench
 [ "$(id -u)" = 0 ] || { echo "SKIPPED: tools/sock-bench.sh needs root (network namespaces)"; exit 0; }
 tag=vsb$$
@@ -36,16 +42,16 @@ echo "== plain TCP over the veth pair"
 ip netns exec ${tag}b $B __tcp --bind 10.98.0.2:7999 >/dev/null &
 pids="$pids $!"
 sleep 0.3
-ip netns exec ${tag}a $B __tcp_client --connect 10.98.0.2:7999 --lens 8,64K,1M --budget-ms 1000
-for spin in 0 50; do
+ip netns exec ${tag}a $B __tcp_client --connect 10.98.0.2:7999 --lens $sizes --budget-ms 1000
+for spin in $spins; do
     echo "== via sockets NIC, VIA_SOCK_SPIN_US=$spin"
     ip netns exec ${tag}b env VIA_INSTANCE=${tag}b VIA_SOCK_SPIN_US=$spin \
         $B server --device via_${tag}B >/dev/null 2>&1 &
     pids="$pids $!"
     sleep 0.5
     ip netns exec ${tag}a env VIA_INSTANCE=${tag}a VIA_SOCK_SPIN_US=$spin \
-        $B client --device via_${tag}A --host 10.98.0.2 rl --sizes 8,64K,1M --wait poll,block --time-ms 1000
-    ip netns exec ${tag}a env VIA_INSTANCE=${tag}a VIA_SOCK_SPIN_US=$spin \
+        $B client --device via_${tag}A --host 10.98.0.2 rl --sizes $sizes --wait poll,block --time-ms 1000
+    [ "$spl" = 0 ] || ip netns exec ${tag}a env VIA_INSTANCE=${tag}a VIA_SOCK_SPIN_US=$spin \
         $B client --device via_${tag}A --host 10.98.0.2 spl --sizes 64K,1M --time-ms 1000
     for p in $pids; do kill "$p" 2>/dev/null || true; done
     pids=""

@@ -473,3 +473,212 @@ fn polling_pingpong_of_large_messages_never_waits_for_the_progress_thread() {
     a.exit();
     b.exit();
 }
+
+/// Reliable Reception with an acknowledgement delay of 2 s: a send can
+/// complete quickly only if the frame the target sends next (its reply)
+/// carries the acknowledgement. Three sends answered by one reply (one
+/// cumulative acknowledgement for the three), then a polling ping-pong.
+#[test]
+fn reliable_reception_replies_carry_the_acknowledgement() {
+    let Some(h) = Hosts::new("rrpig") else { return };
+    let env = [
+        ("VIA_SOCK_ACK_DELAY_US", "2000000"),
+        ("VIA_SOCK_TIMEOUT_MS", "60000"),
+    ];
+    let mut a = h.peer(Side::A, PEER, &env);
+    let mut b = h.peer(Side::B, PEER, &env);
+    let m = connect(&h, &mut a, &mut b, "rr 1048576 1 1", "rrpig");
+
+    // Three sends, then one reply: its frame acknowledges all three, which
+    // complete DONE in posting order (lengths 100, 200, 300).
+    assert_eq!(a.cmd("recv 0 200000:64"), "OK");
+    for (i, len) in [100, 200, 300].iter().enumerate() {
+        assert_eq!(
+            b.cmd(&format!("recv {} {}:512", 64 * (i + 1), 300000 + 1000 * i)),
+            "OK"
+        );
+        assert_eq!(
+            a.cmd(&format!("fill 0 {} {len} {}", 400000 + 1000 * i, i + 1)),
+            "OK"
+        );
+    }
+    for (i, len) in [100, 200, 300].iter().enumerate() {
+        let d = 64 * (i + 1);
+        assert_eq!(
+            a.cmd(&format!("send {d} {}:{len}", 400000 + 1000 * i)),
+            "OK"
+        );
+    }
+    for len in [100, 200, 300] {
+        assert_eq!(
+            comp(&b.cmd_expect("wait_recv", "RECV")),
+            (DONE | OP_RECEIVE, len, 0)
+        );
+    }
+    for (i, len) in [100, 200, 300].iter().enumerate() {
+        assert_eq!(
+            b.cmd(&format!("check 0 {} {len} {}", 300000 + 1000 * i, i + 1)),
+            "SAME"
+        );
+    }
+    // Placed, but nothing carried the acknowledgement yet.
+    assert_eq!(a.cmd("send_done"), "WAITERR NotDone");
+    let t = Instant::now();
+    assert_eq!(b.cmd("fill 0 500000 32 9"), "OK");
+    assert_eq!(b.cmd("send 0 500000:32"), "OK");
+    for len in [100, 200, 300] {
+        let (st, l, _) = comp(&a.cmd_expect("wait_send", "SEND"));
+        assert_eq!((st, l), (DONE | OP_SEND, len), "status {st:#x}");
+    }
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "the sends completed {took:?} after the reply"
+    );
+    assert_eq!(
+        comp(&a.cmd_expect("wait_recv", "RECV")),
+        (DONE | OP_RECEIVE, 32, 0)
+    );
+    assert_eq!(a.cmd("check 0 200000 32 9"), "SAME");
+
+    // An RDMA write, then an RDMA read: the read response acknowledges the
+    // write (A's write frame acknowledged B's reply).
+    assert_eq!(a.cmd("fill 0 600000 4096 11"), "OK");
+    let t = Instant::now();
+    let w = format!("write 0 {:#x} {} 600000:4096", m.addr + 700000, m.handle);
+    assert_eq!(a.cmd(&w), "OK");
+    let r = format!("read 64 {:#x} {} 610000:4096", m.addr + 700000, m.handle);
+    assert_eq!(a.cmd(&r), "OK");
+    assert_eq!(
+        comp(&a.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_RDMA_WRITE
+    );
+    assert_eq!(
+        comp(&a.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_RDMA_READ
+    );
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "the RDMA write completed {took:?} after it was posted"
+    );
+    assert_eq!(b.cmd("check 0 700000 4096 11"), "SAME");
+    assert_eq!(a.cmd("check 0 610000 4096 11"), "SAME");
+    // A's next frame (its first ping) acknowledges B's reply.
+
+    assert_eq!(a.cmd("pp_arm 64"), "OK");
+    assert_eq!(b.cmd("pp_arm 64"), "OK");
+    let rounds = 50;
+    b.say(&format!("pingpong 64 {rounds} 0"));
+    // Every send completes without error (else PPERR), the bytes arrive
+    // intact (checked at the end), and no round trip waits for the delay.
+    let r = a.cmd_expect(&format!("pingpong 64 {rounds} 1"), "PINGPONG");
+    let v = nums(&r);
+    eprintln!(
+        "RR ping-pong, acknowledgements on the replies: longest round trip {} µs, mean {} µs",
+        v[0],
+        v[1] / rounds
+    );
+    assert!(
+        v[0] < 1_000_000,
+        "a round trip took {} µs: the reply did not carry the acknowledgement",
+        v[0]
+    );
+    // B's last reply is acknowledged by A's ACK frame after the delay
+    // (nothing else goes to B): B's ping-pong ends about 2 s later.
+    b.expect("PINGPONG");
+    a.exit();
+    b.exit();
+}
+
+/// Reliable Reception streaming with no replies: acknowledgements go out
+/// only by the delay bound, sent by the progress thread (B's program does
+/// not call the library) or by B's polling thread. Heartbeats are 15 s
+/// apart, so a send that waited for one would take seconds.
+#[test]
+fn reliable_reception_acknowledges_within_the_delay_without_replies() {
+    let Some(h) = Hosts::new("rrdel") else { return };
+    let env = [
+        ("VIA_SOCK_ACK_DELAY_US", "200"),
+        ("VIA_SOCK_TIMEOUT_MS", "60000"),
+    ];
+    let mut a = h.peer(Side::A, PEER, &env);
+    let mut b = h.peer(Side::B, PEER, &env);
+    connect(&h, &mut a, &mut b, "rr 1048576 0 0", "rrdel");
+    let (count, n) = (300, 64);
+    for (phase, how) in ["idle", "poll", "block"].iter().enumerate() {
+        assert_eq!(b.cmd(&format!("recvs {count} {n}")), "OK");
+        if *how != "idle" {
+            b.say(&format!("drain {count} {n} {how}"));
+        }
+        // Window 1: each send waits for its own acknowledgement; then 16
+        // outstanding (one acknowledgement covers several).
+        let mut worst = 0;
+        for (first, k, w) in [(0, 100, 1), (100, 200, 16)] {
+            let r = a.cmd_expect(&format!("burst {k} {n} {w} {first}"), "BURST");
+            let v = nums(&r);
+            eprintln!(
+                "RR burst, B {how}, window {w}: longest {} µs, mean {} µs",
+                v[0], v[1]
+            );
+            worst = worst.max(v[0]);
+        }
+        // The bound: the delay plus scheduling on a loaded 2-core machine;
+        // far below the 15 s of a heartbeat.
+        assert!(
+            worst < 500_000,
+            "phase {phase} ({how}): a send completed after {worst} µs"
+        );
+        if *how == "idle" {
+            assert_eq!(
+                b.cmd(&format!("drain {count} {n} block")),
+                format!("DRAINED {count}")
+            );
+        } else {
+            assert_eq!(b.expect("DRAINED"), count.to_string());
+        }
+    }
+    assert_eq!(a.cmd("state"), "STATE Connected");
+    a.exit();
+    b.exit();
+}
+
+/// A Reliable Reception connection that breaks while acknowledgements are
+/// owed (B placed three messages, its delay is 10 s; B is killed): A's
+/// sends complete flushed, never DONE without an error, and A hears
+/// CONN_LOST.
+#[test]
+fn reliable_reception_break_with_acknowledgements_owed() {
+    let Some(h) = Hosts::new("rrbrk") else { return };
+    let env = [
+        ("VIA_SOCK_ACK_DELAY_US", "10000000"),
+        ("VIA_SOCK_TIMEOUT_MS", "60000"),
+    ];
+    let mut a = h.peer(Side::A, PEER, &env);
+    let mut b = h.peer(Side::B, PEER, &env);
+    connect(&h, &mut a, &mut b, "rr 1048576 0 0", "rrbrk");
+    assert_eq!(b.cmd("recvs 3 64"), "OK");
+    for i in 0..3 {
+        assert_eq!(a.cmd(&format!("send {} 65536:64", 64 * i)), "OK");
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            comp(&b.cmd_expect("wait_recv", "RECV")).0,
+            DONE | OP_RECEIVE
+        );
+    }
+    assert_eq!(a.cmd("send_done"), "WAITERR NotDone");
+    // SAFETY: kill(2) of the peer's own process id.
+    assert_eq!(unsafe { libc::kill(b.pid(), libc::SIGKILL) }, 0);
+    assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+    for _ in 0..3 {
+        let st = comp(&a.cmd_expect("wait_send", "SEND")).0;
+        assert_eq!(
+            st & (DESC_FLUSHED_ERROR | DONE),
+            DESC_FLUSHED_ERROR | DONE,
+            "an unacknowledged send completed {st:#x}"
+        );
+    }
+    assert_eq!(a.cmd("state"), "STATE Error");
+    a.exit();
+}

@@ -406,6 +406,40 @@ impl Interp {
                     Err(e) => format!("STREAMERR {e}"),
                 }
             }
+            "recvs" => {
+                // recvs <count> <bytes>: `count` receives, descriptor i at
+                // 64 i, buffer at BURST_DATA + i bytes.
+                let (count, n) = (num(a[1]) as usize, num(a[2]) as usize);
+                for i in 0..count {
+                    let d = DescBuilder::recv()
+                        .segment(self.region(0), BURST_DATA + i * n, n as u32)
+                        .write(self.region(0), 64 * i)
+                        .unwrap();
+                    if let Err(e) = self.vi().post_recv(self.region(0), d) {
+                        return format!("POSTERR {:?}", e.kind());
+                    }
+                }
+                "OK".into()
+            }
+            "burst" => {
+                // burst <count> <bytes> <window> [first]: see `burst`.
+                let (count, n, w) = (num(a[1]), num(a[2]) as usize, num(a[3]) as usize);
+                let first = a.get(4).map_or(0, |f| num(f));
+                match burst(self.vi(), self.region(0), first, count, n, w) {
+                    Ok((max, mean)) => format!("BURST {max} {mean}"),
+                    Err(e) => format!("BURSTERR {e}"),
+                }
+            }
+            "drain" => {
+                // drain <count> <bytes> <poll|block>: the receives of `recvs`
+                // complete in order, each with message i of `burst`.
+                let (count, n, poll) = (num(a[1]) as usize, num(a[2]) as usize, a[3] == "poll");
+                match drain(self.vi(), self.region(0), count, n, poll) {
+                    Ok(()) => format!("DRAINED {count}"),
+                    Err(e) => format!("DRAINERR {e}"),
+                }
+            }
+            "send_done" => self.completion("SEND", self.vi().send_done()),
             "wait_recv" => self.completion("RECV", self.vi().recv_wait(WAIT)),
             "wait_send" => self.completion("SEND", self.vi().send_wait(WAIT)),
             "recv_done" => self.completion("RECV", self.vi().recv_done()),
@@ -731,6 +765,106 @@ fn ok(c: via::Result<via::Completion>, what: &str) -> Result<via::Completion, St
         Ok(c) => Err(format!("{what}:status:{:#x}", c.status)),
         Err(e) => Err(format!("{what}:{:?}", e.kind())),
     }
+}
+
+/// Where `recvs` and `burst` put message bytes.
+const BURST_DATA: usize = 1 << 16;
+
+/// Message `i` of a burst: `[i: u64]`, then `pattern(n - 8, i)`.
+fn burst_msg(i: u64, n: usize) -> Vec<u8> {
+    let mut b = i.to_le_bytes().to_vec();
+    b.extend(pattern(n - 8, i as u32));
+    b
+}
+
+/// Sends messages `first..first + count` of `n` bytes back to back, at most `window`
+/// outstanding, polling (`VipSendDone`) for each completion; each must
+/// complete without error and in posting order. The longest and the mean
+/// time from posting a send to seeing it complete, in µs.
+fn burst(
+    vi: &Vi,
+    m: &Region,
+    first: u64,
+    count: u64,
+    n: usize,
+    window: usize,
+) -> Result<(u64, u64), String> {
+    let mut posted = std::collections::VecDeque::new();
+    let (mut max, mut total) = (0u64, 0u64);
+    let base = m.addr(0).unwrap();
+    let mut complete = |posted: &mut std::collections::VecDeque<(u64, Instant)>| {
+        let (i, t) = posted.pop_front().unwrap();
+        let start = Instant::now();
+        let c = loop {
+            match vi.send_done() {
+                Err(e) if e.kind() == via::ErrorKind::NotDone => {
+                    if start.elapsed() > std::time::Duration::from_secs(30) {
+                        return Err(format!("send {i}: no completion in 30 s"));
+                    }
+                }
+                c => break ok(c, "send")?,
+            }
+        };
+        let us = t.elapsed().as_micros() as u64;
+        let want = base + 64 * (i as usize % window) as u64;
+        if c.desc != want {
+            return Err(format!("send {i}: completed {:#x}, not {want:#x}", c.desc));
+        }
+        max = max.max(us);
+        total += us;
+        Ok(())
+    };
+    for i in first..first + count {
+        if posted.len() == window {
+            complete(&mut posted)?;
+        }
+        let at = BURST_DATA + (i as usize % window) * n;
+        m.write(at, &burst_msg(i, n)).unwrap();
+        let d = DescBuilder::send()
+            .segment(m, at, n as u32)
+            .write(m, 64 * (i as usize % window))
+            .unwrap();
+        vi.post_send(m, d)
+            .map_err(|e| format!("post send:{:?}", e.kind()))?;
+        posted.push_back((i, Instant::now()));
+    }
+    while !posted.is_empty() {
+        complete(&mut posted)?;
+    }
+    Ok((max, total / count.max(1)))
+}
+
+/// Waits (`poll`: `VipRecvDone` in a loop; else `VipRecvWait`) for the
+/// `count` receives of `recvs`: in order, without error, each holding
+/// message i of `burst`.
+fn drain(vi: &Vi, m: &Region, count: usize, n: usize, poll: bool) -> Result<(), String> {
+    let base = m.addr(0).unwrap();
+    for i in 0..count {
+        let c = if poll {
+            let t = Instant::now();
+            loop {
+                match vi.recv_done() {
+                    Err(e) if e.kind() == via::ErrorKind::NotDone => {
+                        if t.elapsed() > std::time::Duration::from_secs(30) {
+                            return Err(format!("recv {i}: no completion in 30 s"));
+                        }
+                    }
+                    c => break ok(c, "recv")?,
+                }
+            }
+        } else {
+            ok(vi.recv_wait(WAIT), "recv")?
+        };
+        if c.desc != base + 64 * i as u64 {
+            return Err(format!("recv {i}: completed {:#x}", c.desc));
+        }
+        let mut got = vec![0u8; n];
+        m.read(BURST_DATA + i * n, &mut got).unwrap();
+        if got != burst_msg(i as u64, n) {
+            return Err(format!("recv {i}: bytes differ"));
+        }
+    }
+    Ok(())
 }
 
 /// Posts the receive of a `go` message of `stream_rx`.

@@ -498,6 +498,29 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
     Ok(cvt(r)? as usize)
 }
 
+/// `ppoll(2)`: [`poll`] with a timeout finer than a millisecond (`None`:
+/// no timeout).
+pub fn ppoll(fds: &mut [libc::pollfd], timeout: Option<std::time::Duration>) -> io::Result<usize> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `fds` is a valid slice of pollfd for the call; `tp` is null or
+    // points to `ts`, alive across the call; no signal mask.
+    let r = unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            tp,
+            std::ptr::null(),
+        )
+    };
+    Ok(cvt(r)? as usize)
+}
+
 /// CPU time (user + system) of this process, for benchmarks.
 pub fn rusage_cpu() -> std::time::Duration {
     // SAFETY: `ru` is a valid out-pointer.

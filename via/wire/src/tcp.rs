@@ -22,7 +22,7 @@ pub const MAX_SETUP: usize = 512;
 /// Magic of the set-up messages: "VIAT".
 pub const SETUP_MAGIC: u32 = 0x5441_4956;
 /// Version of the set-up messages and of the data frames behind them.
-pub const SETUP_VERSION: u32 = 1;
+pub const SETUP_VERSION: u32 = 2;
 
 /// The TCP port of viad's listener: `$VIA_TCP_PORT` or [`DEFAULT_PORT`].
 pub fn port() -> u16 {

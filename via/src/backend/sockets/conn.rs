@@ -13,15 +13,25 @@
 //! holds every posted request not completed yet; its head completes first.
 //! A send on Unreliable or Reliable Delivery knows its status once written;
 //! a request that needs an answer (Reliable Reception sends, every RDMA
-//! write, every RDMA read) gets its status from the peer's `ACK` or
-//! `READ_RESP`, which answer those requests in order.
+//! write, every RDMA read) gets its status from the peer: the cumulative
+//! `ack` field of any frame (placed), an `ACK` with an error for that
+//! request's `seq`, or the `READ_RESP` of that `seq`.
+//!
+//! Acknowledgements owed ([`Acks`]): every frame this side writes carries
+//! the count of the peer's requests handled so far, so an answer, a
+//! request (the application's reply), a heartbeat or `BYE` acknowledges
+//! every placement before it. On Reliable Reception an acknowledgement
+//! waits for such a frame at most `$VIA_SOCK_ACK_DELAY_US`; then whoever
+//! progresses the connection (a thread polling it, or the progress thread,
+//! which sleeps no longer than that) sends an `ACK` frame alone. Unreliable
+//! and Reliable Delivery acknowledge their RDMA writes at once.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,6 +57,24 @@ pub(crate) struct Awaiting {
     pub read_into: Option<Vec<WrSeg>>,
     /// Error bits once known.
     pub status: Option<u32>,
+    /// The request's number on the connection (`Header::seq`; meaningless
+    /// for a request completed without being written).
+    pub seq: u32,
+}
+
+/// The acknowledgements this side owes the peer.
+#[derive(Default)]
+pub(crate) struct Acks {
+    /// The peer's requests handled so far: the `ack` of the next frame.
+    placed: u32,
+    /// An acknowledgement the peer waits for has not been written since
+    /// this instant.
+    since: Option<Instant>,
+}
+
+/// `a` comes before `b` in the wrapping sequence space.
+pub(crate) fn before(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) as i32) > 0
 }
 
 /// The receive the progress thread is filling (taken from the posted
@@ -110,6 +138,14 @@ pub(crate) struct Conn {
     /// The peer VI's MaxTransferSize (the smaller of the two applies; 0:
     /// not known).
     pub peer_mtu: u32,
+    /// See [`Acks`]; taken after `outbox` when both are.
+    acks: Mutex<Acks>,
+    /// How long an owed acknowledgement waits for a frame to ride on
+    /// (`$VIA_SOCK_ACK_DELAY_US`).
+    pub ack_delay: Duration,
+    /// Requests numbered so far (`Tx::seq`, readable without `tx`): the
+    /// peer's `ack` never passes it.
+    pub requests: AtomicU32,
 }
 
 impl Conn {
@@ -119,6 +155,7 @@ impl Conn {
         timeout: Duration,
         fragment: usize,
         peer_mtu: u32,
+        ack_delay: Duration,
     ) -> io::Result<Conn> {
         // Every call passes MSG_DONTWAIT anyway (`io.rs`: viad may change
         // this flag of the shared file description).
@@ -142,7 +179,87 @@ impl Conn {
             timeout,
             fragment,
             peer_mtu,
+            acks: Mutex::new(Acks::default()),
+            ack_delay,
+            requests: AtomicU32::new(0),
         })
+    }
+
+    /// The `ack` of a frame about to be written or queued (the caller
+    /// holds `outbox`, so acks go out in order): nothing is owed after it.
+    fn take_ack(&self) -> u32 {
+        let mut a = self.acks.lock().unwrap();
+        a.since = None;
+        a.placed
+    }
+
+    /// The peer's request was handled (placed, or dropped). `want`: the
+    /// peer waits for its acknowledgement, at once (`now`) or within
+    /// `ack_delay`. Returns the instant by which it must be written, if it
+    /// became owed now.
+    pub fn handled(&self, want: bool, now: bool) -> Option<Instant> {
+        let mut a = self.acks.lock().unwrap();
+        a.placed = a.placed.wrapping_add(1);
+        if !want {
+            return None;
+        }
+        if now {
+            drop(a);
+            self.queue(
+                Header {
+                    op: frame::ACK,
+                    ..Header::default()
+                },
+                &[],
+            );
+            return None;
+        }
+        match a.since {
+            Some(_) => None,
+            None => {
+                let t = Instant::now();
+                a.since = Some(t);
+                Some(t + self.ack_delay)
+            }
+        }
+    }
+
+    /// The peer's request `seq` is refused with `st` (its `ACK` comes after
+    /// the acknowledgement of every request before it).
+    pub fn refuse(&self, seq: u32, st: u32) {
+        self.queue(
+            Header {
+                op: frame::ACK,
+                seq,
+                status: st,
+                ..Header::default()
+            },
+            &[],
+        );
+        let mut a = self.acks.lock().unwrap();
+        a.placed = a.placed.wrapping_add(1);
+    }
+
+    /// The instant by which an owed acknowledgement must be written.
+    pub fn ack_deadline(&self) -> Option<Instant> {
+        self.acks.lock().unwrap().since.map(|t| t + self.ack_delay)
+    }
+
+    /// Writes an `ACK` frame alone if an acknowledgement has been owed for
+    /// `ack_delay`; else the instant it will be due, if one is owed.
+    pub fn ack_if_due(&self, now: Instant) -> Option<Instant> {
+        let due = self.ack_deadline()?;
+        if due > now {
+            return Some(due);
+        }
+        self.queue(
+            Header {
+                op: frame::ACK,
+                ..Header::default()
+            },
+            &[],
+        );
+        None
     }
 
     /// Milliseconds since the connection was made.
@@ -189,6 +306,9 @@ impl Conn {
     pub fn send_frame(&self, tx: &mut Tx, mut h: Header, payload: Payload<'_>) -> io::Result<()> {
         let pending = {
             let mut o = self.outbox.lock().unwrap();
+            // Under `outbox`: a frame queued after this one carries an
+            // `ack` at least as large, and goes out after it.
+            h.ack = self.take_ack();
             if o.bytes.is_empty() {
                 Vec::new()
             } else {
@@ -201,6 +321,7 @@ impl Conn {
         };
         h.seq = tx.seq;
         tx.seq = tx.seq.wrapping_add(1);
+        self.requests.store(tx.seq, Ordering::Release);
         let head = h.encode();
         let mut g = Gather::new();
         g.push_bytes(&pending);
@@ -220,11 +341,13 @@ impl Conn {
         self.write_blocking(&mut g)
     }
 
-    /// Queues a frame of the progress thread (an answer or a heartbeat:
-    /// `seq` 0, only requests are counted) and tries to write it.
-    pub fn queue(&self, h: Header, payload: &[u8]) {
+    /// Queues a frame of the progress side (an answer, a heartbeat, `BYE`:
+    /// not a request, so not numbered) with the `ack` owed now, and tries
+    /// to write it.
+    pub fn queue(&self, mut h: Header, payload: &[u8]) {
         {
             let mut o = self.outbox.lock().unwrap();
+            h.ack = self.take_ack();
             o.bytes.extend_from_slice(&h.encode());
             o.bytes.extend_from_slice(payload);
         }
@@ -302,25 +425,65 @@ impl Conn {
         }
     }
 
-    /// The answer (`ACK` or `READ_RESP` status `err`) to the oldest
-    /// request waiting for one (a read's payload is placed before); an
-    /// error if no request waits (a protocol violation).
-    pub fn answered(&self, nic: &NicInner, vi: &ViCore, err: u32) -> Result<(), frame::BadFrame> {
+    /// The peer acknowledges every request numbered below `ack` that waits
+    /// for an acknowledgement (not reads: a `READ_RESP` answers those) and
+    /// was not refused; `prev` is its previous `ack`. An error if `ack`
+    /// goes backwards or passes the requests sent (a protocol violation).
+    pub fn acked(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        prev: u32,
+        ack: u32,
+    ) -> Result<(), frame::BadFrame> {
+        let sent = self.requests.load(Ordering::Acquire);
+        if before(ack, prev) || before(sent, ack) {
+            return Err(frame::BadFrame("acknowledgement out of range"));
+        }
+        let mut q = self.awaiting.lock().unwrap();
+        for a in q.iter_mut() {
+            if a.answer && a.read_into.is_none() && before(a.seq, ack) {
+                a.answer = false;
+                a.status = Some(0);
+            }
+        }
+        Self::drain(nic, vi, &mut q);
+        Ok(())
+    }
+
+    /// The answer (an `ACK` with error `err`, or a `READ_RESP` with status
+    /// `err`; a read's payload is placed before) to request `seq`, which
+    /// must be the oldest waiting for an answer and of that kind (`read`);
+    /// an error otherwise (a protocol violation).
+    pub fn answered(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        seq: u32,
+        read: bool,
+        err: u32,
+    ) -> Result<(), frame::BadFrame> {
         let mut q = self.awaiting.lock().unwrap();
         let Some(a) = q.iter_mut().find(|a| a.answer) else {
             return Err(frame::BadFrame("answer without a request"));
         };
+        if a.seq != seq || a.read_into.is_some() != read {
+            return Err(frame::BadFrame("answer to another request"));
+        }
         a.answer = false;
         a.status = Some(err);
         Self::drain(nic, vi, &mut q);
         Ok(())
     }
 
-    /// The local segments of the oldest request waiting for an answer, if
-    /// it is a read.
-    pub fn next_read(&self) -> Option<Option<Vec<WrSeg>>> {
+    /// The local segments of read `seq`, if it is the oldest request waiting
+    /// for an answer.
+    pub fn next_read(&self, seq: u32) -> Option<Vec<WrSeg>> {
         let q = self.awaiting.lock().unwrap();
-        q.iter().find(|a| a.answer).map(|a| a.read_into.clone())
+        q.iter()
+            .find(|a| a.answer)
+            .filter(|a| a.seq == seq)
+            .and_then(|a| a.read_into.clone())
     }
 
     /// Stops reading and writing; the peer sees the end of the stream.

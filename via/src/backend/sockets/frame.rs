@@ -7,15 +7,23 @@
 //! | 1 | `flags` ([`IMM`], [`WANT_ACK`]) |
 //! | 2..4 | zero |
 //! | 4..8 | `len`: payload bytes (`READ_REQ`: bytes asked for) |
-//! | 8..12 | `imm`: immediate data |
+//! | 8..12 | `imm`: immediate data (`SEND`, `WRITE`); `status`: the target's error bits (`ACK`, `READ_RESP`) |
 //! | 12..16 | `handle`: remote memory handle (`WRITE`, `READ_REQ`) |
 //! | 16..24 | `va`: remote address (`WRITE`, `READ_REQ`) |
-//! | 24..28 | `seq`: frames sent on the connection before this one |
-//! | 28..32 | `status`: `ACK`/`READ_RESP`: the target's error bits (0: placed) |
+//! | 24..28 | `seq`: requests: the requests sent on the connection before this one; `READ_RESP` and `ACK` with an error: the `seq` of the request answered |
+//! | 28..32 | `ack`: in every frame, the sender's cumulative acknowledgement: every request of the peer numbered below it was placed (or was answered with an error before) |
+//!
+//! Acknowledgements (Reliable Reception sends, RDMA writes) are
+//! cumulative and ride on whatever frame goes out next; an `ACK` frame
+//! (status 0) carries nothing else and goes out alone only when no other
+//! frame took the acknowledgement soon enough (`$VIA_SOCK_ACK_DELAY_US`).
+//! An error answers one request by its `seq`: an `ACK` with the error
+//! status, whose `ack` stops below that request.
 //!
 //! The peer is untrusted input: [`Header::decode`] refuses unknown ops and
 //! flags, and the receiver bounds `len` by its MaxTransferSize and checks
-//! `seq` (TCP keeps order; a gap means a corrupt stream).
+//! `seq` (TCP keeps order; a gap means a corrupt stream) and `ack` (never
+//! backwards, never beyond the requests sent).
 #![forbid(unsafe_code)]
 
 /// Header bytes.
@@ -29,8 +37,9 @@ pub(crate) const WRITE: u8 = 2;
 pub(crate) const READ_REQ: u8 = 3;
 /// The bytes of the oldest unanswered `READ_REQ` (or its error status).
 pub(crate) const READ_RESP: u8 = 4;
-/// The oldest unacknowledged `SEND`/`WRITE` with `WANT_ACK` was placed
-/// (`status` 0) or refused.
+/// Status 0: nothing but the `ack` field (an acknowledgement no other
+/// frame carried in time). Else the request numbered `seq` was refused
+/// with `status`.
 pub(crate) const ACK: u8 = 5;
 /// Nothing; keeps an idle connection proven alive.
 pub(crate) const HEARTBEAT: u8 = 6;
@@ -39,7 +48,7 @@ pub(crate) const BYE: u8 = 7;
 
 /// `imm` is valid.
 pub(crate) const IMM: u8 = 1;
-/// The initiator waits for an `ACK`.
+/// The initiator waits for the acknowledgement of this request.
 pub(crate) const WANT_ACK: u8 = 2;
 
 /// A decoded header.
@@ -53,6 +62,7 @@ pub(crate) struct Header {
     pub va: u64,
     pub seq: u32,
     pub status: u32,
+    pub ack: u32,
 }
 
 /// Why a header was refused.
@@ -66,32 +76,47 @@ impl Header {
         b[0] = self.op;
         b[1] = self.flags;
         b[4..8].copy_from_slice(&self.len.to_le_bytes());
-        b[8..12].copy_from_slice(&self.imm.to_le_bytes());
+        let word = if self.answer() { self.status } else { self.imm };
+        b[8..12].copy_from_slice(&word.to_le_bytes());
         b[12..16].copy_from_slice(&self.handle.to_le_bytes());
         b[16..24].copy_from_slice(&self.va.to_le_bytes());
         b[24..28].copy_from_slice(&self.seq.to_le_bytes());
-        b[28..32].copy_from_slice(&self.status.to_le_bytes());
+        b[28..32].copy_from_slice(&self.ack.to_le_bytes());
         b
+    }
+
+    /// An answer (`ACK`, `READ_RESP`): bytes 8..12 are `status`.
+    fn answer(&self) -> bool {
+        matches!(self.op, ACK | READ_RESP)
     }
 
     /// Decodes and checks the fields that do not depend on the connection.
     pub fn decode(b: &[u8; HEADER]) -> Result<Header, BadFrame> {
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-        let h = Header {
+        let mut h = Header {
             op: b[0],
             flags: b[1],
             len: u32_at(4),
-            imm: u32_at(8),
+            imm: 0,
             handle: u32_at(12),
             va: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             seq: u32_at(24),
-            status: u32_at(28),
+            status: 0,
+            ack: u32_at(28),
         };
+        if h.answer() {
+            h.status = u32_at(8);
+        } else {
+            h.imm = u32_at(8);
+        }
         if !(SEND..=BYE).contains(&h.op) {
             return Err(BadFrame("unknown op"));
         }
         if h.flags & !(IMM | WANT_ACK) != 0 || b[2] != 0 || b[3] != 0 {
             return Err(BadFrame("unknown flags"));
+        }
+        if h.answer() && h.flags != 0 {
+            return Err(BadFrame("flags on an answer"));
         }
         Ok(h)
     }
@@ -120,8 +145,21 @@ mod tests {
             va: 0x7fff_0000_1234,
             seq: 42,
             status: 0,
+            ack: 17,
         };
         assert_eq!(Header::decode(&h.encode()), Ok(h));
+        // Answers carry a status where requests carry immediate data.
+        let a = Header {
+            op: ACK,
+            seq: 41,
+            status: 0x800,
+            ack: 41,
+            ..Header::default()
+        };
+        assert_eq!(Header::decode(&a.encode()), Ok(a));
+        let mut b = a.encode();
+        b[1] = IMM;
+        assert!(Header::decode(&b).is_err());
         assert_eq!(h.payload(), 70000);
         let r = Header {
             op: READ_REQ,

@@ -37,7 +37,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -67,6 +67,9 @@ const MAX_TRANSFER: u32 = 4 << 20;
 
 /// Default of `$VIA_SOCK_TIMEOUT_MS`.
 const DEFAULT_TIMEOUT_MS: u64 = 5000;
+
+/// Default of `$VIA_SOCK_ACK_DELAY_US`.
+const DEFAULT_ACK_DELAY_US: u64 = 50;
 
 /// Accepted device names: `via_<if>` / `/dev/via_<if>` for a network
 /// interface of this host other than `lo` (which is the shared-memory NIC).
@@ -99,6 +102,10 @@ pub(crate) struct Settings {
     /// frame per call, as the socket takes it). For the design-alternative
     /// benchmark (`via-bench alt fragment`).
     pub fragment: usize,
+    /// `$VIA_SOCK_ACK_DELAY_US`: how long a Reliable Reception
+    /// acknowledgement waits for a frame to ride on (the application's
+    /// reply, an answer) before it is sent alone.
+    pub ack_delay: Duration,
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -119,6 +126,10 @@ impl Settings {
                 env_u64("VIA_SOCK_TIMEOUT_MS", DEFAULT_TIMEOUT_MS).max(10),
             ),
             fragment: env_u64("VIA_SOCK_FRAGMENT", 0) as usize,
+            ack_delay: Duration::from_micros(env_u64(
+                "VIA_SOCK_ACK_DELAY_US",
+                DEFAULT_ACK_DELAY_US,
+            )),
         }
     }
 }
@@ -165,12 +176,48 @@ pub(crate) struct Shared {
     /// memory; `quiesce_region_users` takes it for writing once, so when
     /// `VipDeregisterMem` returns no byte lands in the region any more.
     pub region_users: RwLock<()>,
+    /// Microseconds since `epoch` until which the progress thread sleeps
+    /// (0: it runs, and looks at every owed acknowledgement before it
+    /// sleeps again).
+    pub asleep_until: AtomicU64,
+    pub epoch: Instant,
+    /// A polling thread left an acknowledgement owed since the progress
+    /// thread last looked: it then sleeps no longer than the delay for a
+    /// while (`progress::TICKING`), so a polling program's owed
+    /// acknowledgements need no wake-up each.
+    pub polled_owed: AtomicBool,
 }
 
 impl Shared {
     /// Wakes the progress thread (a connection came or went, or it stops).
     pub fn wake(&self) {
         let _ = (&self.wake_tx).write(&[1]);
+    }
+
+    /// Microseconds of `t` since `epoch` (at least 1).
+    pub fn micros(&self, t: Instant) -> u64 {
+        (t.saturating_duration_since(self.epoch).as_micros() as u64).max(1)
+    }
+
+    /// Makes sure the progress thread looks at the connections by `due`
+    /// (an acknowledgement owed, found by a thread that may stop polling):
+    /// wakes it if it sleeps past that, once.
+    pub fn wake_by(&self, due: Instant) {
+        self.polled_owed.store(true, Ordering::Relaxed);
+        // The progress thread publishes its sleep before it reads the owed
+        // acknowledgements (under each connection's `acks` lock, which the
+        // caller took after making its own owed): either it saw ours, or we
+        // see its sleep here.
+        let s = self.asleep_until.load(Ordering::SeqCst);
+        if s != 0
+            && s > self.micros(due)
+            && self
+                .asleep_until
+                .compare_exchange(s, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            self.wake();
+        }
     }
 }
 
@@ -227,6 +274,9 @@ pub(crate) fn open(process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<d
             wake_rx,
             stop: AtomicBool::new(false),
             region_users: RwLock::new(()),
+            asleep_until: AtomicU64::new(0),
+            polled_owed: AtomicBool::new(false),
+            epoch: Instant::now(),
         }),
         process: process.clone(),
         ifname,
@@ -268,6 +318,7 @@ impl Sockets {
             answer: false,
             read_into: None,
             status: Some(err),
+            seq: 0,
         }]);
         Conn::drain(nic, vi, &mut q);
     }
@@ -615,6 +666,7 @@ impl Device for Sockets {
             self.shared.settings.timeout,
             self.shared.settings.fragment,
             peer.mtu,
+            self.shared.settings.ack_delay,
         )
         .map_err(|e| Error::failed("setting up the connection", e))?;
         *self.shared.vis[vi.slot as usize].conn.write().unwrap() = Some(Arc::new(c));
@@ -669,6 +721,7 @@ impl Device for Sockets {
             answer: false,
             read_into: None,
             status: None,
+            seq: 0,
         };
         // The smaller MaxTransferSize of the two VIs applies.
         let fault = if wr.fault == 0 && conn.peer_mtu != 0 && wr.length > conn.peer_mtu {
@@ -756,6 +809,8 @@ impl Device for Sockets {
             }
         }
         let answer = aw.answer;
+        // `send_frame` numbers the frame `tx.seq` (the peer answers by it).
+        aw.seq = tx.seq;
         conn.awaiting.lock().unwrap().push_back(aw);
         let payload = if staged {
             Payload::Staged

@@ -6,7 +6,9 @@
 //!
 //! It polls the connections (and a wake-up socket), spinning without
 //! sleeping for `$VIA_SOCK_SPIN_US` after the last activity, then sleeping
-//! in `poll` until data arrives or the next heartbeat is due. `poll`
+//! in `ppoll` until data arrives, the next heartbeat is due, or an owed
+//! acknowledgement is (`conn.rs`: a thread polling a connection that leaves
+//! an acknowledgement owed wakes it if it would sleep past that). `poll`
 //! rather than epoll: a NIC has few VIs, and the set changes only when a
 //! connection comes or goes. It never blocks on a write (see `conn.rs`).
 #![forbid(unsafe_code)]
@@ -15,12 +17,13 @@ use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::conn::{Conn, Taken};
 use super::frame::{self, HEADER, Header};
 use super::io::Scatter;
 use super::{Break, MAX_TRANSFER, Shared};
+use crate::attrs::Reliability;
 use crate::completion;
 use crate::descriptor::status;
 use crate::mem::region::Resolved;
@@ -64,6 +67,10 @@ const READ_BUDGET: usize = 4 << 20;
 /// stays far below it).
 const OUTBOX_LIMIT: usize = 64 << 20;
 
+/// How long the progress thread sleeps no longer than the acknowledgement
+/// delay after a polling thread last left an acknowledgement owed.
+const TICKING: Duration = Duration::from_millis(10);
+
 /// The reading state of one connection.
 pub(crate) struct Rx {
     buf: Vec<u8>,
@@ -75,6 +82,8 @@ pub(crate) struct Rx {
     off: usize,
     /// The `seq` the next request frame must carry.
     expect_seq: u32,
+    /// The peer's last cumulative acknowledgement.
+    peer_ack: u32,
 }
 
 impl Default for Rx {
@@ -87,6 +96,7 @@ impl Default for Rx {
             left: 0,
             off: 0,
             expect_seq: 0,
+            peer_ack: 0,
         }
     }
 }
@@ -117,6 +127,7 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
     let mut conns: Vec<Arc<Conn>> = Vec::new();
     let mut version = u32::MAX;
     let mut last_active = Instant::now();
+    let mut ticking_until = last_active;
     let settings = shared.settings;
     let beat = settings.timeout / 4;
     let mut fds = Vec::new();
@@ -152,12 +163,34 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
             };
             fds.push(pollfd(c.stream.as_raw_fd(), ev));
         }
-        let timeout = if last_active.elapsed() < settings.spin {
-            0
+        let now = Instant::now();
+        let mut until = if last_active.elapsed() < settings.spin {
+            now
         } else {
-            beat.as_millis().clamp(1, 1000) as i32
+            now + beat.clamp(Duration::from_millis(1), Duration::from_secs(1))
         };
-        if let Err(e) = via_sys::poll(&mut fds, timeout) {
+        // Published before the owed acknowledgements are read (see
+        // `Shared::wake_by`).
+        shared
+            .asleep_until
+            .store(shared.micros(until), Ordering::SeqCst);
+        for c in &conns {
+            if let Some(d) = c.ack_deadline() {
+                until = until.min(d);
+            }
+        }
+        if shared.polled_owed.swap(false, Ordering::Relaxed) {
+            ticking_until = now + TICKING;
+        }
+        if now < ticking_until {
+            until = until.min(now + settings.ack_delay);
+        }
+        shared
+            .asleep_until
+            .store(shared.micros(until), Ordering::SeqCst);
+        let r = via_sys::ppoll(&mut fds, Some(until.saturating_duration_since(now)));
+        shared.asleep_until.store(0, Ordering::SeqCst);
+        if let Err(e) = r {
             if e.kind() != io::ErrorKind::Interrupted {
                 log::error!("sockets progress: poll: {e}");
                 return;
@@ -191,6 +224,7 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
                     }
                 }
             }
+            c.ack_if_due(Instant::now());
             let now = c.now_ms();
             if now.saturating_sub(c.last_rx.load(Ordering::Relaxed))
                 > settings.timeout.as_millis() as u64
@@ -229,10 +263,16 @@ pub(crate) fn poll(nic: &NicInner, shared: &Shared, vi: &ViCore) {
     }
     let r = match c.rx.try_lock() {
         Ok(mut rx) => read_conn(nic, shared, &c, &mut rx),
-        Err(_) => return,
+        Err(_) => Ok(()),
     };
     if let Err(b) = r {
         settle(nic, &c, b);
+        return;
+    }
+    // An acknowledgement owed: sent alone once due; until then the
+    // progress thread must look by then (this thread may stop polling).
+    if let Some(due) = c.ack_if_due(Instant::now()) {
+        shared.wake_by(due);
     }
 }
 
@@ -455,17 +495,6 @@ fn violation(c: &Conn, what: &str) -> Break {
     lost(c)
 }
 
-fn answer(c: &Conn, op: u8, st: u32) {
-    c.queue(
-        Header {
-            op,
-            status: st,
-            ..Header::default()
-        },
-        &[],
-    );
-}
-
 /// The next posted receive of `vi`.
 fn take_recv(shared: &Shared, vi: &ViCore) -> Option<RecvWr> {
     shared.vis[vi.slot as usize]
@@ -517,7 +546,7 @@ fn recvq_empty(c: &Conn, vi: &ViCore, h: &Header) -> Result<Target, Break> {
         return Ok(Target::Discard);
     }
     if h.flags & frame::WANT_ACK != 0 {
-        answer(c, frame::ACK, status::REMOTE_DESC_ERROR);
+        c.refuse(h.seq, status::REMOTE_DESC_ERROR);
     }
     Err(Break {
         vi: c.vi,
@@ -535,6 +564,12 @@ fn begin(
     rx: &mut Rx,
     h: Header,
 ) -> Result<(), Break> {
+    // Every frame acknowledges our requests the peer placed before it.
+    if h.ack != rx.peer_ack {
+        c.acked(nic, vi, rx.peer_ack, h.ack)
+            .map_err(|e| violation(c, e.0))?;
+        rx.peer_ack = h.ack;
+    }
     if matches!(h.op, frame::SEND | frame::WRITE | frame::READ_REQ) {
         if h.seq != rx.expect_seq {
             return Err(violation(c, "sequence"));
@@ -569,8 +604,8 @@ fn begin(
             Some(r) => Target::Rdma(r),
             None => Target::Denied,
         },
-        frame::READ_RESP => match c.next_read() {
-            Some(Some(segs)) => {
+        frame::READ_RESP => match c.next_read(h.seq) {
+            Some(segs) => {
                 let want: u64 = segs.iter().map(|s| s.len as u64).sum();
                 if h.status == 0 && h.len as u64 != want || h.status != 0 && h.len != 0 {
                     return Err(violation(c, "read response length"));
@@ -722,15 +757,33 @@ fn finish(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Result<(), Brea
     let imm = (h.flags & frame::IMM != 0).then_some(h.imm);
     let imm_bit = if imm.is_some() { status::IMMEDIATE } else { 0 };
     let want_ack = h.flags & frame::WANT_ACK != 0;
+    // Reliable Reception acknowledges within the delay, riding on the next
+    // frame out if it can; the other levels acknowledge (their RDMA
+    // writes) at once.
+    let now = vi.reliability() != Reliability::ReliableReception;
     match h.op {
         frame::SEND => {
             if !matches!(target, Target::Recv) {
+                c.handled(false, now);
                 return Ok(());
             }
             // None: flushed by a disconnect meanwhile.
             let Some(t) = c.taken.lock().unwrap().take() else {
+                c.handled(false, now);
                 return Ok(());
             };
+            // Acknowledged (owed) before the completion is visible: a
+            // reply the application posts on seeing it carries the
+            // acknowledgement.
+            if t.fault != 0 {
+                if want_ack {
+                    c.refuse(h.seq, status::REMOTE_DESC_ERROR);
+                } else {
+                    c.handled(false, now);
+                }
+            } else {
+                c.handled(want_ack, now);
+            }
             let len = (t.fault == 0).then_some(h.len).or(Some(0));
             complete_recv(
                 nic,
@@ -740,23 +793,21 @@ fn finish(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Result<(), Brea
                 len,
                 imm,
             );
-            if t.fault != 0 {
-                if want_ack {
-                    answer(c, frame::ACK, status::REMOTE_DESC_ERROR);
-                }
-                if vi.reliability().is_reliable() {
-                    return Err(lost(c));
-                }
-            } else if want_ack {
-                answer(c, frame::ACK, 0);
+            if t.fault != 0 && vi.reliability().is_reliable() {
+                return Err(lost(c));
             }
         }
         frame::WRITE => match target {
             Target::Denied => {
-                answer(c, frame::ACK, status::RDMA_PROT_ERROR);
+                if want_ack {
+                    c.refuse(h.seq, status::RDMA_PROT_ERROR);
+                } else {
+                    c.handled(false, now);
+                }
                 return violated(nic, c, vi, ErrorCode::RdmawProt);
             }
             Target::Rdma(_) => {
+                c.handled(want_ack, now);
                 if imm.is_some() {
                     if let Some(t) = c.taken.lock().unwrap().take() {
                         complete_recv(
@@ -769,32 +820,48 @@ fn finish(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Result<(), Brea
                         );
                     }
                 }
-                answer(c, frame::ACK, 0);
             }
-            _ => answer(c, frame::ACK, 0),
+            _ => {
+                c.handled(want_ack, now);
+            }
         },
         frame::READ_REQ => {
             let data = rdma_target(nic, vi, &h, flags::RDMA_READ).and_then(|r| {
                 let mut d = vec![0u8; h.len as usize];
                 r.read(h.va, &mut d).ok().map(|()| d)
             });
+            c.handled(false, now);
             match data {
                 Some(d) => c.queue(
                     Header {
                         op: frame::READ_RESP,
                         len: h.len,
+                        seq: h.seq,
                         ..Header::default()
                     },
                     &d,
                 ),
                 None => {
-                    answer(c, frame::READ_RESP, status::RDMA_PROT_ERROR);
+                    c.queue(
+                        Header {
+                            op: frame::READ_RESP,
+                            seq: h.seq,
+                            status: status::RDMA_PROT_ERROR,
+                            ..Header::default()
+                        },
+                        &[],
+                    );
                     return violated(nic, c, vi, ErrorCode::RdmarProt);
                 }
             }
         }
-        frame::READ_RESP | frame::ACK => {
-            c.answered(nic, vi, h.status)
+        frame::READ_RESP => {
+            c.answered(nic, vi, h.seq, true, h.status)
+                .map_err(|e| violation(c, e.0))?;
+        }
+        // Status 0: the acknowledgement (`begin`) was all it carried.
+        frame::ACK if h.status != 0 => {
+            c.answered(nic, vi, h.seq, false, h.status)
                 .map_err(|e| violation(c, e.0))?;
         }
         frame::BYE => {
