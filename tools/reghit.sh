@@ -13,7 +13,7 @@ trap 'rm -rf "$out"' EXIT
 ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so.1"
 ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so"
 cc -O2 -g -Wall -Wextra -Iinclude -o "$out/vipl_reghit" benches/c/vipl_reghit.c -L"$out" -lvipl -Wl,-rpath,"$out"
-export VIA_INSTANCE="reghit-$$" VIA_VIAD="$PWD/target/release/viad"
+export VIA_INSTANCE="reghit-$$" VIA_VIAD="$PWD/target/release/viad" VIA_PARKED="${VIA_PARKED:-on}"
 for b in 1 32; do
     "$out/vipl_reghit" "$rounds" 65536 "$b"
 done

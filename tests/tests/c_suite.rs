@@ -249,6 +249,11 @@ fn reuse_without_cache() {
 }
 
 #[test]
+fn reuse_with_parked_registrations() {
+    suite("reuse", false, &[("VIA_PARKED", "on")]);
+}
+
+#[test]
 fn asan_sendrecv() {
     suite("sendrecv", true, &[]);
 }

@@ -287,7 +287,8 @@ impl NicInner {
             .insert_with(|slot, generation| {
                 // Parked registrations need memory events to stay correct,
                 // and the cache on.
-                let parking = process.monitor.is_some()
+                let parking = process.config.parked
+                    && process.monitor.is_some()
                     && process.config.regcache.capacity_bytes > 0
                     && process.config.regcache.capacity_regions > 0;
                 Arc::new(NicInner {
