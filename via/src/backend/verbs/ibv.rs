@@ -477,19 +477,7 @@ impl Srq {
     /// Posts one receive of `sges` with `wr_id`.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
         let mut s = [SGE_ZERO; MAX_SGE];
-        for (d, x) in s.iter_mut().zip(sges) {
-            *d = sys::ibv_sge {
-                addr: x.addr,
-                length: x.len,
-                lkey: x.lkey,
-            };
-        }
-        let mut wr = sys::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: s.as_mut_ptr(),
-            num_sge: sges.len().min(MAX_SGE) as i32,
-        };
+        let mut wr = recv_wr(wr_id, sges, &mut s);
         let mut bad = ptr::null_mut();
         // SAFETY: live SRQ; `wr` and `s` live until the call returns.
         let rc = unsafe { sys::ibv_post_srq_recv(self.srq, &mut wr, &mut bad) };
@@ -822,19 +810,7 @@ impl Qp {
     #[inline(never)]
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
         let mut s = [SGE_ZERO; MAX_SGE];
-        for (d, x) in s.iter_mut().zip(sges) {
-            *d = sys::ibv_sge {
-                addr: x.addr,
-                length: x.len,
-                lkey: x.lkey,
-            };
-        }
-        let mut wr = sys::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: s.as_mut_ptr(),
-            num_sge: sges.len().min(MAX_SGE) as i32,
-        };
+        let mut wr = recv_wr(wr_id, sges, &mut s);
         let mut bad = ptr::null_mut();
         // SAFETY: live QP; `wr` and `s` live until the call returns.
         let rc = unsafe { sys::ibv_post_recv(self.qp, &mut wr, &mut bad) };
@@ -849,6 +825,24 @@ impl Drop for Qp {
         if rc != 0 {
             log::warn!("ibv_destroy_qp: {}", io::Error::from_raw_os_error(rc));
         }
+    }
+}
+
+/// A receive work request of `sges` (at most [`MAX_SGE`]) built in `s`,
+/// for `ibv_post_recv` and `ibv_post_srq_recv`.
+fn recv_wr(wr_id: u64, sges: &[Sge], s: &mut [sys::ibv_sge; MAX_SGE]) -> sys::ibv_recv_wr {
+    for (d, x) in s.iter_mut().zip(sges) {
+        *d = sys::ibv_sge {
+            addr: x.addr,
+            length: x.len,
+            lkey: x.lkey,
+        };
+    }
+    sys::ibv_recv_wr {
+        wr_id,
+        next: ptr::null_mut(),
+        sg_list: s.as_mut_ptr(),
+        num_sge: sges.len().min(MAX_SGE) as i32,
     }
 }
 
