@@ -714,8 +714,9 @@ impl NicInner {
     }
 
     fn release(&self, rec: Box<RegionRec>) {
-        let _ = self.ptag_ref(Ptag(rec.ptag), -1);
-        self.process.registrations.release(rec.pinned);
+        let RegionRec { ptag, pinned, .. } = *rec;
+        let _ = self.ptag_ref(Ptag(ptag), -1);
+        self.process.registrations.release(pinned);
     }
 
     /// Gives a parked registration's pages back to the registration cache,
