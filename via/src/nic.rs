@@ -526,7 +526,7 @@ impl NicInner {
             Ok(h) => h,
             Err(e) => {
                 // A failed revival has released the entry already.
-                self.release(rec);
+                self.release(*rec);
                 return Err(e);
             }
         };
@@ -675,7 +675,7 @@ impl NicInner {
             }
         };
         if rec.revoked {
-            self.release(rec);
+            self.release(*rec);
             return Ok(());
         }
         let resolved = self.regions.remove(handle);
@@ -708,15 +708,14 @@ impl NicInner {
                     self.unpark_for_good(old);
                 }
             }
-            _ => self.release(rec),
+            _ => self.release(*rec),
         }
         Ok(())
     }
 
-    fn release(&self, rec: Box<RegionRec>) {
-        let RegionRec { ptag, pinned, .. } = *rec;
-        let _ = self.ptag_ref(Ptag(ptag), -1);
-        self.process.registrations.release(pinned);
+    fn release(&self, rec: RegionRec) {
+        let _ = self.ptag_ref(Ptag(rec.ptag), -1);
+        self.process.registrations.release(rec.pinned);
     }
 
     /// Gives a parked registration's pages back to the registration cache,
@@ -725,7 +724,7 @@ impl NicInner {
         if let Some(entry) = p.entry {
             self.dev.release_retired(entry);
         }
-        self.release(p.rec);
+        self.release(*p.rec);
     }
 
     /// Registrations served by a parked registration of this NIC.
@@ -931,7 +930,7 @@ impl NicInner {
             if !rec.revoked {
                 self.unmap(h);
             }
-            self.release(rec);
+            self.release(*rec);
         }
         for (_, _, cq) in self.cqs.read().unwrap().iter() {
             cq.retire(self);
