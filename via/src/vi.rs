@@ -355,7 +355,7 @@ impl ViCore {
             )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
-            d.status.complete(0, None, None);
+            d.status.clear();
             *tail += 1;
             fifo.push_back(Posted {
                 desc_va,
@@ -393,7 +393,7 @@ impl ViCore {
         } = &mut *q;
         translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
         translate::recv_wr(&nic.regions, d, desc_va, handle, ptag, regions, pd);
-        d.status.complete(0, None, None);
+        d.status.clear();
         let status = std::mem::take(&mut d.status);
         let pos = *tail;
         *tail += 1;
@@ -438,6 +438,7 @@ impl ViCore {
     }
 
     /// `VipSendDone` / `VipRecvDone`: dequeues the head if it completed.
+    #[inline]
     pub fn done(&self, w: Which) -> Result<Completion> {
         let mut q = self.queue(w).lock().unwrap();
         let head = q.fifo.front().ok_or(Error::NotDone)?;
