@@ -154,9 +154,7 @@ pub(crate) fn read_desc(
     if let Some((m, at, room)) = region.locate(va, 32) {
         // Fast path: the descriptor lies in one arena; read its words
         // through one bounds check (the 32-byte control segment).
-        let head = m
-            .slice::<AtomicU32>(at, 8)
-            .ok_or(Error::DescriptorError)?;
+        let head = m.slice::<AtomicU32>(at, 8).ok_or(Error::DescriptorError)?;
         let word = |o: usize| head[o / 4].load(Ordering::Relaxed);
         let w = word(offsets::SEG_COUNT);
         let (first, second) = if cfg!(target_endian = "little") {
@@ -268,14 +266,18 @@ fn check_local(
 pub(crate) struct WrRegions<'a> {
     pub desc: Option<&'a Resolved>,
     pub seg: Option<&'a Resolved>,
+    /// Where the descriptor's status is written (found by [`read_desc`]).
+    pub status: Option<&'a StatusLoc>,
 }
 
 impl<'a> WrRegions<'a> {
-    /// The regions of `wr` in `cache` (just filled by translating it).
-    pub fn of(wr: &SendWr, cache: &'a RegionCache) -> WrRegions<'a> {
+    /// The regions of `wr` in `cache` (just filled by translating it), and
+    /// its descriptor's status location.
+    pub fn of(wr: &SendWr, cache: &'a RegionCache, status: &'a StatusLoc) -> WrRegions<'a> {
         WrRegions {
             desc: cache.peek(wr.desc_handle),
             seg: wr.local().first().and_then(|s| cache.peek(s.handle)),
+            status: Some(status),
         }
     }
 }

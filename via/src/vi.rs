@@ -362,10 +362,17 @@ impl ViCore {
                 status: std::mem::take(&mut d.status),
                 pos: wr.seq as u64,
             });
+            let Some(posted) = fifo.back() else {
+                return Err(Error::Resource);
+            };
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
-            nic.dev
-                .post_send(nic, self, wr, translate::WrRegions::of(wr, regions))?;
+            nic.dev.post_send(
+                nic,
+                self,
+                wr,
+                translate::WrRegions::of(wr, regions, &posted.status),
+            )?;
         }
         nic.dev.kick(nic, Some(self));
         Ok(())
@@ -453,10 +460,11 @@ impl ViCore {
     }
 
     /// [`ViCore::done`]; if nothing completed, lets the device progress
-    /// inline once (a polling program need not wait for a thread switch).
+    /// inline once (a polling program need not wait for a thread switch)
+    /// and looks again, unless the device has nothing to progress.
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
         match self.done(w) {
-            Err(e) if e.kind() == ErrorKind::NotDone => {
+            Err(e) if e.kind() == ErrorKind::NotDone && nic.dev.polls() => {
                 nic.dev.poll(nic, self);
                 self.done(w)
             }
