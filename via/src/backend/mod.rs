@@ -351,6 +351,13 @@ pub(crate) trait Device: Send + Sync {
     /// device may progress inline (no locks of the object model held).
     fn poll(&self, _nic: &NicInner, _vi: &ViCore) {}
 
+    /// Whether [`Device::poll`] can complete anything (false: a poller need
+    /// not look at its queue again after it; a kind whose completions are
+    /// all written by the initiator's engine).
+    fn polls(&self) -> bool {
+        true
+    }
+
     /// Lets queued work run (after the send-queue lock is released); `vi`
     /// is the VI that just posted, if any.
     fn kick(&self, _nic: &NicInner, _vi: Option<&ViCore>) {}

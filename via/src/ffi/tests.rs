@@ -529,3 +529,56 @@ fn handles_name_their_nic() {
         assert_eq!(VipCloseNic(a), VIP_SUCCESS);
     }
 }
+
+/// The posting and polling calls find a VI through this thread's recent
+/// handles once it has been used (`handles::with_vi`), and through the NIC's
+/// table the first time: both give the same answers, and a VI destroyed
+/// while cached is refused.
+#[test]
+fn cached_vi_handles_give_the_same_answers() {
+    if !viad_available() {
+        return;
+    }
+    let nic = open();
+    let p = ptag(nic);
+    let v = vi(nic, p, null_mut());
+    // An idle VI: the first call of each kind misses the cache (a fresh
+    // VI), the second hits it.
+    let mut desc = VIP_DESCRIPTOR::default();
+    let misaligned = (&raw mut desc)
+        .cast::<u8>()
+        .wrapping_add(8)
+        .cast::<VIP_DESCRIPTOR>();
+    for round in 0..2 {
+        let mut d: *mut VIP_DESCRIPTOR = h(0x40).cast();
+        // SAFETY: valid pointers (the misaligned one is refused unread).
+        let codes = unsafe {
+            [
+                VipPostSend(v, &mut desc, 1),
+                VipPostRecv(v, misaligned, 1),
+                VipPostSend(v, null_mut(), 1),
+                VipSendDone(v, &mut d),
+                VipRecvDone(v, &mut d),
+                VipRecvDone(v, null_mut()),
+            ]
+        };
+        assert_eq!(
+            codes,
+            [
+                VIP_INVALID_STATE,
+                VIP_DESCRIPTOR_ERROR,
+                VIP_INVALID_PARAMETER,
+                VIP_NOT_DONE,
+                VIP_NOT_DONE,
+                VIP_INVALID_PARAMETER,
+            ],
+            "round {round}"
+        );
+        assert_eq!(d, h(0x40).cast(), "round {round}: output written");
+    }
+    // SAFETY: a checked handle.
+    unsafe { assert_eq!(VipDestroyVi(v), VIP_SUCCESS) };
+    refuses_vi(v);
+    // SAFETY: as above.
+    unsafe { assert_eq!(VipCloseNic(nic), VIP_SUCCESS) };
+}
