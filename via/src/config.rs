@@ -12,8 +12,8 @@
 //! | `VIA_REGCACHE_BYTES` | bytes of deregistered regions kept cached | 256 MiB |
 //! | `VIA_REGCACHE_REGIONS` | deregistered regions kept cached | 16384 |
 //! | `VIA_REGCACHE_MERGE` | `on` (a miss pins the union with touching entries), `off` | `on` |
-//! | `VIA_PARKED` | `on`: the last 64 deregistered registrations of each NIC are kept whole for the same bytes again (`off` until a hang of a 7-process vmpi job with it on is understood) | `off` |
-//! | `VIA_MOVE_CHUNK` | bytes moved per write-protected step of a registration | 2 MiB |
+//! | `VIA_PARKED` | `on`: the last 64 deregistered registrations of each NIC are kept whole for the same bytes again (needs the memory-event monitor) | `on` |
+//! | `VIA_MOVE_CHUNK` | bytes moved per write-protected step of a registration (one page .. 16 MiB) | 2 MiB |
 //! | `VIA_TCACHE_ENTRIES` | entries of the engine's translation cache | 1024 |
 //! | `VIA_TCACHE_WAYS` | its associativity (1 = direct-mapped) | 1 |
 #![forbid(unsafe_code)]
@@ -201,7 +201,7 @@ impl Config {
                     validate_hits: false,
                 }
             },
-            parked: var("VIA_PARKED", Switch(false)).0,
+            parked: var("VIA_PARKED", Switch(true)).0,
             move_chunk: var("VIA_MOVE_CHUNK", 2usize << 20).max(1),
             tcache_entries: var("VIA_TCACHE_ENTRIES", 1024usize).clamp(1, 1 << 20),
             tcache_ways: var("VIA_TCACHE_WAYS", 1usize).clamp(1, 64),

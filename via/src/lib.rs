@@ -27,6 +27,7 @@ pub mod descriptor;
 mod error;
 pub mod ffi;
 pub mod handle;
+mod handle_map;
 pub mod mem;
 mod nic;
 mod notify;

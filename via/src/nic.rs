@@ -6,7 +6,6 @@
 //! requests, and the provider thread (Notify handlers, error callback).
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -189,7 +188,7 @@ pub(crate) struct ParkedReg {
 
 /// The registrations of a NIC.
 pub(crate) struct Registrations {
-    live: HashMap<u32, RegionRec, crate::regions::BuildHandleHasher>,
+    live: crate::handle_map::HandleMap<RegionRec>,
     parked: Parked<ParkedReg>,
 }
 
@@ -301,7 +300,7 @@ impl NicInner {
                     regions: RegionTable::default(),
                     ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
                     registered: Mutex::new(Registrations {
-                        live: HashMap::default(),
+                        live: Default::default(),
                         parked: Parked::new(if parking { crate::parked::CAPACITY } else { 0 }),
                     }),
                     parking,
@@ -660,8 +659,8 @@ impl NicInner {
         let rec = {
             let _fork = crate::mem::fork::enter();
             let live = &mut self.registered.lock().unwrap().live;
-            match live.get(&handle) {
-                Some(r) if r.va == addr => live.remove(&handle).expect("present"),
+            match live.get(handle) {
+                Some(r) if r.va == addr => live.remove(handle).expect("present"),
                 _ => return Err(Error::InvalidParameter),
             }
         };
@@ -730,7 +729,7 @@ impl NicInner {
         let mut revoked = 0;
         let parked = {
             let mut g = self.registered.lock().unwrap();
-            for (&h, r) in g.live.iter_mut() {
+            for (h, r) in g.live.iter_mut() {
                 let (a, b) = (r.va as usize, (r.va + r.len.max(1)) as usize);
                 if !r.revoked && a < range.end && range.start < b {
                     r.revoked = true;
@@ -782,7 +781,7 @@ impl NicInner {
             self.ptag_ref(attrs.ptag, 1)?;
             let _ = self.ptag_ref(old, -1);
         }
-        if let Some(r) = self.registered.lock().unwrap().live.get_mut(&handle) {
+        if let Some(r) = self.registered.lock().unwrap().live.get_mut(handle) {
             r.ptag = attrs.ptag.0;
             r.flags = fl;
         }
@@ -905,7 +904,7 @@ impl NicInner {
         self.provider.stop(self);
         self.dev.close(self);
         self.drop_parked();
-        let regions: Vec<_> = self.registered.lock().unwrap().live.drain().collect();
+        let regions = self.registered.lock().unwrap().live.drain();
         for (h, rec) in regions {
             if !rec.revoked {
                 self.unmap(h);

@@ -154,7 +154,8 @@ pub trait Publisher: Send + Sync {
 pub struct Config {
     /// How registration backs pages.
     pub policy: Policy,
-    /// Bytes moved per write-protected step (rounded to pages, at least one).
+    /// Bytes moved per write-protected step (rounded to pages, at least one,
+    /// at most `vma::PageBits::MAX_PAGES` pages).
     pub chunk: usize,
     /// Move an arena's pages back into private memory when its last pin
     /// goes (the registration cache is off, so this happens in
@@ -551,7 +552,8 @@ impl Arenas {
         crate::sys::ftruncate(&fd, len as u64)?;
         let shadow = Mapping::map_shared(&fd, 0, len)?;
         let page = regcache::page_size();
-        let chunk = (self.config.chunk / page).max(1) * page;
+        // At most what a mover's page bits hold (`move_chunk`).
+        let chunk = (self.config.chunk / page).clamp(1, vma::PageBits::MAX_PAGES) * page;
         for (r, prot) in run {
             let mut at = r.start;
             while at < r.end {
@@ -575,16 +577,22 @@ impl Arenas {
     }
 
     /// Moves one chunk `c` of the run starting at `base` into `fd`.
+    ///
+    /// Between the write protection and the wake-up this thread writes no
+    /// heap memory and allocates nothing: the chunk may hold heap blocks
+    /// (a merged cache entry spans freed and reused memory), and a write
+    /// into it would wait for this very thread. Scratch lives on the stack
+    /// (`PageBits`), counters are updated after the wake-up.
     fn move_chunk(&self, fd: &OwnedFd, base: usize, c: &Range<usize>, prot: i32) -> io::Result<()> {
         // Events for this range would be the library's own doing.
         if let Some(m) = &self.monitor {
             m.unwatch(c);
         }
+        let pages = c.len() / regcache::page_size();
         // Pages with data, read before the protection (afterwards the
-        // kernel reports protected empty pages like swapped ones). Nothing
-        // below allocates until the writers are woken.
-        let mut scratch = vma::PageScratch::for_range(c);
-        let before = scratch.scan(c, vma::TOUCHED);
+        // kernel reports protected empty pages like swapped ones).
+        let mut touched = vma::PageBits::new(pages);
+        let before = touched.scan(c, vma::TOUCHED);
         let protected = match &self.mover {
             Some(u) => match u
                 .register(c, uffd::mode::WP)
@@ -602,15 +610,11 @@ impl Arenas {
         // Pages present now: touched between the first look and the
         // protection (a page touched then and already swapped out again
         // within those microseconds would be missed: not a practical case).
-        let whole = [c.clone()];
-        let touched: &[Range<usize>] = match before {
-            Ok(()) if !protected || scratch.scan(c, vma::PRESENT).is_ok() => {
-                scratch.normalize();
-                &scratch.runs
-            }
-            _ => &whole,
-        };
-        let result = self.copy_and_map(fd, base, c, prot, touched);
+        let known = before.is_ok() && (!protected || touched.scan(c, vma::PRESENT).is_ok());
+        if !known {
+            touched = vma::PageBits::all(pages);
+        }
+        let result = Self::copy_and_map(fd, base, c, prot, &touched);
         if protected {
             let u = self.mover.as_ref().expect("protected");
             if result.is_err() {
@@ -622,27 +626,33 @@ impl Arenas {
             let _ = u.wake(c);
         }
         self.chunks.fetch_add(1, Ordering::Relaxed);
-        result
+        let moved = result?;
+        self.bytes_moved.fetch_add(moved as u64, Ordering::Relaxed);
+        Ok(())
     }
 
+    /// Copies the `touched` pages of chunk `c` into `fd` and maps `fd` over
+    /// `c`; returns the bytes copied.
     fn copy_and_map(
-        &self,
         fd: &OwnedFd,
         base: usize,
         c: &Range<usize>,
         prot: i32,
-        touched: &[Range<usize>],
-    ) -> io::Result<()> {
-        for t in touched {
-            crate::sys::pwrite_from_memory(fd, t.start, t.len(), (t.start - base) as u64)?;
-            self.bytes_moved
-                .fetch_add(t.len() as u64, Ordering::Relaxed);
-        }
+        touched: &vma::PageBits,
+    ) -> io::Result<usize> {
+        let page = regcache::page_size();
+        let mut moved = 0;
+        touched.for_each_run(|run| {
+            let (start, len) = (c.start + run.start * page, run.len() * page);
+            moved += len;
+            crate::sys::pwrite_from_memory(fd, start, len, (start - base) as u64)
+        })?;
         // SAFETY: `c` is whole pages of the application's registered memory
         // whose contents were just copied into `fd` at the same offsets; no
         // writer changed them since (write protection), so the program sees
         // the same bytes at the same addresses.
-        unsafe { crate::sys::map_fixed_shared(c, prot, fd, (c.start - base) as u64) }
+        unsafe { crate::sys::map_fixed_shared(c, prot, fd, (c.start - base) as u64)? };
+        Ok(moved)
     }
 
     /// Moves the pages of a retired arena back into private memory.

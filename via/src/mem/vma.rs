@@ -206,19 +206,16 @@ pub fn parse_maps_line(line: &str) -> Option<Vma> {
 /// # Errors
 /// Errors reading `/proc/self/pagemap`; callers then copy everything.
 pub fn touched(range: &Range<usize>) -> io::Result<Vec<Range<usize>>> {
-    let mut scratch = PageScratch::for_range(range);
-    scratch.scan(range, TOUCHED)?;
-    Ok(scratch.runs)
-}
-
-/// Runs of pages in `range` (page aligned) present in memory.
-///
-/// # Errors
-/// As [`touched`].
-pub fn present(range: &Range<usize>) -> io::Result<Vec<Range<usize>>> {
-    let mut scratch = PageScratch::for_range(range);
-    scratch.scan(range, PRESENT)?;
-    Ok(scratch.runs)
+    let page = regcache::page_size();
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    scan_pagemap(range, TOUCHED, |i| {
+        let a = range.start + i * page;
+        match runs.last_mut() {
+            Some(r) if r.end == a => r.end = a + page,
+            _ => runs.push(a..a + page),
+        }
+    })?;
+    Ok(runs)
 }
 
 /// Pagemap bits of a page holding data (present or swapped).
@@ -226,75 +223,105 @@ pub const TOUCHED: u64 = 3 << 62;
 /// Pagemap bit of a present page.
 pub const PRESENT: u64 = 1 << 63;
 
-/// Buffers for [`PageScratch::scan`], allocated up front: the move of a
-/// write-protected chunk must not allocate (a new heap block could lie in
-/// the protected pages, and the thread would wait for itself).
-pub struct PageScratch {
-    buf: Vec<u8>,
-    /// The runs found by the last scans (appended).
-    pub runs: Vec<Range<usize>>,
+/// Calls `f(i)`, in order, for each page `i` of `range` (counted from its
+/// start) with any of `bits` set in `/proc/self/pagemap`. Reads through a
+/// buffer on the stack: allocates nothing and writes no heap memory.
+fn scan_pagemap(range: &Range<usize>, bits: u64, mut f: impl FnMut(usize)) -> io::Result<()> {
+    static F: OnceLock<Option<File>> = OnceLock::new();
+    let file = F
+        .get_or_init(|| File::open("/proc/self/pagemap").ok())
+        .as_ref()
+        .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))?;
+    let page = regcache::page_size();
+    let first = range.start / page;
+    let pages = (range.end - range.start) / page;
+    let mut buf = [0u8; 8 * 64];
+    let mut done = 0usize;
+    while done < pages {
+        let n = (pages - done).min(buf.len() / 8);
+        let bytes = &mut buf[..n * 8];
+        file.read_exact_at(bytes, ((first + done) * 8) as u64)?;
+        for (i, e) in bytes.chunks_exact(8).enumerate() {
+            if u64::from_ne_bytes(e.try_into().unwrap()) & bits != 0 {
+                f(done + i);
+            }
+        }
+        done += n;
+    }
+    Ok(())
 }
 
-impl PageScratch {
-    /// Room for scanning `range` twice without allocating.
-    pub fn for_range(range: &Range<usize>) -> PageScratch {
-        let pages = (range.end - range.start) / regcache::page_size();
-        PageScratch {
-            buf: vec![0u8; 8 * pages.clamp(1, 4096)],
-            runs: Vec::with_capacity(pages + 2),
+/// Pages of one chunk being moved (at most [`PageBits::MAX_PAGES`]), one
+/// bit each, kept on the mover's stack.
+///
+/// Why not a heap buffer: while a chunk is write-protected, any write into
+/// it waits for the mover, which is this thread. The chunk may hold heap
+/// blocks of the library itself (a merged cache entry spans memory the
+/// application freed and the allocator handed out again), so a scratch
+/// buffer on the heap could be inside it, and the mover would wait for
+/// itself forever. The current thread's stack is never moved (`arena.rs`).
+pub struct PageBits {
+    words: [u64; PageBits::MAX_PAGES / 64],
+    pages: usize,
+}
+
+impl PageBits {
+    /// The largest chunk, in pages (16 MiB of 4 KiB pages: 512 bytes of bits).
+    pub const MAX_PAGES: usize = 4096;
+
+    /// No page of a chunk of `pages` pages set; `pages` at most
+    /// [`PageBits::MAX_PAGES`].
+    pub fn new(pages: usize) -> PageBits {
+        assert!(pages <= Self::MAX_PAGES, "chunk of {pages} pages");
+        PageBits {
+            words: [0; Self::MAX_PAGES / 64],
+            pages,
         }
     }
 
-    /// Appends to `runs` the runs of pages of `range` with any of `bits`
-    /// set in `/proc/self/pagemap`. Allocates nothing when `runs` has room.
-    ///
-    /// # Errors
-    /// Errors reading `/proc/self/pagemap`.
+    /// Every page set.
+    pub fn all(pages: usize) -> PageBits {
+        let mut b = PageBits::new(pages);
+        (0..pages).for_each(|i| b.set(i));
+        b
+    }
+
+    fn set(&mut self, i: usize) {
+        self.words[i / 64] |= 1 << (i % 64);
+    }
+
+    fn get(&self, i: usize) -> bool {
+        self.words[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Sets the pages of `range` (the chunk, page aligned) with any of
+    /// `bits` in `/proc/self/pagemap`. Writes only `self`.
     pub fn scan(&mut self, range: &Range<usize>, bits: u64) -> io::Result<()> {
-        static F: OnceLock<Option<File>> = OnceLock::new();
-        let f = F
-            .get_or_init(|| File::open("/proc/self/pagemap").ok())
-            .as_ref()
-            .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))?;
-        let page = regcache::page_size();
-        let first = range.start / page;
-        let pages = (range.end - range.start) / page;
-        let mut done = 0usize;
-        while done < pages {
-            let n = (pages - done).min(self.buf.len() / 8);
-            let bytes = &mut self.buf[..n * 8];
-            f.read_exact_at(bytes, ((first + done) * 8) as u64)?;
-            for (i, e) in bytes.chunks_exact(8).enumerate() {
-                let v = u64::from_ne_bytes(e.try_into().unwrap());
-                if v & bits == 0 {
-                    continue;
-                }
-                let a = range.start + (done + i) * page;
-                match self.runs.last_mut() {
-                    Some(r) if r.end == a => r.end = a + page,
-                    _ => self.runs.push(a..a + page),
-                }
+        debug_assert_eq!(
+            (range.end - range.start) / regcache::page_size(),
+            self.pages
+        );
+        scan_pagemap(range, bits, |i| self.set(i))
+    }
+
+    /// Calls `f` with each maximal run of set pages, as page indices.
+    pub fn for_each_run<E>(
+        &self,
+        mut f: impl FnMut(Range<usize>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut i = 0;
+        while i < self.pages {
+            if !self.get(i) {
+                i += 1;
+                continue;
             }
-            done += n;
+            let start = i;
+            while i < self.pages && self.get(i) {
+                i += 1;
+            }
+            f(start..i)?;
         }
         Ok(())
-    }
-
-    /// Sorts and joins the runs in place (no allocation).
-    pub fn normalize(&mut self) {
-        self.runs.sort_unstable_by_key(|r| r.start);
-        let mut w = 0usize;
-        for i in 0..self.runs.len() {
-            let r = self.runs[i].clone();
-            if w > 0 && self.runs[w - 1].end >= r.start {
-                let e = self.runs[w - 1].end.max(r.end);
-                self.runs[w - 1].end = e;
-            } else {
-                self.runs[w] = r;
-                w += 1;
-            }
-        }
-        self.runs.truncate(w);
     }
 }
 
@@ -353,6 +380,23 @@ mod tests {
             touched(&r).unwrap(),
             vec![r.start + regcache::page_size()..r.start + 2 * regcache::page_size()]
         );
+        let mut bits = PageBits::new(3);
+        bits.scan(&r, TOUCHED).unwrap();
+        let mut runs = Vec::new();
+        bits.for_each_run(|x| {
+            runs.push(x);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(runs, vec![1..2]);
+        let mut runs = Vec::new();
+        PageBits::all(3)
+            .for_each_run(|x| {
+                runs.push(x);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!(runs, vec![0..3]);
         // SAFETY: we own the mapping.
         unsafe { libc::munmap(p, len) };
         assert!(
