@@ -287,14 +287,19 @@ pub(crate) fn optional_cq_of(nic: &Arc<NicInner>, h: VIP_CQ_HANDLE) -> Result<Op
 /// The live protection tag `h` of `nic`; `None` for NULL, another kind, a
 /// tag of another NIC, or a destroyed tag.
 pub(crate) fn ptag_of(nic: &Arc<NicInner>, h: VIP_PROTECTION_HANDLE) -> Option<Ptag> {
+    ptag_named_by(nic, h).filter(|&p| nic.ptag_valid(p))
+}
+
+/// The tag of `nic` that `h` names, live or not (for callers that check
+/// liveness themselves, as `NicInner::register` does).
+pub(crate) fn ptag_named_by(nic: &NicInner, h: VIP_PROTECTION_HANDLE) -> Option<Ptag> {
     // A tag of `nic` names it by slot and generation: no process lookup.
     let d = Handle::decode(opaque_value(h), Kind::Ptag)?;
     if d.nic as u32 != nic.slot || (d.index >> 16) as u16 != nic.generation {
         return None;
     }
     let (index, generation) = (d.index & SLOT_MASK, d.generation);
-    let p = Ptag(((generation as u32) << 16) | index);
-    nic.ptag_valid(p).then_some(p)
+    Some(Ptag(((generation as u32) << 16) | index))
 }
 
 /// The pending connection request named by `h`, with its NIC. The request
