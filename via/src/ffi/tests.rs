@@ -596,7 +596,7 @@ fn registrations_check_their_tag_parked_or_not() {
     let mut buf = vec![0u8; 3 * 4096];
     let at = (4096 - buf.as_ptr() as usize % 4096) % 4096;
     let addr: *mut c_void = buf[at..].as_mut_ptr().cast();
-    let mut ma = |t| VIP_MEM_ATTRIBUTES {
+    let ma = |t| VIP_MEM_ATTRIBUTES {
         Ptag: t,
         EnableRdmaWrite: 0,
         EnableRdmaRead: 0,
