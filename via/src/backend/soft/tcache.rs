@@ -352,7 +352,7 @@ mod tests {
             ptag: 0,
             flags: 0,
             pid: 0,
-            extents: Vec::new(),
+            extents: Default::default(),
         })
     }
 
