@@ -445,31 +445,39 @@ impl ViCore {
     }
 
     /// `VipSendDone` / `VipRecvDone`: dequeues the head if it completed.
-    #[inline]
     pub fn done(&self, w: Which) -> Result<Completion> {
+        self.take_done(w).ok_or(Error::NotDone)
+    }
+
+    /// The head of queue `w`, dequeued, if it completed.
+    #[inline]
+    fn take_done(&self, w: Which) -> Option<Completion> {
         let mut q = self.queue(w).lock().unwrap();
-        let head = q.fifo.front().ok_or(Error::NotDone)?;
+        let head = q.fifo.front()?;
         let st = head.status.status();
         if st & status::DONE == 0 {
-            return Err(Error::NotDone);
+            return None;
         }
         let desc = head.desc_va;
         q.fifo.pop_front();
         q.reported = q.reported.saturating_sub(1);
-        Ok(Completion { desc, status: st })
+        Some(Completion { desc, status: st })
     }
 
     /// [`ViCore::done`]; if nothing completed, lets the device progress
     /// inline once (a polling program need not wait for a thread switch)
     /// and looks again, unless the device has nothing to progress.
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
-        match self.done(w) {
-            Err(e) if e.kind() == ErrorKind::NotDone && nic.dev.polls() => {
-                nic.dev.poll(nic, self);
-                self.done(w)
-            }
-            r => r,
+        if let Some(c) = self.take_done(w) {
+            return Ok(c);
         }
+        if nic.dev.polls() {
+            nic.dev.poll(nic, self);
+            if let Some(c) = self.take_done(w) {
+                return Ok(c);
+            }
+        }
+        Err(Error::NotDone)
     }
 
     fn head_done(&self, w: Which) -> bool {
