@@ -92,6 +92,23 @@ pub fn open_nic() -> Nic {
     Nic::open(None).expect("open NIC")
 }
 
+/// The verbs device the tests run on (`VIA_DEVICE`, one of this host's
+/// RDMA devices), or `None` (printing why) when this machine has none.
+#[cfg(feature = "verbs")]
+pub fn verbs_device() -> Option<String> {
+    let devs = via::rdma_devices();
+    match std::env::var("VIA_DEVICE") {
+        Ok(d) if devs.contains(&d) => Some(d),
+        _ => {
+            println!(
+                "SKIP: no RDMA device selected (VIA_DEVICE unset or not among {devs:?}); \
+                 tools/verbs-vm.sh runs these tests on Soft-RoCE"
+            );
+            None
+        }
+    }
+}
+
 /// The peer program (`via-peer`), running one scenario.
 pub struct Peer {
     pub child: Child,
