@@ -216,6 +216,33 @@ impl Hosts {
         .collect()
     }
 
+    /// The kernel's TCP counters in side `s`'s namespace (`/proc/net/snmp`
+    /// and `/proc/net/netstat`, as `Tcp:RetransSegs`, `TcpExt:TCPOFOQueue`,
+    /// ...): what the packets did to the TCP connections underneath.
+    pub fn tcp_counters(&self, s: Side) -> std::collections::HashMap<String, u64> {
+        let mut m = std::collections::HashMap::new();
+        for file in ["/proc/net/snmp", "/proc/net/netstat"] {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns[Self::i(s)], "cat", file])
+                .output()
+                .expect("run ip netns exec cat");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = text.lines().collect();
+            // Pairs of lines: names, then values, both led by `Group:`.
+            for pair in lines.chunks_exact(2) {
+                let (names, values) = (pair[0].split_whitespace(), pair[1].split_whitespace());
+                let mut names = names.peekable();
+                let group = names.next().unwrap_or("").trim_end_matches(':').to_string();
+                for (n, v) in names.zip(values.skip(1)) {
+                    if let Ok(v) = v.parse() {
+                        m.insert(format!("{group}:{n}"), v);
+                    }
+                }
+            }
+        }
+        m
+    }
+
     /// `exe args...` on side `s` (no NIC environment), as a peer.
     pub fn exec(&self, s: Side, exe: &str, args: &[&str]) -> Peer {
         let mut cmd = Command::new("ip");

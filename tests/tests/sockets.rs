@@ -295,6 +295,20 @@ fn impaired_stream(rel: &str) {
             "{side} delay: {c:?}"
         );
     }
+    // The TCP connections underneath met all of it: B's received
+    // duplicate segments (answered with D-SACKs; the copies and spurious
+    // retransmissions) and segments out of order, A's retransmitted.
+    let (ta, tb) = (h.tcp_counters(Side::A), h.tcp_counters(Side::B));
+    let get = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    eprintln!(
+        "TCP at B: duplicates {} (D-SACKs sent), out of order {}; at A: retransmitted {}",
+        get(&tb, "TcpExt:TCPDSACKOldSent"),
+        get(&tb, "TcpExt:TCPOFOQueue"),
+        get(&ta, "Tcp:RetransSegs")
+    );
+    assert!(get(&tb, "TcpExt:TCPDSACKOldSent") > 0, "{tb:?}");
+    assert!(get(&tb, "TcpExt:TCPOFOQueue") > 0, "{tb:?}");
+    assert!(get(&ta, "Tcp:RetransSegs") > 0, "{ta:?}");
     assert_eq!(a.cmd("state"), "STATE Connected");
     a.exit();
     b.exit();
