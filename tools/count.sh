@@ -12,15 +12,21 @@ cd "$(dirname "$0")/.."
 rounds=${1:-20000}
 command -v valgrind >/dev/null || { echo "count.sh: valgrind is not installed (apt-get install valgrind)"; exit 1; }
 cargo build --release -q -p vipl -p via-tools
-out=$(mktemp -d)
-trap "rm -rf $out" EXIT
+lib=${CARGO_TARGET_DIR:-$PWD/target}/release
+# COUNT_KEEP=dir keeps the callgrind output there (for callgrind_annotate).
+if [ -n "${COUNT_KEEP:-}" ]; then
+    out=$COUNT_KEEP; mkdir -p "$out"
+else
+    out=$(mktemp -d)
+    trap "rm -rf $out" EXIT
+fi
 # The library under its soname, as tools/install.sh lays it out.
-ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so.1"
-ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so"
+ln -sf "$lib/libvipl.so" "$out/libvipl.so.1"
+ln -sf "$lib/libvipl.so" "$out/libvipl.so"
 cc -O2 -g -Wall -Iinclude -o "$out/vipl_count" benches/c/vipl_count.c -L"$out" -lvipl -Wl,-rpath,"$out"
 # Its own daemon instance; valgrind cannot run the daemon's start-up
 # (pidfd, userfaultfd), so one plain run starts it first.
-export VIA_INSTANCE="count-$$" VIA_VIAD="$PWD/target/release/viad"
+export VIA_INSTANCE="count-$$" VIA_VIAD="$lib/viad"
 "$out/vipl_count" 2000 >/dev/null
 valgrind --tool=callgrind --toggle-collect=round_trip --callgrind-out-file="$out/cg" \
     "$out/vipl_count" "$rounds" >/dev/null 2>"$out/vg.log"

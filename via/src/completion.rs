@@ -125,6 +125,20 @@ impl StatusLoc {
         }
     }
 
+    /// Clears `CS.Status` at post time, so that polling the descriptor in
+    /// memory is meaningful from then on.
+    #[inline]
+    pub fn clear(&self) {
+        match self {
+            // Release as every status store (`write`); the post that follows
+            // publishes the descriptor with Release too.
+            StatusLoc::Map(m, at) => {
+                m.store_u32(at + offsets::STATUS, 0, Ordering::Release);
+            }
+            StatusLoc::Cma(..) => self.complete(0, None, None),
+        }
+    }
+
     /// Writes a completion: `imm` and `len` first, then `status`.
     pub fn complete(&self, status: u32, len: Option<u32>, imm: Option<u32>) {
         match self {

@@ -182,13 +182,17 @@ pub(crate) struct RegionRec {
 /// A deregistered registration kept whole (`parked`): what undoes it, and
 /// how this process reached it.
 pub(crate) struct ParkedReg {
-    rec: RegionRec,
+    rec: Box<RegionRec>,
     resolved: Arc<Resolved>,
+    /// The device entry it kept, if the kind of NIC keeps one.
+    entry: Option<crate::backend::RetiredEntry>,
 }
 
 /// The registrations of a NIC.
 pub(crate) struct Registrations {
-    live: crate::handle_map::HandleMap<RegionRec>,
+    /// Boxed: records move between the live and the parked on every
+    /// repeated registration, and a pointer moves cheaper than the record.
+    live: crate::handle_map::HandleMap<Box<RegionRec>>,
     parked: Parked<ParkedReg>,
 }
 
@@ -497,24 +501,32 @@ impl NicInner {
     /// Runs under the registrations' lock (`g`): taken from the parked and
     /// made live in one critical section.
     fn unpark(&self, g: &mut Registrations, key: Key, p: ParkedReg) -> Result<u32> {
-        let ParkedReg { rec, resolved } = p;
-        let added = self.dev.reserve_region().and_then(|slot| {
-            self.dev.add_region(
-                self,
-                slot,
-                &RegionSpec {
-                    va: key.va,
-                    len: key.len,
-                    ptag: key.ptag,
-                    flags: key.flags,
-                    extents: rec.pinned.pinned(),
-                },
-            )
-        });
+        let ParkedReg {
+            rec,
+            resolved,
+            entry,
+        } = p;
+        let added = match entry {
+            Some(entry) => self.dev.revive_region(self, entry),
+            None => self.dev.reserve_region().and_then(|slot| {
+                self.dev.add_region(
+                    self,
+                    slot,
+                    &RegionSpec {
+                        va: key.va,
+                        len: key.len,
+                        ptag: key.ptag,
+                        flags: key.flags,
+                        extents: rec.pinned.pinned(),
+                    },
+                )
+            }),
+        };
         let handle = match added {
             Ok(h) => h,
             Err(e) => {
-                self.release(rec);
+                // A failed revival has released the entry already.
+                self.release(*rec);
                 return Err(e);
             }
         };
@@ -628,20 +640,18 @@ impl NicInner {
             pid: self.process.pid,
             extents: local,
         });
+        let rec = Box::new(RegionRec {
+            pinned,
+            ptag,
+            flags,
+            va,
+            len,
+            held,
+            revoked: false,
+        });
         // Under the fork lock: a fork sees the registration and its pages whole.
         let _fork = crate::mem::fork::enter();
-        self.registered.lock().unwrap().live.insert(
-            handle,
-            RegionRec {
-                pinned,
-                ptag,
-                flags,
-                va,
-                len,
-                held,
-                revoked: false,
-            },
-        );
+        self.registered.lock().unwrap().live.insert(handle, rec);
         Ok(handle)
     }
 
@@ -665,11 +675,17 @@ impl NicInner {
             }
         };
         if rec.revoked {
-            self.release(rec);
+            self.release(*rec);
             return Ok(());
         }
         let resolved = self.regions.remove(handle);
-        self.dev.remove_region(self, handle);
+        // Parked, it may keep its device entry (the handle dies either way).
+        let entry = if self.parking && resolved.is_some() {
+            self.dev.retire_region(self, handle)
+        } else {
+            self.dev.remove_region(self, handle);
+            None
+        };
         self.dev.quiesce_region_users(self);
         match resolved {
             // Parked, it stays its tag's user.
@@ -680,17 +696,19 @@ impl NicInner {
                     ptag: rec.ptag,
                     flags: rec.flags,
                 };
-                let old = self
-                    .registered
-                    .lock()
-                    .unwrap()
-                    .parked
-                    .put(key, ParkedReg { rec, resolved });
+                let old = self.registered.lock().unwrap().parked.put(
+                    key,
+                    ParkedReg {
+                        rec,
+                        resolved,
+                        entry,
+                    },
+                );
                 if let Some(old) = old {
                     self.unpark_for_good(old);
                 }
             }
-            _ => self.release(rec),
+            _ => self.release(*rec),
         }
         Ok(())
     }
@@ -703,7 +721,10 @@ impl NicInner {
     /// Gives a parked registration's pages back to the registration cache,
     /// and its tag.
     fn unpark_for_good(&self, p: ParkedReg) {
-        self.release(p.rec);
+        if let Some(entry) = p.entry {
+            self.dev.release_retired(entry);
+        }
+        self.release(*p.rec);
     }
 
     /// Registrations served by a parked registration of this NIC.
@@ -909,7 +930,7 @@ impl NicInner {
             if !rec.revoked {
                 self.unmap(h);
             }
-            self.release(rec);
+            self.release(*rec);
         }
         for (_, _, cq) in self.cqs.read().unwrap().iter() {
             cq.retire(self);

@@ -186,6 +186,7 @@ impl RegionCache {
     /// Entries kept.
     const SIZE: usize = 4;
 
+    #[inline]
     fn find(&self, handle: u32) -> Option<usize> {
         // Handle 0 is never a region's (every kind reserves it), so an empty
         // entry never matches.
@@ -198,13 +199,27 @@ impl RegionCache {
         self.find(handle).and_then(|i| self.regions[i].as_deref())
     }
 
-    /// The region of `handle`, from the cache or the table.
+    /// The region of `handle`, from the cache or the table (a hit inline:
+    /// every post looks up two regions).
+    #[inline]
     pub fn get(&mut self, t: &RegionTable, handle: u32) -> Option<&Arc<Resolved>> {
         let now = t.changes(handle);
-        if let Some(i) = self.find(handle) {
-            if self.stamps[i] == now {
-                return self.regions[i].as_ref();
-            }
+        match self.find(handle) {
+            Some(i) if self.stamps[i] == now => self.regions[i].as_ref(),
+            found => self.refill(t, handle, now, found),
+        }
+    }
+
+    /// [`RegionCache::get`] on a miss, or an entry `found` that is stale.
+    #[inline(never)]
+    fn refill(
+        &mut self,
+        t: &RegionTable,
+        handle: u32,
+        now: u64,
+        found: Option<usize>,
+    ) -> Option<&Arc<Resolved>> {
+        if let Some(i) = found {
             // Removed or changed since: forget it, look again.
             self.handles[i] = 0;
             self.regions[i] = None;

@@ -10,6 +10,8 @@
 //! (the NIC would have found them while processing it).
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
 use crate::completion::StatusLoc;
 use crate::descriptor::{MAX_SEGMENTS as MAX_SEGS, SEGMENT_SIZE, control, offsets, status};
 use crate::error::{Error, Result};
@@ -150,29 +152,34 @@ pub(crate) fn read_desc(
     let segs = &mut out.segs;
     let (n, control, imm, length, status);
     if let Some((m, at, room)) = region.locate(va, 32) {
-        // Fast path: the descriptor lies in one arena; read its words.
-        let w = m.load_u32(at + offsets::SEG_COUNT);
+        // Fast path: the descriptor lies in one arena; read its words
+        // through one bounds check (the 32-byte control segment).
+        let head = m.slice::<AtomicU32>(at, 8).ok_or(Error::DescriptorError)?;
+        let word = |o: usize| head[o / 4].load(Ordering::Relaxed);
+        let w = word(offsets::SEG_COUNT);
         let (first, second) = if cfg!(target_endian = "little") {
             (w as u16, (w >> 16) as u16)
         } else {
             ((w >> 16) as u16, w as u16)
         };
         (n, control) = (first as usize, second);
-        imm = m.load_u32(at + offsets::IMMEDIATE_DATA);
-        length = m.load_u32(at + offsets::LENGTH);
+        imm = word(offsets::IMMEDIATE_DATA);
+        length = word(offsets::LENGTH);
         check_head(n, control)?;
         let end = offsets::SEGMENTS + n * SEGMENT_SIZE;
         if !region.covers(va, end as u64) {
             return Err(Error::DescriptorError);
         }
-        if room >= end as u64 {
-            for (i, s) in segs.iter_mut().enumerate().take(n) {
-                let o = at + offsets::SEGMENTS + i * SEGMENT_SIZE;
-                let w = m.load_u64(o + 8);
+        let words = (room >= end as u64)
+            .then(|| m.slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * n))
+            .flatten();
+        if let Some(words) = words {
+            for (s, w) in segs.iter_mut().zip(words.chunks_exact(2)) {
+                let hl = w[1].load(Ordering::Relaxed);
                 *s = RawSeg {
-                    addr: m.load_u64(o),
-                    handle: w as u32,
-                    len: (w >> 32) as u32,
+                    addr: w[0].load(Ordering::Relaxed),
+                    handle: hl as u32,
+                    len: (hl >> 32) as u32,
                 };
             }
         } else {
@@ -259,14 +266,18 @@ fn check_local(
 pub(crate) struct WrRegions<'a> {
     pub desc: Option<&'a Resolved>,
     pub seg: Option<&'a Resolved>,
+    /// Where the descriptor's status is written (found by [`read_desc`]).
+    pub status: Option<&'a StatusLoc>,
 }
 
 impl<'a> WrRegions<'a> {
-    /// The regions of `wr` in `cache` (just filled by translating it).
-    pub fn of(wr: &SendWr, cache: &'a RegionCache) -> WrRegions<'a> {
+    /// The regions of `wr` in `cache` (just filled by translating it), and
+    /// its descriptor's status location.
+    pub fn of(wr: &SendWr, cache: &'a RegionCache, status: &'a StatusLoc) -> WrRegions<'a> {
         WrRegions {
             desc: cache.peek(wr.desc_handle),
             seg: wr.local().first().and_then(|s| cache.peek(s.handle)),
+            status: Some(status),
         }
     }
 }

@@ -355,17 +355,24 @@ impl ViCore {
             )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
-            d.status.complete(0, None, None);
+            d.status.clear();
             *tail += 1;
             fifo.push_back(Posted {
                 desc_va,
                 status: std::mem::take(&mut d.status),
                 pos: wr.seq as u64,
             });
+            let Some(posted) = fifo.back() else {
+                return Err(Error::Resource);
+            };
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
-            nic.dev
-                .post_send(nic, self, wr, translate::WrRegions::of(wr, regions))?;
+            nic.dev.post_send(
+                nic,
+                self,
+                wr,
+                translate::WrRegions::of(wr, regions, &posted.status),
+            )?;
         }
         nic.dev.kick(nic, Some(self));
         Ok(())
@@ -393,7 +400,7 @@ impl ViCore {
         } = &mut *q;
         translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
         translate::recv_wr(&nic.regions, d, desc_va, handle, ptag, regions, pd);
-        d.status.complete(0, None, None);
+        d.status.clear();
         let status = std::mem::take(&mut d.status);
         let pos = *tail;
         *tail += 1;
@@ -438,6 +445,7 @@ impl ViCore {
     }
 
     /// `VipSendDone` / `VipRecvDone`: dequeues the head if it completed.
+    #[inline]
     pub fn done(&self, w: Which) -> Result<Completion> {
         let mut q = self.queue(w).lock().unwrap();
         let head = q.fifo.front().ok_or(Error::NotDone)?;
@@ -452,10 +460,11 @@ impl ViCore {
     }
 
     /// [`ViCore::done`]; if nothing completed, lets the device progress
-    /// inline once (a polling program need not wait for a thread switch).
+    /// inline once (a polling program need not wait for a thread switch)
+    /// and looks again, unless the device has nothing to progress.
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
         match self.done(w) {
-            Err(e) if e.kind() == ErrorKind::NotDone => {
+            Err(e) if e.kind() == ErrorKind::NotDone && nic.dev.polls() => {
                 nic.dev.poll(nic, self);
                 self.done(w)
             }

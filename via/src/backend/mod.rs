@@ -106,6 +106,11 @@ pub(crate) struct RegionSlot {
     pub index: u32,
 }
 
+/// A region's device entry kept while its registration is parked (see
+/// [`Device::retire_region`]): device-private (the soft NIC's table index).
+#[derive(Debug)]
+pub(crate) struct RetiredEntry(pub u32);
+
 /// A registration to make reachable.
 pub(crate) struct RegionSpec<'a> {
     /// First byte.
@@ -211,6 +216,27 @@ pub(crate) trait Device: Send + Sync {
     /// Transfers already running may still touch it until
     /// [`Device::quiesce_region_users`] returns.
     fn remove_region(&self, _nic: &NicInner, _handle: u32) {}
+
+    /// Like [`Device::remove_region`] (the handle is dead at once), but the
+    /// device may keep the region's entry for the same region again
+    /// (parked registrations): then it returns the entry, which goes back
+    /// through [`Device::revive_region`] or [`Device::release_retired`].
+    /// Kinds that keep nothing remove the region and return `None` (a
+    /// parked registration then adds it anew).
+    fn retire_region(&self, nic: &NicInner, handle: u32) -> Option<RetiredEntry> {
+        self.remove_region(nic, handle);
+        None
+    }
+
+    /// Makes a retired entry reachable again under a fresh memory handle
+    /// (never one used before), with the region it held; returns the handle.
+    /// On an error the entry is released.
+    fn revive_region(&self, _nic: &NicInner, _entry: RetiredEntry) -> Result<u32> {
+        Err(Error::Resource)
+    }
+
+    /// Frees a retired entry for good.
+    fn release_retired(&self, _entry: RetiredEntry) {}
 
     /// Changes the protection tag and RDMA enables of a live region.
     fn set_region_attributes(&self, _handle: u32, _ptag: u32, _flags: u32) -> Result<()> {
@@ -324,6 +350,13 @@ pub(crate) trait Device: Send + Sync {
     /// A thread polls for a completion of `vi` that has not come: the
     /// device may progress inline (no locks of the object model held).
     fn poll(&self, _nic: &NicInner, _vi: &ViCore) {}
+
+    /// Whether [`Device::poll`] can complete anything (false: a poller need
+    /// not look at its queue again after it; a kind whose completions are
+    /// all written by the initiator's engine).
+    fn polls(&self) -> bool {
+        true
+    }
 
     /// Lets queued work run (after the send-queue lock is released); `vi`
     /// is the VI that just posted, if any.

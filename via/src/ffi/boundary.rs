@@ -36,8 +36,20 @@ macro_rules! ffi_boundary {
 }
 pub(crate) use ffi_boundary;
 
-/// Converts the outcome of an export's body to its `VIP_RETURN`.
+/// Converts the outcome of an export's body to its `VIP_RETURN` (success
+/// inline: the common path of every call).
+#[inline(always)]
 pub(crate) fn finish(name: &str, r: std::thread::Result<Status>) -> VIP_RETURN {
+    match r {
+        Ok(Ok(())) => VIP_SUCCESS,
+        r => finish_failed(name, r),
+    }
+}
+
+/// [`finish`] for an error or a panic.
+#[cold]
+#[inline(never)]
+fn finish_failed(name: &str, r: std::thread::Result<Status>) -> VIP_RETURN {
     match r {
         Ok(Ok(())) => VIP_SUCCESS,
         Ok(Err(e)) => {

@@ -168,6 +168,14 @@ impl<T> Recent<T> {
         })
     }
 
+    /// The live entry for `bits`, borrowed (no reference count changes).
+    #[inline]
+    fn hit(&self, bits: u64, pid: i32, live: impl Fn(&T) -> bool) -> Option<&Cached<T>> {
+        self.entries.iter().flatten().find(|e| {
+            e.bits == bits && e.pid == pid && live(&e.obj) && !e.nic.closed.load(Ordering::Acquire)
+        })
+    }
+
     fn remember(&mut self, bits: u64, pid: i32, nic: &Arc<NicInner>, obj: &Arc<T>) {
         let i = self.next;
         self.next = (i + 1) % RECENT;
@@ -198,13 +206,49 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
     let bits = opaque_value(h);
     let pid = crate::sys::getpid();
     let live = |v: &ViCore| !v.destroyed.load(Ordering::Acquire);
-    if let Some(found) = RECENT_VIS.with(|c| c.borrow().find(bits, pid, live)) {
+    let found = RECENT_VIS.with(|c| c.try_borrow().ok()?.find(bits, pid, live));
+    if let Some(found) = found {
         return Ok(found);
     }
     let (nic, slot, generation) = decode(h, Kind::Vi)?;
     let vi = nic.vi(slot, generation).ok_or(Error::InvalidParameter)?;
-    RECENT_VIS.with(|c| c.borrow_mut().remember(bits, pid, &nic, &vi));
+    RECENT_VIS.with(|c| {
+        // Busy only inside `with_vi`'s closure: then this lookup goes uncached.
+        if let Ok(mut c) = c.try_borrow_mut() {
+            c.remember(bits, pid, &nic, &vi);
+        }
+    });
     Ok((nic, vi))
+}
+
+/// Runs `f` on the VI named by `h` and its NIC, borrowed from this thread's
+/// recent handles when it can (the common path of posting and polling: no
+/// lock, no reference count changes); else as [`vi_from`] finds them.
+///
+/// `f` runs while this thread's cache is borrowed: it must not look up a
+/// handle it has not used (a miss inside would only skip caching it).
+///
+/// # Errors
+/// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC;
+/// else what `f` returns.
+#[inline]
+pub(crate) fn with_vi<R>(
+    h: VIP_VI_HANDLE,
+    f: impl FnOnce(&Arc<NicInner>, &Arc<ViCore>) -> Result<R>,
+) -> Result<R> {
+    let bits = opaque_value(h);
+    let pid = crate::sys::getpid();
+    let live = |v: &ViCore| !v.destroyed.load(Ordering::Acquire);
+    RECENT_VIS.with(|c| {
+        if let Ok(c) = c.try_borrow() {
+            if let Some(e) = c.hit(bits, pid, live) {
+                return f(&e.nic, &e.obj);
+            }
+        }
+        // A miss (the borrow is released: `vi_from` may remember it).
+        let (nic, vi) = vi_from(h)?;
+        f(&nic, &vi)
+    })
 }
 
 /// The CQ named by `h`, with its NIC (from this thread's recent handles
@@ -243,14 +287,19 @@ pub(crate) fn optional_cq_of(nic: &Arc<NicInner>, h: VIP_CQ_HANDLE) -> Result<Op
 /// The live protection tag `h` of `nic`; `None` for NULL, another kind, a
 /// tag of another NIC, or a destroyed tag.
 pub(crate) fn ptag_of(nic: &Arc<NicInner>, h: VIP_PROTECTION_HANDLE) -> Option<Ptag> {
+    ptag_named_by(nic, h).filter(|&p| nic.ptag_valid(p))
+}
+
+/// The tag of `nic` that `h` names, live or not (for callers that check
+/// liveness themselves, as `NicInner::register` does).
+pub(crate) fn ptag_named_by(nic: &NicInner, h: VIP_PROTECTION_HANDLE) -> Option<Ptag> {
     // A tag of `nic` names it by slot and generation: no process lookup.
     let d = Handle::decode(opaque_value(h), Kind::Ptag)?;
     if d.nic as u32 != nic.slot || (d.index >> 16) as u16 != nic.generation {
         return None;
     }
     let (index, generation) = (d.index & SLOT_MASK, d.generation);
-    let p = Ptag(((generation as u32) << 16) | index);
-    nic.ptag_valid(p).then_some(p)
+    Some(Ptag(((generation as u32) << 16) | index))
 }
 
 /// The pending connection request named by `h`, with its NIC. The request

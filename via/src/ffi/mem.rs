@@ -5,14 +5,22 @@ use std::sync::Arc;
 use crate::attrs::MemAttributes;
 use crate::error::{Error, Result};
 use crate::ffi::boundary::{Out, address, boolean, ffi_boundary, read_in, vip_bool};
-use crate::ffi::handles::{nic_from, ptag_handle, ptag_of};
+use crate::ffi::handles::{nic_from, ptag_handle, ptag_named_by, ptag_of};
 use crate::ffi::types::*;
 use crate::mem::arena::UserRange;
 use crate::nic::NicInner;
 
 /// Converts C memory attributes for `nic`.
 fn mem_attrs_in(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttributes> {
-    let ptag = ptag_of(nic, a.Ptag).ok_or(Error::InvalidPtag)?;
+    ptag_of(nic, a.Ptag).ok_or(Error::InvalidPtag)?;
+    mem_attrs_named(nic, a)
+}
+
+/// The attributes `a` names, the tag not checked for liveness (for
+/// `VipRegisterMem`: `NicInner::register` checks it, without a lock when
+/// a parked registration of that tag comes back).
+fn mem_attrs_named(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttributes> {
+    let ptag = ptag_named_by(nic, a.Ptag).ok_or(Error::InvalidPtag)?;
     if boolean(a.EnableRdmaRead) && nic.attributes().rdma_read_support == 0 {
         return Err(Error::InvalidRdmaRead);
     }
@@ -67,7 +75,7 @@ pub unsafe extern "C" fn VipRegisterMem(
         if addr == 0 || Length == 0 || addr.checked_add(Length).is_none() {
             return Err(Error::InvalidParameter);
         }
-        let attrs = mem_attrs_in(&nic, &attrs)?;
+        let attrs = mem_attrs_named(&nic, &attrs)?;
         // SAFETY: the C caller's contract (see `# Safety`) is the one
         // `UserRange::new` requires.
         let range = unsafe { UserRange::new(addr as usize, Length as usize) };

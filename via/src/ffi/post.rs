@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::ffi::boundary::{CContext, Out, address, opaque, opaque_value, pointer, timeout};
-use crate::ffi::handles::{nic_handle, vi_from, vi_handle};
+use crate::ffi::handles::{nic_handle, vi_from, vi_handle, with_vi};
 use crate::ffi::types::*;
 use crate::vi::{Completion, Which};
 
@@ -18,18 +18,19 @@ pub(crate) fn post(
     handle: VIP_MEM_HANDLE,
     w: Which,
 ) -> Result<()> {
-    let (nic, vi) = vi_from(vi_h)?;
-    if desc.is_null() {
-        return Err(Error::InvalidParameter);
-    }
-    if desc.addr() % VIP_DESCRIPTOR_ALIGNMENT != 0 {
-        return Err(Error::DescriptorError);
-    }
-    let va = address(desc);
-    match w {
-        Which::Send => vi.post_send(&nic, va, handle),
-        Which::Recv => vi.post_recv(&nic, va, handle),
-    }
+    with_vi(vi_h, |nic, vi| {
+        if desc.is_null() {
+            return Err(Error::InvalidParameter);
+        }
+        if desc.addr() % VIP_DESCRIPTOR_ALIGNMENT != 0 {
+            return Err(Error::DescriptorError);
+        }
+        let va = address(desc);
+        match w {
+            Which::Send => vi.post_send(nic, va, handle),
+            Which::Recv => vi.post_recv(nic, va, handle),
+        }
+    })
 }
 
 /// The application's pointer to a completed descriptor.
@@ -48,8 +49,8 @@ pub(crate) unsafe fn done(
 ) -> Result<()> {
     // SAFETY: the caller's contract for `out`.
     let out = unsafe { Out::new(out) }?;
-    let (nic, vi) = vi_from(vi_h)?;
-    out.write(descriptor(vi.done_polling(&nic, w)?));
+    let c = with_vi(vi_h, |nic, vi| vi.done_polling(nic, w))?;
+    out.write(descriptor(c));
     Ok(())
 }
 

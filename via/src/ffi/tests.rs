@@ -529,3 +529,123 @@ fn handles_name_their_nic() {
         assert_eq!(VipCloseNic(a), VIP_SUCCESS);
     }
 }
+
+/// The posting and polling calls find a VI through this thread's recent
+/// handles once it has been used (`handles::with_vi`), and through the NIC's
+/// table the first time: both give the same answers, and a VI destroyed
+/// while cached is refused.
+#[test]
+fn cached_vi_handles_give_the_same_answers() {
+    if !viad_available() {
+        return;
+    }
+    let nic = open();
+    let p = ptag(nic);
+    let v = vi(nic, p, null_mut());
+    // An idle VI: the first call of each kind misses the cache (a fresh
+    // VI), the second hits it.
+    let mut desc = VIP_DESCRIPTOR::default();
+    let misaligned = (&raw mut desc)
+        .cast::<u8>()
+        .wrapping_add(8)
+        .cast::<VIP_DESCRIPTOR>();
+    for round in 0..2 {
+        let mut d: *mut VIP_DESCRIPTOR = h(0x40).cast();
+        // SAFETY: valid pointers (the misaligned one is refused unread).
+        let codes = unsafe {
+            [
+                VipPostSend(v, &mut desc, 1),
+                VipPostRecv(v, misaligned, 1),
+                VipPostSend(v, null_mut(), 1),
+                VipSendDone(v, &mut d),
+                VipRecvDone(v, &mut d),
+                VipRecvDone(v, null_mut()),
+            ]
+        };
+        assert_eq!(
+            codes,
+            [
+                VIP_INVALID_STATE,
+                VIP_DESCRIPTOR_ERROR,
+                VIP_INVALID_PARAMETER,
+                VIP_NOT_DONE,
+                VIP_NOT_DONE,
+                VIP_INVALID_PARAMETER,
+            ],
+            "round {round}"
+        );
+        assert_eq!(d, h(0x40).cast(), "round {round}: output written");
+    }
+    // SAFETY: a checked handle.
+    unsafe { assert_eq!(VipDestroyVi(v), VIP_SUCCESS) };
+    refuses_vi(v);
+    // SAFETY: as above.
+    unsafe { assert_eq!(VipCloseNic(nic), VIP_SUCCESS) };
+}
+
+/// `VipRegisterMem` checks the tag in the registration, not at the C
+/// boundary: a destroyed tag is refused whether or not a registration of
+/// it was parked before, and a parked one comes back only for its own tag.
+#[test]
+fn registrations_check_their_tag_parked_or_not() {
+    if !viad_available() {
+        return;
+    }
+    let a = open();
+    let (p, q) = (ptag(a), ptag(a));
+    let mut buf = vec![0u8; 3 * 4096];
+    let at = (4096 - buf.as_ptr() as usize % 4096) % 4096;
+    let addr: *mut c_void = buf[at..].as_mut_ptr().cast();
+    let ma = |t| VIP_MEM_ATTRIBUTES {
+        Ptag: t,
+        EnableRdmaWrite: 0,
+        EnableRdmaRead: 0,
+    };
+    let mut h = 0;
+    // SAFETY: `addr` is 8 KiB of `buf`, which outlives every registration;
+    // the other arguments are checked values.
+    unsafe {
+        for _ in 0..3 {
+            assert_eq!(
+                VipRegisterMem(a, addr, 8192, &mut ma(p), &mut h),
+                VIP_SUCCESS
+            );
+            assert_eq!(VipDeregisterMem(a, addr, h), VIP_SUCCESS);
+        }
+        let nic = handles::nic_from(a).unwrap();
+        assert!(
+            nic.parked_hits() >= 2 || nic.process.monitor.is_none(),
+            "repeated registrations come back parked"
+        );
+        drop(nic);
+        // Parked under `p`: `q` gets its own registration.
+        assert_eq!(
+            VipRegisterMem(a, addr, 8192, &mut ma(q), &mut h),
+            VIP_SUCCESS
+        );
+        let mut got = std::mem::zeroed::<VIP_MEM_ATTRIBUTES>();
+        assert_eq!(VipQueryMem(a, addr, h, &mut got), VIP_SUCCESS);
+        assert_eq!(got.Ptag, q);
+        assert_eq!(VipDeregisterMem(a, addr, h), VIP_SUCCESS);
+        assert_eq!(
+            VipDestroyPtag(a, p),
+            VIP_SUCCESS,
+            "parked ones do not hold it"
+        );
+        assert_eq!(
+            VipRegisterMem(a, addr, 8192, &mut ma(p), &mut h),
+            VIP_INVALID_PTAG
+        );
+        assert_eq!(
+            VipRegisterMem(a, addr, 8192, &mut ma(q), &mut h),
+            VIP_SUCCESS
+        );
+        assert_eq!(VipDeregisterMem(a, addr, h), VIP_SUCCESS);
+        assert_eq!(VipDestroyPtag(a, q), VIP_SUCCESS);
+        assert_eq!(
+            VipRegisterMem(a, addr, 8192, &mut ma(q), &mut h),
+            VIP_INVALID_PTAG
+        );
+        assert_eq!(VipCloseNic(a), VIP_SUCCESS);
+    }
+}

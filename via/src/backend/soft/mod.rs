@@ -42,7 +42,7 @@ use doorbell::EventCount;
 
 use crate::attrs::{Reliability, ViAttributes};
 use crate::backend::{
-    CqSignals, Device, Limits, RegionSlot, RegionSpec, TranslationStats, ViSignals,
+    CqSignals, Device, Limits, RegionSlot, RegionSpec, RetiredEntry, TranslationStats, ViSignals,
 };
 use crate::error::{Error, Result};
 use crate::mem::arena::{CMA, Extent};
@@ -340,6 +340,22 @@ impl Device for SoftNic {
         let _ = self.tpt.remove(handle);
     }
 
+    // A parked registration keeps its table entry: taken back, it only
+    // needs a fresh handle written, not its extents.
+    fn retire_region(&self, _nic: &NicInner, handle: u32) -> Option<RetiredEntry> {
+        self.tpt.retire(handle).ok().map(RetiredEntry)
+    }
+
+    fn revive_region(&self, _nic: &NicInner, entry: RetiredEntry) -> Result<u32> {
+        self.tpt
+            .revive(entry.0)
+            .inspect_err(|_| self.tpt.release(entry.0))
+    }
+
+    fn release_retired(&self, entry: RetiredEntry) {
+        self.tpt.release(entry.0);
+    }
+
     fn set_region_attributes(&self, handle: u32, ptag: u32, flags: u32) -> Result<()> {
         self.tpt.set_attributes(handle, ptag, flags)
     }
@@ -534,6 +550,11 @@ impl Device for SoftNic {
         regions: WrRegions<'_>,
     ) -> Result<()> {
         self.engine.post(self, nic, vi, wr, regions)
+    }
+
+    fn polls(&self) -> bool {
+        // The peer's engine writes our completions; nothing runs here.
+        false
     }
 
     fn kick(&self, nic: &NicInner, vi: Option<&ViCore>) {

@@ -164,7 +164,10 @@ struct Alloc {
     free: Vec<u32>,
     /// Entries never used yet start here.
     fresh: u32,
+    /// Entries in use (live regions, and retired ones kept for revival).
     live: u32,
+    /// Handle slots busy (live regions).
+    busy_slots: u32,
     /// Next registration number (its image is the next handle tried).
     counter: u32,
     /// The permutation's round keys (random per NIC).
@@ -199,16 +202,7 @@ impl Alloc {
         if self.live >= MAX_REGIONS - 1 {
             return None;
         }
-        let handle = loop {
-            let h = self.permute(self.counter);
-            self.counter = self.counter.wrapping_add(1);
-            let slot = slot_of(h);
-            let (w, bit) = (slot as usize / 64, 1u64 << (slot % 64));
-            if h != 0 && slot != 0 && self.busy[w] & bit == 0 {
-                self.busy[w] |= bit;
-                break h;
-            }
-        };
+        let handle = self.next_handle()?;
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -220,13 +214,48 @@ impl Alloc {
         Some((handle, index))
     }
 
-    fn free(&mut self, handle: u32, index: u32) {
+    /// The next handle whose slot is free (its slot taken); `None` if every
+    /// slot is busy.
+    fn next_handle(&mut self) -> Option<u32> {
+        // Slots are busy only for live handles (at most MAX_REGIONS - 1 of
+        // the 65,536), so this ends.
+        if self.busy_slots >= MAX_REGIONS - 1 {
+            return None;
+        }
+        loop {
+            let h = self.permute(self.counter);
+            self.counter = self.counter.wrapping_add(1);
+            let slot = slot_of(h);
+            let (w, bit) = (slot as usize / 64, 1u64 << (slot % 64));
+            if h != 0 && slot != 0 && self.busy[w] & bit == 0 {
+                self.busy[w] |= bit;
+                self.busy_slots += 1;
+                return Some(h);
+            }
+        }
+    }
+
+    /// Frees `handle`'s slot; whether it was busy.
+    fn free_handle(&mut self, handle: u32) -> bool {
         let slot = slot_of(handle);
         let (w, bit) = (slot as usize / 64, 1u64 << (slot % 64));
-        if self.busy[w] & bit != 0 {
+        let busy = self.busy[w] & bit != 0;
+        if busy {
             self.busy[w] &= !bit;
-            self.live -= 1;
-            self.free.push(index);
+            self.busy_slots -= 1;
+        }
+        busy
+    }
+
+    /// Frees an entry (its handle already freed).
+    fn free_index(&mut self, index: u32) {
+        self.live -= 1;
+        self.free.push(index);
+    }
+
+    fn free(&mut self, handle: u32, index: u32) {
+        if self.free_handle(handle) {
+            self.free_index(index);
         }
     }
 }
@@ -268,6 +297,7 @@ impl TranslationTable {
                 // Entry 0 is never used.
                 fresh: 1,
                 live: 0,
+                busy_slots: 0,
                 counter,
                 keys,
             }),
@@ -390,6 +420,59 @@ impl TranslationTable {
         Ok(())
     }
 
+    /// Invalidates a handle like [`TranslationTable::remove`] but keeps its
+    /// entry (with the region's fields) out of the free list; returns the
+    /// entry's index, for [`TranslationTable::revive`] or
+    /// [`TranslationTable::release`].
+    ///
+    /// # Errors
+    /// `InvalidParameter` if the handle is not live.
+    pub fn retire(&self, handle: u32) -> Result<u32> {
+        let view = self.view();
+        if !is_live(&view, handle) {
+            return Err(Error::InvalidParameter);
+        }
+        let slot = view.handle_slot(slot_of(handle)).expect("checked");
+        let index = slot.load(Ordering::Relaxed);
+        Self::write(view.tpt(index).expect("checked"), |e| {
+            e.check.store(0, Ordering::Relaxed);
+            e.handle.store(0, Ordering::Relaxed);
+        });
+        // Release: readers that find the slot empty see the entry dead too.
+        slot.store(0, Ordering::Release);
+        self.alloc.lock().unwrap().free_handle(handle);
+        Ok(index)
+    }
+
+    /// A retired entry live again under a fresh handle (the region's fields
+    /// are still there); returns the handle.
+    ///
+    /// # Errors
+    /// `Resource` if no handle slot is free.
+    pub fn revive(&self, index: u32) -> Result<u32> {
+        let handle = self
+            .alloc
+            .lock()
+            .unwrap()
+            .next_handle()
+            .ok_or(Error::Resource)?;
+        let view = self.view();
+        Self::write(view.tpt(index).expect("a retired index"), |e| {
+            e.handle.store(handle, Ordering::Relaxed);
+            e.check.store(VALID, Ordering::Relaxed);
+        });
+        // Release: the entry above is written before readers find it.
+        view.handle_slot(slot_of(handle))
+            .expect("slot in range")
+            .store(index, Ordering::Release);
+        Ok(handle)
+    }
+
+    /// Frees a retired entry.
+    pub fn release(&self, index: u32) {
+        self.alloc.lock().unwrap().free_index(index);
+    }
+
     /// Changes the protection attributes of a live region.
     ///
     /// # Errors
@@ -462,6 +545,47 @@ mod tests {
         let h2 = t.insert(nr(1, 1, 1, 0, &[])).unwrap();
         assert_ne!(h2, h, "never the same handle again");
         assert!(t.lookup(h).is_none());
+    }
+
+    /// A parked registration's entry: retired (its handle dead at once, the
+    /// entry kept and counted), revived under fresh handles with its fields
+    /// intact, released for good.
+    #[test]
+    fn retired_entries_come_back_under_fresh_handles() {
+        let t = table();
+        let x = [Extent {
+            va: 0x1000,
+            len: 0x2000,
+            arena: 7,
+            arena_off: 0x3000,
+        }];
+        let h0 = t.insert(nr(0x1100, 0x1800, 3, 1, &x)).unwrap();
+        let want = t.lookup(h0).unwrap();
+        let mut seen = std::collections::HashSet::from([h0]);
+        let index = t.retire(h0).unwrap();
+        assert_eq!(t.lookup(h0), None, "a retired handle is dead");
+        assert_eq!(t.retire(h0), Err(Error::InvalidParameter));
+        assert_eq!(t.remove(h0), Err(Error::InvalidParameter));
+        for _ in 0..1000 {
+            let h = t.revive(index).unwrap();
+            assert!(seen.insert(h), "handle {h:#x} came back");
+            let got = t.lookup(h).unwrap();
+            assert_eq!(got, Snapshot { handle: h, ..want }, "the region is intact");
+            assert_eq!(t.retire(h), Ok(index));
+            assert_eq!(t.lookup(h), None);
+        }
+        // Kept entries count against the table: MAX_REGIONS - 2 more fit.
+        let all: Vec<u32> = (0..MAX_REGIONS - 2)
+            .map(|_| t.insert(nr(0, 1, 1, 0, &[])).unwrap())
+            .collect();
+        assert_eq!(t.insert(nr(0, 1, 1, 0, &[])), Err(Error::Resource));
+        // Released, the entry is free for another region.
+        t.release(index);
+        let h = t.insert(nr(0x5000, 1, 1, 0, &[])).unwrap();
+        assert_eq!(t.lookup(h).unwrap().va, 0x5000);
+        for h in all {
+            t.remove(h).unwrap();
+        }
     }
 
     #[test]

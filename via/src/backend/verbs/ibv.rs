@@ -476,10 +476,9 @@ impl Srq {
 
     /// Posts one receive of `sges` with `wr_id`.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
-        let mut s = [SGE_ZERO; MAX_SGE];
-        let mut wr = recv_wr(wr_id, sges, &mut s);
+        let mut wr = recv_wr(wr_id, sges);
         let mut bad = ptr::null_mut();
-        // SAFETY: live SRQ; `wr` and `s` live until the call returns.
+        // SAFETY: live SRQ; `wr` and `sges` live until the call returns.
         let rc = unsafe { sys::ibv_post_srq_recv(self.srq, &mut wr, &mut bad) };
         check(rc, "ibv_post_srq_recv")
     }
@@ -516,12 +515,34 @@ pub(crate) struct Remote {
     pub global: bool,
 }
 
-/// One local data segment.
+/// One local data segment: laid out as `struct ibv_sge`, so that a list of
+/// them is handed to the provider as it is (no copy per post).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Sge {
     pub addr: u64,
     pub len: u32,
     pub lkey: u32,
+}
+
+const _: () = {
+    assert!(size_of::<Sge>() == size_of::<sys::ibv_sge>());
+    assert!(align_of::<Sge>() == align_of::<sys::ibv_sge>());
+    assert!(std::mem::offset_of!(Sge, addr) == std::mem::offset_of!(sys::ibv_sge, addr));
+    assert!(std::mem::offset_of!(Sge, len) == std::mem::offset_of!(sys::ibv_sge, length));
+    assert!(std::mem::offset_of!(Sge, lkey) == std::mem::offset_of!(sys::ibv_sge, lkey));
+};
+
+/// `sges` as the `sg_list` and `num_sge` of a work request (at most
+/// [`MAX_SGE`] of them; the provider refuses more than the QP's limit).
+/// The provider only reads the list (it copies it into its queue during
+/// the post): the pointer is `*mut` because the C struct's is.
+fn sg_list(sges: &[Sge]) -> (*mut sys::ibv_sge, i32) {
+    // `Sge` and `ibv_sge` have the same layout (asserted above).
+    (
+        sges.as_ptr().cast::<sys::ibv_sge>().cast_mut(),
+        sges.len().min(MAX_SGE) as i32,
+    )
 }
 
 /// What a send work request does.
@@ -542,24 +563,12 @@ pub(crate) struct SendReq<'a> {
 }
 
 const MAX_SGE: usize = 16;
-const SGE_ZERO: sys::ibv_sge = sys::ibv_sge {
-    addr: 0,
-    length: 0,
-    lkey: 0,
-};
 
-/// Fills work request `w` (zeroed) from `r`, its SGEs into `sgl`.
-fn fill_send(w: &mut sys::ibv_send_wr, sgl: &mut [sys::ibv_sge; MAX_SGE], r: &SendReq<'_>) {
-    for (d, x) in sgl.iter_mut().zip(r.sges) {
-        *d = sys::ibv_sge {
-            addr: x.addr,
-            length: x.len,
-            lkey: x.lkey,
-        };
-    }
+/// Fills work request `w` (zeroed) from `r`; its scatter list is `r`'s
+/// (which must outlive the post).
+fn fill_send(w: &mut sys::ibv_send_wr, r: &SendReq<'_>) {
     w.wr_id = r.wr_id;
-    w.sg_list = sgl.as_mut_ptr();
-    w.num_sge = r.sges.len().min(MAX_SGE) as i32;
+    (w.sg_list, w.num_sge) = sg_list(r.sges);
     w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
     w.opcode = match (r.op, r.imm.is_some()) {
         (SendOp::Send, false) => sys::ibv_wr_opcode::IBV_WR_SEND,
@@ -753,23 +762,21 @@ impl Qp {
     pub fn post_send(&self, reqs: &[SendReq<'_>]) -> Result<(), (usize, io::Error)> {
         if let [one] = reqs {
             // The common case without allocation.
-            let mut sgl = [SGE_ZERO; MAX_SGE];
             // SAFETY: plain data, zero is valid for every field.
             let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-            fill_send(&mut wr, &mut sgl, one);
+            fill_send(&mut wr, one);
             return self.post_chain(&mut wr, 1);
         }
         if reqs.is_empty() {
             return Ok(());
         }
-        // Vecs that are not resized after linking: the pointers stay valid.
-        let mut sgl: Vec<[sys::ibv_sge; MAX_SGE]> = vec![[SGE_ZERO; MAX_SGE]; reqs.len()];
+        // A Vec not resized after linking: the pointers stay valid.
         // SAFETY: plain data, zero is valid for every field.
         let mut wrs: Vec<sys::ibv_send_wr> = (0..reqs.len())
             .map(|_| unsafe { std::mem::zeroed() })
             .collect();
-        for ((w, l), r) in wrs.iter_mut().zip(sgl.iter_mut()).zip(reqs) {
-            fill_send(w, l, r);
+        for (w, r) in wrs.iter_mut().zip(reqs) {
+            fill_send(w, r);
         }
         let base = wrs.as_mut_ptr();
         for i in 1..reqs.len() {
@@ -809,10 +816,9 @@ impl Qp {
     /// `post_send`).
     #[inline(never)]
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
-        let mut s = [SGE_ZERO; MAX_SGE];
-        let mut wr = recv_wr(wr_id, sges, &mut s);
+        let mut wr = recv_wr(wr_id, sges);
         let mut bad = ptr::null_mut();
-        // SAFETY: live QP; `wr` and `s` live until the call returns.
+        // SAFETY: live QP; `wr` and `sges` live until the call returns.
         let rc = unsafe { sys::ibv_post_recv(self.qp, &mut wr, &mut bad) };
         check(rc, "ibv_post_recv")
     }
@@ -828,21 +834,15 @@ impl Drop for Qp {
     }
 }
 
-/// A receive work request of `sges` (at most [`MAX_SGE`]) built in `s`,
-/// for `ibv_post_recv` and `ibv_post_srq_recv`.
-fn recv_wr(wr_id: u64, sges: &[Sge], s: &mut [sys::ibv_sge; MAX_SGE]) -> sys::ibv_recv_wr {
-    for (d, x) in s.iter_mut().zip(sges) {
-        *d = sys::ibv_sge {
-            addr: x.addr,
-            length: x.len,
-            lkey: x.lkey,
-        };
-    }
+/// A receive work request of `sges` (at most [`MAX_SGE`]; they must
+/// outlive the post), for `ibv_post_recv` and `ibv_post_srq_recv`.
+fn recv_wr(wr_id: u64, sges: &[Sge]) -> sys::ibv_recv_wr {
+    let (sg_list, num_sge) = sg_list(sges);
     sys::ibv_recv_wr {
         wr_id,
         next: ptr::null_mut(),
-        sg_list: s.as_mut_ptr(),
-        num_sge: sges.len().min(MAX_SGE) as i32,
+        sg_list,
+        num_sge,
     }
 }
 

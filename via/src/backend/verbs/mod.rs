@@ -30,6 +30,8 @@ pub(crate) mod bench;
 mod central;
 #[allow(unsafe_code)]
 mod ibv;
+mod keys;
+mod records;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -55,6 +57,8 @@ use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
 use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, Sge, Srq, Transport, Wc};
+use keys::{Epoch, Key, KeyCache};
+use records::{PosRing, RecvDone, RecvRec, RecvSlab};
 
 const MAX_VI: u32 = 1024;
 const MAX_CQ: u32 = 1024;
@@ -116,11 +120,9 @@ struct CqWords {
     interest: AtomicU32,
 }
 
-/// A send in flight: where its completion goes (sends complete in order
-/// on a QP, so a FIFO suffices).
+/// A send in flight: where its completion goes.
+#[derive(Clone, Copy, Default)]
 struct SendRec {
-    /// Position in the VI's send queue (`SendWr::seq`).
-    seq: u32,
     desc_handle: u32,
     desc_va: u64,
     op_status: u32,
@@ -143,10 +145,16 @@ struct ViQp {
     mtu: u32,
     /// We moved the QP to ERROR: its flushes are expected.
     erroring: bool,
-    sends: VecDeque<SendRec>,
+    /// Sends on the QP, by queue position (removed when completed).
+    sends: PosRing<SendRec>,
     /// Receives on the QP, by queue position (removed when completed or
     /// cancelled; a completion of a removed one is ignored).
-    recvs: KeyMap<u64, RecvWr>,
+    recvs: PosRing<RecvRec>,
+    /// The lkeys of the regions this VI posts from.
+    keys: KeyCache,
+    /// The scatter list of the send being posted (filled up to its
+    /// segments: no clearing per post).
+    sges: [Sge; crate::descriptor::MAX_SEGMENTS],
     /// The SRQ the QP receives from.
     srq: Option<u32>,
 }
@@ -177,27 +185,14 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-/// A scatter list on the stack.
-struct Sges {
-    a: [Sge; crate::descriptor::MAX_SEGMENTS],
-    n: usize,
-}
-
-impl std::ops::Deref for Sges {
-    type Target = [Sge];
-    fn deref(&self) -> &[Sge] {
-        &self.a[..self.n]
-    }
-}
-
 /// A shared receive queue of the NIC.
 struct SrqDev {
     srq: Arc<Srq>,
     ptag: u32,
-    entries: u32,
-    /// Receives posted, by position: the work request and the descriptor.
-    recvs: KeyMap<u64, (RecvWr, u64)>,
-    tail: u64,
+    /// Receives posted.
+    recvs: RecvSlab,
+    /// The lkeys of the regions receives are posted from.
+    keys: KeyCache,
     /// Completed descriptors, oldest first.
     done: VecDeque<SrqDone>,
     /// VIs attached.
@@ -317,7 +312,7 @@ fn recv_status(wc: &Wc) -> u32 {
 
 /// Writes the completion `wc` into the receive descriptor of `rw`; its
 /// status, or `None` if the descriptor cannot be written.
-fn write_recv(nic: &NicInner, rw: &RecvWr, wc: &Wc) -> Option<u32> {
+fn write_recv(nic: &NicInner, rw: &RecvDone, wc: &Wc) -> Option<u32> {
     let ok = wc.status == ibv::WC_SUCCESS;
     let st = recv_status(wc);
     let imm = if ok { wc.imm } else { None };
@@ -376,6 +371,8 @@ pub(crate) struct Verbs {
     pds: Mutex<HashMap<u32, Arc<Pd>>>,
     /// Live MRs by memory handle (= rkey).
     mrs: RwLock<KeyMap<u32, Arc<Mr>>>,
+    /// Removals from `mrs` (validates the queues' [`KeyCache`]s).
+    mr_epoch: Epoch,
     vis: Box<[Mutex<Option<ViQp>>]>,
     /// Each VI's QP (and generation) for the central poster, which never
     /// takes the VIs' locks (a poster draining a full queue holds one).
@@ -463,6 +460,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         cq,
         pds: Mutex::new(HashMap::new()),
         mrs: RwLock::new(KeyMap::default()),
+        mr_epoch: Epoch::default(),
         vis: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
         qps: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
         central: (Config::get().verbs_doorbell == DoorbellMode::Central).then(Central::new),
@@ -520,8 +518,38 @@ impl Verbs {
         Ok(Arc::new(qp))
     }
 
-    fn lkey(&self, handle: u32) -> Option<u32> {
-        self.mrs.read().unwrap().get(&handle).map(|m| m.lkey)
+    /// The key of the live MR of memory handle `handle` (a queue's
+    /// [`KeyCache`] asks on a miss).
+    fn mr_key(&self, handle: u32) -> Option<Key> {
+        self.mrs.read().unwrap().get(&handle).map(|m| Key {
+            lkey: m.lkey,
+            addr: m.addr,
+        })
+    }
+
+    /// Fills the record `rec` of receive `wr` (descriptor at `desc_va`),
+    /// the segments' keys through `keys`, and posts its scatter list with
+    /// `post`: the common part of a VI's and an SRQ's `post_recv`. On an
+    /// error the caller frees the record.
+    ///
+    /// # Errors
+    /// `InvalidParameter` if a segment's region is gone; the device's.
+    fn post_recv_rec(
+        &self,
+        keys: &mut KeyCache,
+        rec: &mut RecvRec,
+        wr: &RecvWr,
+        desc_va: u64,
+        post: impl FnOnce(&[Sge]) -> std::io::Result<()>,
+    ) -> Result<()> {
+        keys.validate(self.mr_epoch.now());
+        if !rec.fill(wr, desc_va, |h| keys.get(h, |h| self.mr_key(h))) {
+            return Err(Error::InvalidParameter);
+        }
+        post(rec.sges()).map_err(|e| {
+            log::warn!("verbs: posting a receive: {e}");
+            Error::resource(e)
+        })
     }
 
     fn brk(&self, vi: (u32, u16), code: ErrorCode) {
@@ -631,8 +659,8 @@ impl Verbs {
         if recv {
             let rw = {
                 let mut g = self.vis[slot as usize].lock().unwrap();
-                match g.as_mut().and_then(|v| v.recvs.remove(&pos)) {
-                    Some(r) => r,
+                match g.as_mut().and_then(|v| v.recvs.take(pos)) {
+                    Some(r) => r.done,
                     None => return,
                 }
             };
@@ -643,8 +671,8 @@ impl Verbs {
             let (rec, reliability) = {
                 let mut g = self.vis[slot as usize].lock().unwrap();
                 let Some(v) = g.as_mut() else { return };
-                match v.sends.pop_front() {
-                    Some(r) => (r, v.reliability),
+                match v.sends.take(pos) {
+                    Some(r) => (*r, v.reliability),
                     None => return,
                 }
             };
@@ -811,11 +839,7 @@ impl Verbs {
             let rec = {
                 let mut g = self.vis[slot as usize].lock().unwrap();
                 match g.as_mut() {
-                    Some(v) if v.generation == generation => v
-                        .sends
-                        .iter()
-                        .position(|r| r.seq == f.seq)
-                        .and_then(|i| v.sends.remove(i)),
+                    Some(v) if v.generation == generation => v.sends.take(f.seq as u64).copied(),
                     _ => None,
                 }
             };
@@ -867,11 +891,11 @@ impl Verbs {
         let Some(cell) = self.srqs.get(id as usize) else {
             return;
         };
-        let Some((rw, desc)) = cell
+        let Some(rw) = cell
             .lock()
             .unwrap()
             .as_mut()
-            .and_then(|s| s.recvs.remove(&pos))
+            .and_then(|s| s.recvs.take(pos))
         else {
             return;
         };
@@ -899,7 +923,7 @@ impl Verbs {
             id,
             SrqDone {
                 vi: vi.unwrap_or((u32::MAX, 0)),
-                desc,
+                desc: rw.desc_va,
                 status: st,
             },
         );
@@ -1045,6 +1069,8 @@ impl Device for Verbs {
 
     fn remove_region(&self, _nic: &NicInner, handle: u32) {
         self.mrs.write().unwrap().remove(&handle);
+        // After the removal: a queue that sees the new count looks again.
+        self.mr_epoch.bump();
     }
 
     fn set_region_attributes(&self, handle: u32, ptag: u32, fl: u32) -> Result<()> {
@@ -1076,8 +1102,10 @@ impl Device for Verbs {
             connected: false,
             mtu: a.max_transfer_size,
             erroring: false,
-            sends: VecDeque::new(),
-            recvs: KeyMap::default(),
+            sends: PosRing::new(QUEUE_DEPTH as usize),
+            recvs: PosRing::new(QUEUE_DEPTH as usize),
+            keys: KeyCache::default(),
+            sges: [Sge::default(); crate::descriptor::MAX_SEGMENTS],
             srq: None,
         });
         Ok(())
@@ -1096,12 +1124,13 @@ impl Device for Verbs {
                 qpns.remove(&v.qp.qpn);
                 qpns.insert(qp.qpn, (vi.slot, vi.generation));
                 drop(qpns);
-                for (pos, rw) in &v.recvs {
-                    let sges = match self.recv_sges_of(rw) {
-                        Some(s) => s,
-                        None => continue,
-                    };
-                    if let Err(e) = qp.post_recv(wr_id(vi.slot, vi.generation, true, *pos), &sges) {
+                for (pos, rec) in v.recvs.iter() {
+                    // The same keys: the QP's PD is the new tag's, so a
+                    // region of the old tag completes with a protection
+                    // error, as it would be refused if posted now.
+                    if let Err(e) =
+                        qp.post_recv(wr_id(vi.slot, vi.generation, true, pos), rec.sges())
+                    {
                         log::warn!("verbs: re-posting a receive: {e}");
                     }
                 }
@@ -1267,25 +1296,26 @@ impl Device for Verbs {
             self.complete_now(nic, vi, wr, wr.fault | op_status);
             return Ok(());
         }
-        let mut sges = [Sge::default(); crate::descriptor::MAX_SEGMENTS];
+        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let v = match g.as_mut() {
+            Some(v) if v.generation == vi.generation => v,
+            _ => return Err(Error::InvalidState),
+        };
         let local = wr.local();
+        let sges = &mut v.sges[..local.len()];
+        v.keys.validate(self.mr_epoch.now());
         for (d, s) in sges.iter_mut().zip(local) {
-            let Some(lkey) = self.lkey(s.handle) else {
+            let Some(k) = v.keys.get(s.handle, |h| self.mr_key(h)) else {
+                drop(g);
                 self.complete_now(nic, vi, wr, status::PROTECTION_ERROR | op_status);
                 return Ok(());
             };
             *d = Sge {
                 addr: s.va,
                 len: s.len,
-                lkey,
+                lkey: k.lkey,
             };
         }
-        let (op, imm) = send_op(wr);
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
-        let v = match g.as_mut() {
-            Some(v) if v.generation == vi.generation => v,
-            _ => return Err(Error::InvalidState),
-        };
         if !v.connected || vi.broken.load(Ordering::Acquire) {
             drop(g);
             self.complete_now(nic, vi, wr, status::DESC_FLUSHED_ERROR | op_status);
@@ -1298,20 +1328,20 @@ impl Device for Verbs {
             self.complete_now(nic, vi, wr, status::LENGTH_ERROR | op_status);
             return Ok(());
         }
-        v.sends.push_back(SendRec {
-            seq: wr.seq,
+        *v.sends.insert(wr.seq as u64) = SendRec {
             desc_handle: wr.desc_handle,
             desc_va: wr.desc_va,
             op_status,
             rdma,
-        });
+        };
+        let sges = &v.sges[..local.len()];
         if let Some(c) = &self.central {
             // In this VI's order (under its lock); the poster posts it.
             let mut q = Queued {
                 wr: *wr,
                 lkeys: [0; crate::descriptor::MAX_SEGMENTS],
             };
-            for (k, s) in q.lkeys.iter_mut().zip(&sges[..local.len()]) {
+            for (k, s) in q.lkeys.iter_mut().zip(sges) {
                 *k = s.lkey;
             }
             while let Err(full) = c.db.ring(q) {
@@ -1322,14 +1352,15 @@ impl Device for Verbs {
             self.settle_failed(nic);
             return Ok(());
         }
+        let (op, imm) = send_op(wr);
         let req = SendReq {
             wr_id: wr_id(vi.slot, vi.generation, false, wr.seq as u64),
             op,
             imm,
-            sges: &sges[..local.len()],
+            sges,
         };
         if let Err((_, e)) = v.qp.post_send(&[req]) {
-            v.sends.pop_back();
+            v.sends.take(wr.seq as u64);
             drop(g);
             log::warn!("verbs: VI {}: {e}", vi.slot);
             if vi.reliability().is_reliable() {
@@ -1351,31 +1382,34 @@ impl Device for Verbs {
     }
 
     fn kick(&self, nic: &NicInner, _vi: Option<&ViCore>) {
-        self.settle(nic);
+        // After every post: one load unless there is something to settle
+        // (a break this thread found, or the central queue's refusals).
+        if self.central.is_some() || self.breaks_pending.load(Ordering::Relaxed) {
+            self.settle(nic);
+        }
     }
 
     fn post_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, wr: &RecvWr) -> Result<()> {
-        let sges = self.recv_sges_of(wr).ok_or(Error::InvalidParameter)?;
         let mut g = self.vis[vi.slot as usize].lock().unwrap();
         let v = match g.as_mut() {
             Some(v) if v.generation == vi.generation => v,
             _ => return Err(Error::InvalidState),
         };
-        v.recvs.insert(pos, wr.clone());
-        if let Err(e) =
-            v.qp.post_recv(wr_id(vi.slot, vi.generation, true, pos), &sges)
-        {
-            v.recvs.remove(&pos);
-            log::warn!("verbs: VI {}: {e}", vi.slot);
-            return Err(Error::resource(e));
+        let ViQp {
+            recvs, keys, qp, ..
+        } = v;
+        let id = wr_id(vi.slot, vi.generation, true, pos);
+        let r = self.post_recv_rec(keys, recvs.insert(pos), wr, 0, |s| qp.post_recv(id, s));
+        if r.is_err() {
+            recvs.take(pos);
         }
-        Ok(())
+        r
     }
 
     fn cancel_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, _force: bool) -> bool {
         let mut g = self.vis[vi.slot as usize].lock().unwrap();
         g.as_mut()
-            .is_some_and(|v| v.generation == vi.generation && v.recvs.remove(&pos).is_some())
+            .is_some_and(|v| v.generation == vi.generation && v.recvs.take(pos).is_some())
     }
 
     // ---- shared receive queues ----
@@ -1401,9 +1435,8 @@ impl Device for Verbs {
             *g = Some(SrqDev {
                 srq,
                 ptag,
-                entries,
-                recvs: KeyMap::default(),
-                tail: 0,
+                recvs: RecvSlab::new(entries),
+                keys: KeyCache::default(),
                 done: VecDeque::new(),
                 attached: 0,
             });
@@ -1423,7 +1456,7 @@ impl Device for Verbs {
             }
         };
         // Outstanding descriptors complete flushed (nobody will take them).
-        for (rw, _) in s.recvs.values() {
+        for rw in s.recvs.iter().map(|r| r.done) {
             if let Some(d) = nic.regions.get(rw.desc_handle) {
                 let va = d.va + rw.desc_off;
                 let st = status::DONE | status::OP_RECEIVE | status::DESC_FLUSHED_ERROR;
@@ -1455,21 +1488,17 @@ impl Device for Verbs {
             );
             return Ok(());
         }
-        let sges = self.recv_sges_of(wr).ok_or(Error::InvalidParameter)?;
         let mut g = cell.lock().unwrap();
-        let s = g.as_mut().ok_or(Error::InvalidParameter)?;
-        if s.recvs.len() >= s.entries as usize {
-            return Err(Error::Resource);
+        let SrqDev {
+            recvs, keys, srq, ..
+        } = g.as_mut().ok_or(Error::InvalidParameter)?;
+        let (pos, rec) = recvs.insert().ok_or(Error::Resource)?;
+        let id = wr_id(SRQ_SLOT | id, 0, true, pos);
+        let r = self.post_recv_rec(keys, rec, wr, desc_va, |s| srq.post_recv(id, s));
+        if r.is_err() {
+            recvs.take(pos);
         }
-        let pos = s.tail & 0x7fff_ffff;
-        s.tail += 1;
-        s.recvs.insert(pos, (wr.clone(), desc_va));
-        if let Err(e) = s.srq.post_recv(wr_id(SRQ_SLOT | id, 0, true, pos), &sges) {
-            s.recvs.remove(&pos);
-            log::warn!("verbs: SRQ {id}: {e}");
-            return Err(Error::resource(e));
-        }
-        Ok(())
+        r
     }
 
     fn srq_done(&self, id: u32) -> Option<SrqDone> {
@@ -1534,27 +1563,6 @@ impl Device for Verbs {
         vi.srq
             .store(id.unwrap_or(crate::vi::NO_SRQ), Ordering::Relaxed);
         Ok(())
-    }
-}
-
-impl Verbs {
-    /// The scatter list of a validated receive (segments are relative to
-    /// their regions).
-    fn recv_sges_of(&self, wr: &RecvWr) -> Option<Sges> {
-        let mrs = self.mrs.read().unwrap();
-        let mut out = Sges {
-            a: [Sge::default(); crate::descriptor::MAX_SEGMENTS],
-            n: wr.n.min(crate::descriptor::MAX_SEGMENTS),
-        };
-        for (d, &(off, len, h)) in out.a.iter_mut().zip(&wr.segs[..out.n]) {
-            let m = mrs.get(&h)?;
-            *d = Sge {
-                addr: m.addr + off,
-                len,
-                lkey: m.lkey,
-            };
-        }
-        Some(out)
     }
 }
 

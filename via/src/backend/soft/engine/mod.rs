@@ -164,6 +164,7 @@ impl Engine {
                     let known = Known {
                         desc: regions.desc,
                         seg: regions.seg,
+                        status: regions.status,
                     };
                     execute(soft, nic, &mut g, wr, &[], known, Some(vi));
                     if !g.breaks.is_empty() {

@@ -5,12 +5,12 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::completion;
+use crate::completion::{self, StatusLoc};
 use crate::descriptor::{control, status};
 use crate::mem::region::{self, Cursor, Fault, Resolved, Seg};
 use crate::nic::{ErrorCode, NicInner};
 use crate::translate::SendWr;
-use crate::vi::ViCore;
+use crate::vi::{ViCore, Which};
 
 use super::EngineState;
 use super::transfer::{CUT, NO_SEG, Source, move_fast, move_general, still_registered};
@@ -38,6 +38,9 @@ pub(crate) struct Break {
 pub(crate) struct Known<'a> {
     pub desc: Option<&'a Resolved>,
     pub seg: Option<&'a Resolved>,
+    /// Where the descriptor's status goes (resolved with `desc` at post
+    /// time: the same mapping and offset a lookup would find).
+    pub status: Option<&'a StatusLoc>,
 }
 
 /// One request being run.
@@ -490,27 +493,35 @@ impl Op<'_> {
     }
 }
 
-/// Completes the send descriptor of `wr` (its region looked up through the
-/// engine's cache).
+/// Completes the send descriptor of `wr`: where the poster found its status
+/// (direct execution), else in its region looked up through the engine's
+/// cache.
 #[allow(clippy::too_many_arguments)]
 fn complete_send(
     soft: &SoftNic,
     nic: &NicInner,
     regions: &mut Regions,
-    known: Option<&Resolved>,
+    known: Known<'_>,
     vi: &ViCore,
     wr: &SendWr,
     status: u32,
 ) {
-    let r = match known.filter(|r| r.handle == wr.desc_handle) {
+    let view = soft.view();
+    let Some(sh) = view.vi(vi.slot) else { return };
+    if let Some(loc) = known.status {
+        // Direct execution: the poster found where the status goes.
+        loc.complete(status, None, None);
+        let signals = complete::vi_signals(sh);
+        completion::after_local_with(nic, vi, Which::Send, &signals, &view.header().notify);
+        return;
+    }
+    let r = match known.desc.filter(|r| r.handle == wr.desc_handle) {
         Some(r) => Some(r),
         None => regions
             .local(&nic.regions, wr.desc_handle, Use::Send)
             .map(|i| regions.get(i)),
     };
     let r = r.filter(|r| r.covers(wr.desc_va, 32));
-    let view = soft.view();
-    let Some(sh) = view.vi(vi.slot) else { return };
     completion::send_with(
         nic,
         vi,
@@ -564,7 +575,7 @@ pub(crate) fn execute(
                 soft,
                 nic,
                 regions,
-                known.desc,
+                known,
                 vi,
                 wr,
                 status::DONE | status::DESC_FLUSHED_ERROR | op_status,
@@ -608,7 +619,7 @@ pub(crate) fn execute(
         soft,
         nic,
         o.regions,
-        known.desc,
+        known,
         vi,
         wr,
         status::DONE | r | op_status,
