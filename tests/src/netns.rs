@@ -169,6 +169,9 @@ impl Hosts {
             args.push(flag.into());
             args.push(v);
         }
+        if imp.gso {
+            args.push("--gso".into());
+        }
         let mut cmd = Command::new("ip");
         cmd.args(&args);
         let mut tool = Peer::from_command(cmd);
@@ -274,6 +277,9 @@ pub struct Impairment {
     pub delay: std::time::Duration,
     pub hold: std::time::Duration,
     pub seed: u64,
+    /// GSO packets (up to 64 KiB) are queued and impaired whole
+    /// (`via-impair --gso`) rather than segmented by the kernel first.
+    pub gso: bool,
 }
 
 /// `via-impair`'s counters (see its documentation).
@@ -289,6 +295,7 @@ pub struct ImpairCounters {
     pub accepted: u64,
     pub overflow: u64,
     pub max_held: u64,
+    pub gso: u64,
 }
 
 impl ImpairCounters {
@@ -311,6 +318,7 @@ impl ImpairCounters {
                 "accepted" => c.accepted = v,
                 "overflow" => c.overflow = v,
                 "max_held" => c.max_held = v,
+                "gso" => c.gso = v,
                 _ => {}
             }
         }

@@ -238,8 +238,12 @@ fn transfer(a: &mut Peer, b: &mut Peer, rel: &str, what: &str, limit: Duration) 
 /// never corrupt, duplicate or invent data (over TCP it loses nothing
 /// either: the same checks hold). The tool's counters must show that every
 /// kind of impairment happened, in about the shares asked for.
-fn impaired_stream(rel: &str) {
-    let Some(h) = Hosts::new(&format!("imp{rel}")) else {
+///
+/// With `gso`, GSO packets are impaired whole (up to 64 KiB each: a loss
+/// or a copy is of many segments at once), as a qdisc on the veth would.
+fn impaired_stream(rel: &str, gso: bool) {
+    let tag = format!("imp{rel}{}", if gso { "g" } else { "" });
+    let Some(h) = Hosts::new(&tag) else {
         return;
     };
     // TCP backs off under this loss; the silence bound is not what this
@@ -255,6 +259,7 @@ fn impaired_stream(rel: &str) {
         delay: Duration::from_millis(1),
         hold: Duration::from_millis(1),
         seed,
+        gso,
     };
     let Some(ia) = h.impair(Side::A, IMPAIR, imp(1)) else {
         return;
@@ -273,6 +278,9 @@ fn impaired_stream(rel: &str) {
     let (ca, cb) = (ia.stop(), ib.stop());
     eprintln!("impairment at A: {ca:?}");
     eprintln!("impairment at B: {cb:?}");
+    if gso {
+        assert!(ca.gso + cb.gso > 0, "no GSO packet queued whole");
+    }
     for (side, c) in [("A", &ca), ("B", &cb)] {
         assert!(c.seen > 1000, "{side}: {c:?}");
         let share = |n: u64| n as f64 / c.seen as f64;
@@ -316,17 +324,22 @@ fn impaired_stream(rel: &str) {
 
 #[test]
 fn stream_100mb_reliable_delivery_impaired() {
-    impaired_stream("rd");
+    impaired_stream("rd", false);
 }
 
 #[test]
 fn stream_100mb_reliable_reception_impaired() {
-    impaired_stream("rr");
+    impaired_stream("rr", false);
 }
 
 #[test]
 fn stream_100mb_unreliable_impaired() {
-    impaired_stream("u");
+    impaired_stream("u", false);
+}
+
+#[test]
+fn stream_100mb_reliable_delivery_impaired_whole_gso_packets() {
+    impaired_stream("rd", true);
 }
 
 #[test]
