@@ -203,6 +203,10 @@ impl RemoteNic {
 impl ArenaMaps {
     /// Marks `id` as just used.
     fn touch(&mut self, id: u32, m: &Arc<Mapping>) {
+        // Usually the arena used last (one buffer, registered again and again).
+        if self.recent.back().is_some_and(|(r, _)| *r == id) {
+            return;
+        }
         if let Some(i) = self.recent.iter().position(|(r, _)| *r == id) {
             let e = self.recent.remove(i).expect("present");
             self.recent.push_back(e);
