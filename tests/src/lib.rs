@@ -180,16 +180,27 @@ impl Peer {
 
     /// Reads the next line the peer prints (at most [`LINE_WAIT`]).
     pub fn line(&mut self) -> String {
-        match self.lines.recv_timeout(LINE_WAIT) {
+        self.line_within(LINE_WAIT)
+    }
+
+    /// Reads the next line the peer prints, waiting at most `limit` (for
+    /// commands known to take longer than [`LINE_WAIT`]).
+    pub fn line_within(&mut self, limit: Duration) -> String {
+        match self.lines.recv_timeout(limit) {
             Ok(l) => l,
-            Err(mpsc::RecvTimeoutError::Timeout) => panic!("peer silent for {LINE_WAIT:?}"),
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("peer silent for {limit:?}"),
             Err(mpsc::RecvTimeoutError::Disconnected) => panic!("peer exited early"),
         }
     }
 
     /// Reads the next line, which must start with `prefix`; returns the rest.
     pub fn expect(&mut self, prefix: &str) -> String {
-        let l = self.line();
+        self.expect_within(prefix, LINE_WAIT)
+    }
+
+    /// [`Peer::expect`] waiting at most `limit`.
+    pub fn expect_within(&mut self, prefix: &str, limit: Duration) -> String {
+        let l = self.line_within(limit);
         match l.strip_prefix(prefix) {
             Some(rest) => rest.trim().to_string(),
             None => panic!("peer said {l:?}, expected {prefix:?}"),
