@@ -92,6 +92,23 @@ pub fn open_nic() -> Nic {
     Nic::open(None).expect("open NIC")
 }
 
+/// The verbs device the tests run on (`VIA_DEVICE`, one of this host's
+/// RDMA devices), or `None` (printing why) when this machine has none.
+#[cfg(feature = "verbs")]
+pub fn verbs_device() -> Option<String> {
+    let devs = via::rdma_devices();
+    match std::env::var("VIA_DEVICE") {
+        Ok(d) if devs.contains(&d) => Some(d),
+        _ => {
+            println!(
+                "SKIP: no RDMA device selected (VIA_DEVICE unset or not among {devs:?}); \
+                 tools/verbs-vm.sh runs these tests on Soft-RoCE"
+            );
+            None
+        }
+    }
+}
+
 /// The peer program (`via-peer`), running one scenario.
 pub struct Peer {
     pub child: Child,
@@ -163,16 +180,27 @@ impl Peer {
 
     /// Reads the next line the peer prints (at most [`LINE_WAIT`]).
     pub fn line(&mut self) -> String {
-        match self.lines.recv_timeout(LINE_WAIT) {
+        self.line_within(LINE_WAIT)
+    }
+
+    /// Reads the next line the peer prints, waiting at most `limit` (for
+    /// commands known to take longer than [`LINE_WAIT`]).
+    pub fn line_within(&mut self, limit: Duration) -> String {
+        match self.lines.recv_timeout(limit) {
             Ok(l) => l,
-            Err(mpsc::RecvTimeoutError::Timeout) => panic!("peer silent for {LINE_WAIT:?}"),
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("peer silent for {limit:?}"),
             Err(mpsc::RecvTimeoutError::Disconnected) => panic!("peer exited early"),
         }
     }
 
     /// Reads the next line, which must start with `prefix`; returns the rest.
     pub fn expect(&mut self, prefix: &str) -> String {
-        let l = self.line();
+        self.expect_within(prefix, LINE_WAIT)
+    }
+
+    /// [`Peer::expect`] waiting at most `limit`.
+    pub fn expect_within(&mut self, prefix: &str, limit: Duration) -> String {
+        let l = self.line_within(limit);
         match l.strip_prefix(prefix) {
             Some(rest) => rest.trim().to_string(),
             None => panic!("peer said {l:?}, expected {prefix:?}"),

@@ -115,8 +115,8 @@ impl Hosts {
 
     /// Drops each packet arriving at side `s` with probability `p`
     /// (`iptables -m statistic`). `false` (after a loud `SKIPPED` line) if
-    /// iptables or its statistic match is missing. The kernel here has no
-    /// `netem`: reordering, duplication and delay cannot be injected.
+    /// iptables or its statistic match is missing. [`Hosts::impair`]
+    /// injects delay, reordering and duplication as well.
     pub fn drop_incoming(&self, s: Side, p: f64) -> bool {
         let i = Self::i(s);
         let prob = format!("{p}");
@@ -139,6 +139,113 @@ impl Hosts {
         ok
     }
 
+    /// Impairs every packet arriving at side `s` from the link: `via-impair`
+    /// (`exe`, `env!("CARGO_BIN_EXE_via-impair")`) runs in the namespace on
+    /// NFQUEUE queue 7, and an iptables rule on INPUT sends it the packets
+    /// from the veth that do not carry its mark (its duplicates). Returns
+    /// once the queue is bound and the rule installed. `None` (after a loud
+    /// `SKIPPED` line) if NFQUEUE, the mark match or iptables is missing.
+    /// The kernel here has no `tc netem`, the usual tool for this.
+    pub fn impair(&self, s: Side, exe: &str, imp: Impairment) -> Option<Impaired> {
+        let i = Self::i(s);
+        let mut args = vec![
+            "netns".to_string(),
+            "exec".into(),
+            self.ns[i].clone(),
+            exe.into(),
+            "--queue".into(),
+            IMPAIR_QUEUE.to_string(),
+            "--mark".into(),
+            format!("{IMPAIR_MARK:#x}"),
+        ];
+        for (flag, v) in [
+            ("--loss", imp.loss.to_string()),
+            ("--reorder", imp.reorder.to_string()),
+            ("--dup", imp.dup.to_string()),
+            ("--delay-us", imp.delay.as_micros().to_string()),
+            ("--hold-us", imp.hold.as_micros().to_string()),
+            ("--seed", imp.seed.to_string()),
+        ] {
+            args.push(flag.into());
+            args.push(v);
+        }
+        if imp.gso {
+            args.push("--gso".into());
+        }
+        let mut cmd = Command::new("ip");
+        cmd.args(&args);
+        let mut tool = Peer::from_command(cmd);
+        let ready = tool.line();
+        if !ready.starts_with("READY") {
+            eprintln!("SKIPPED (NFQUEUE unavailable: {ready}): impairment on {s:?}");
+            return None;
+        }
+        let rule = self.impair_rule(s);
+        let ok = Command::new("ip")
+            .args(["netns", "exec", &self.ns[i], "iptables", "-A"])
+            .args(&rule)
+            .status()
+            .is_ok_and(|st| st.success());
+        if !ok {
+            eprintln!("SKIPPED (iptables NFQUEUE or mark match missing): impairment on {s:?}");
+            return None;
+        }
+        Some(Impaired {
+            tool: Some(tool),
+            ns: self.ns[i].clone(),
+            rule,
+        })
+    }
+
+    /// The INPUT rule that sends side `s`'s arriving packets to the queue.
+    fn impair_rule(&self, s: Side) -> Vec<String> {
+        let i = Self::i(s);
+        [
+            "INPUT",
+            "-i",
+            &self.ifs[i],
+            "-m",
+            "mark",
+            "!",
+            "--mark",
+            &format!("{IMPAIR_MARK:#x}"),
+            "-j",
+            "NFQUEUE",
+            "--queue-num",
+            &IMPAIR_QUEUE.to_string(),
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    }
+
+    /// The kernel's TCP counters in side `s`'s namespace (`/proc/net/snmp`
+    /// and `/proc/net/netstat`, as `Tcp:RetransSegs`, `TcpExt:TCPOFOQueue`,
+    /// ...): what the packets did to the TCP connections underneath.
+    pub fn tcp_counters(&self, s: Side) -> std::collections::HashMap<String, u64> {
+        let mut m = std::collections::HashMap::new();
+        for file in ["/proc/net/snmp", "/proc/net/netstat"] {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns[Self::i(s)], "cat", file])
+                .output()
+                .expect("run ip netns exec cat");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = text.lines().collect();
+            // Pairs of lines: names, then values, both led by `Group:`.
+            for pair in lines.chunks_exact(2) {
+                let (names, values) = (pair[0].split_whitespace(), pair[1].split_whitespace());
+                let mut names = names.peekable();
+                let group = names.next().unwrap_or("").trim_end_matches(':').to_string();
+                for (n, v) in names.zip(values.skip(1)) {
+                    if let Ok(v) = v.parse() {
+                        m.insert(format!("{group}:{n}"), v);
+                    }
+                }
+            }
+        }
+        m
+    }
+
     /// `exe args...` on side `s` (no NIC environment), as a peer.
     pub fn exec(&self, s: Side, exe: &str, args: &[&str]) -> Peer {
         let mut cmd = Command::new("ip");
@@ -151,6 +258,114 @@ impl Hosts {
     pub fn cut(&self, s: Side) {
         let i = Self::i(s);
         ip(&["-n", &self.ns[i], "link", "set", &self.ifs[i], "down"]);
+    }
+}
+
+/// The NFQUEUE queue of [`Hosts::impair`] (one per namespace).
+const IMPAIR_QUEUE: u16 = 7;
+/// The mark of `via-impair`'s duplicates, which its rule lets pass.
+const IMPAIR_MARK: u32 = 0x7e57;
+
+/// What [`Hosts::impair`] does to each packet: dropped with probability
+/// `loss`; otherwise held `delay`, and with probability `reorder` `hold`
+/// longer (later packets pass it); with probability `dup` sent twice.
+#[derive(Clone, Copy, Debug)]
+pub struct Impairment {
+    pub loss: f64,
+    pub reorder: f64,
+    pub dup: f64,
+    pub delay: std::time::Duration,
+    pub hold: std::time::Duration,
+    pub seed: u64,
+    /// GSO packets (up to 64 KiB) are queued and impaired whole
+    /// (`via-impair --gso`) rather than segmented by the kernel first.
+    pub gso: bool,
+}
+
+/// `via-impair`'s counters (see its documentation).
+#[derive(Clone, Debug, Default)]
+pub struct ImpairCounters {
+    pub seen: u64,
+    pub dropped: u64,
+    pub delayed: u64,
+    pub held_back: u64,
+    pub reordered: u64,
+    pub duplicated: u64,
+    pub dup_failed: u64,
+    pub accepted: u64,
+    pub overflow: u64,
+    pub max_held: u64,
+    pub gso: u64,
+}
+
+impl ImpairCounters {
+    /// Parses a `COUNTERS key=value...` line (after the prefix).
+    pub fn parse(s: &str) -> ImpairCounters {
+        let mut c = ImpairCounters::default();
+        for kv in s.split_whitespace() {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            let v: u64 = v.parse().unwrap_or_else(|_| panic!("counter {kv:?}"));
+            match k {
+                "seen" => c.seen = v,
+                "dropped" => c.dropped = v,
+                "delayed" => c.delayed = v,
+                "held_back" => c.held_back = v,
+                "reordered" => c.reordered = v,
+                "duplicated" => c.duplicated = v,
+                "dup_failed" => c.dup_failed = v,
+                "accepted" => c.accepted = v,
+                "overflow" => c.overflow = v,
+                "max_held" => c.max_held = v,
+                "gso" => c.gso = v,
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+/// A running impairment; [`Impaired::stop`] removes the rule, stops the
+/// tool and returns its counters. Dropping it removes the rule and kills
+/// the tool.
+pub struct Impaired {
+    tool: Option<Peer>,
+    ns: String,
+    rule: Vec<String>,
+}
+
+impl Impaired {
+    /// The counters so far.
+    pub fn counters(&mut self) -> ImpairCounters {
+        let tool = self.tool.as_mut().expect("tool running");
+        ImpairCounters::parse(&tool.cmd_expect("stats", "COUNTERS"))
+    }
+
+    fn remove_rule(&self) {
+        let _ = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "iptables", "-D"])
+            .args(&self.rule)
+            .status();
+    }
+
+    /// Removes the rule (traffic flows unimpaired from here on), stops the
+    /// tool (it accepts what it still holds) and returns its counters.
+    pub fn stop(mut self) -> ImpairCounters {
+        self.remove_rule();
+        let mut tool = self.tool.take().expect("tool running");
+        let c = ImpairCounters::parse(&tool.cmd_expect("stop", "COUNTERS"));
+        tool.finish();
+        c
+    }
+}
+
+impl Drop for Impaired {
+    fn drop(&mut self) {
+        if self.tool.is_some() {
+            // Rule first: an unbound queue drops every packet.
+            self.remove_rule();
+        }
     }
 }
 

@@ -15,22 +15,6 @@ use via_tests::*;
 const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
 const T: Duration = Duration::from_secs(20);
 
-/// The verbs device the tests run on, or `None` (printing why) when this
-/// machine has none.
-fn device() -> Option<String> {
-    let devs = via::rdma_devices();
-    match std::env::var("VIA_DEVICE") {
-        Ok(d) if devs.contains(&d) => Some(d),
-        _ => {
-            println!(
-                "SKIP: no RDMA device selected (VIA_DEVICE unset or not among {devs:?}); \
-                 tools/verbs-vm.sh runs these tests on Soft-RoCE"
-            );
-            None
-        }
-    }
-}
-
 #[test]
 fn open_without_device_fails_cleanly() {
     ensure_viad();
@@ -49,7 +33,7 @@ fn open_without_device_fails_cleanly() {
 
 #[test]
 fn opens_the_device_by_every_name() {
-    let Some(dev) = device() else { return };
+    let Some(dev) = verbs_device() else { return };
     ensure_viad();
     for name in [dev.as_str(), "verbs", &format!("/dev/via_{dev}")] {
         let nic = Nic::open(Some(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -81,7 +65,7 @@ fn hex(b: &[u8]) -> String {
 
 #[test]
 fn send_recv_gather_scatter_immediate() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     for (rel, rel_s) in [
@@ -128,7 +112,7 @@ fn send_recv_gather_scatter_immediate() {
 
 #[test]
 fn rdma_write_write_immediate_and_read() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     let (s, mut p, m) = pair(Reliability::ReliableDelivery, "rd");
@@ -179,7 +163,7 @@ fn rdma_write_write_immediate_and_read() {
 
 #[test]
 fn protection_violation_leaves_target_unchanged() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     let (s, mut p, _m) = pair(Reliability::ReliableDelivery, "rd");
@@ -207,7 +191,7 @@ fn protection_violation_leaves_target_unchanged() {
 
 #[test]
 fn send_without_receive_breaks_reliable_connections() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     for (rel, rel_s, want) in [
@@ -231,7 +215,7 @@ fn send_without_receive_breaks_reliable_connections() {
 
 #[test]
 fn disconnect_then_connect_again() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     let (s, mut p, _m) = pair(Reliability::ReliableDelivery, "rd");
@@ -256,7 +240,7 @@ fn disconnect_then_connect_again() {
 
 #[test]
 fn peer_killed_mid_stream_is_conn_lost() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     let (s, mut p, _m) = pair(Reliability::ReliableReception, "rr");
@@ -291,7 +275,7 @@ fn peer_killed_mid_stream_is_conn_lost() {
 /// not asserted.
 #[test]
 fn post_cost_against_bare_ibv_post_send() {
-    let Some(dev) = device() else { return };
+    let Some(dev) = verbs_device() else { return };
     const N: u32 = 2048;
     let bare = via::bare_ibv_post(&dev, N).unwrap();
     let (s, p, m) = pair(Reliability::ReliableDelivery, "rd");
@@ -359,7 +343,7 @@ fn local_pair(
 /// descriptor; the refusals are clean statuses.
 #[test]
 fn srq_shared_by_several_vis() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     let nic = open_nic();
@@ -488,7 +472,7 @@ fn srq_shared_by_several_vis() {
 /// XRC extension cannot be built and tested here (docs/design.md §8).
 #[test]
 fn xrc_support_of_the_device() {
-    let Some(dev) = device() else { return };
+    let Some(dev) = verbs_device() else { return };
     let r = via::rdma_xrc_supported(&dev);
     println!("XRC on {dev}: {r:?}");
     if dev.starts_with("rxe") {

@@ -18,21 +18,6 @@ use via::descriptor::status::ERROR_MASK;
 use via::{DescBuilder, Error, Reliability, ViAttributes};
 use via_tests::*;
 
-/// The verbs device the tests run on, or `None` (printing why).
-fn device() -> Option<String> {
-    let devs = via::rdma_devices();
-    match std::env::var("VIA_DEVICE") {
-        Ok(d) if devs.contains(&d) => Some(d),
-        _ => {
-            println!(
-                "SKIP: no RDMA device selected (VIA_DEVICE unset or not among {devs:?}); \
-                 tools/verbs-vm.sh runs these tests on Soft-RoCE"
-            );
-            None
-        }
-    }
-}
-
 const COUNTS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Sends outstanding per VI (a streaming application's window).
 const WINDOW: usize = 16;
@@ -62,7 +47,7 @@ fn parse(out: &str) -> Vec<(String, usize, f64, f64, u64, u64)> {
 
 #[test]
 fn doorbell_posts_per_second() {
-    if device().is_none() {
+    if verbs_device().is_none() {
         return;
     }
     let limit = Duration::from_secs(900);
@@ -124,7 +109,7 @@ fn doorbell_posts_per_second() {
 /// 8-byte RDMA writes, every descriptor signalled (VIA completes each).
 #[test]
 fn doorbell_bench_child() {
-    if std::env::var_os("VIA_BENCH_CHILD").is_none() || device().is_none() {
+    if std::env::var_os("VIA_BENCH_CHILD").is_none() || verbs_device().is_none() {
         return;
     }
     let mode = std::env::var("VIA_DOORBELL").unwrap();
@@ -135,21 +120,10 @@ fn doorbell_bench_child() {
     let desc_bytes = n_max * WINDOW * 64;
     let mem = via::Region::new(&nic, desc_bytes + 65536, ptag, true, false).unwrap();
     let target = mem.addr(desc_bytes + 4096).unwrap();
-    let mut a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
-    a.enable_rdma_write = true;
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
     for i in 0..n_max {
-        let s = nic.create_vi(&a, None, None).unwrap();
-        let r = nic.create_vi(&a, None, None).unwrap();
-        let (x, y) = (
-            nic.address(&disc(&format!("db-s{i}"))),
-            nic.address(&disc(&format!("db-r{i}"))),
-        );
-        s.connect_peer(&x, &y, WAIT).unwrap();
-        r.connect_peer(&y, &x, WAIT).unwrap();
-        s.connect_peer_wait().unwrap();
-        r.connect_peer_wait().unwrap();
+        let (s, r) = local_pair(&nic, ptag, &format!("db{i}"));
         senders.push(s);
         receivers.push(r);
     }
@@ -267,7 +241,7 @@ fn wait_ok(vi: &via::Vi, send: bool) {
 /// callgrind`) the same code gives the instructions per post.
 #[test]
 fn post_cost_by_size() {
-    let Some(dev) = device() else { return };
+    let Some(dev) = verbs_device() else { return };
     const B: usize = 32;
     let n = iters();
     let nic = open_nic();
@@ -395,7 +369,7 @@ fn line_after(r: &mut impl std::io::BufRead, tag: &str) -> String {
 #[test]
 fn latency_via_against_raw_verbs() {
     use std::io::Write;
-    let Some(dev) = device() else { return };
+    let Some(dev) = verbs_device() else { return };
     let iters = pp_iters();
     // Raw verbs: endpoints through the child's stdin and stdout.
     let raw = via::RawPingPong::new(&dev).unwrap();
@@ -409,20 +383,7 @@ fn latency_via_against_raw_verbs() {
     assert!(child.wait().unwrap().success());
     drop(raw);
     // via: a VI of each process, connected peer to peer.
-    let nic = open_nic();
-    let ptag = nic.create_ptag().unwrap();
-    let mem = via::Region::new(&nic, 16384, ptag, false, false).unwrap();
-    let a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
-    let vi = nic.create_vi(&a, None, None).unwrap();
-    let recv = DescBuilder::recv()
-        .segment(&mem, 8192, 64)
-        .write(&mem, 0)
-        .unwrap();
-    let send = DescBuilder::send()
-        .segment(&mem, 4096, 8)
-        .write(&mem, 128)
-        .unwrap();
-    vi.post_recv(&mem, recv).unwrap();
+    let pp = ViPingPong::new();
     let (ping, pong) = (disc_str("pp-ping"), disc_str("pp-pong"));
     let mut child = spawn_child(
         "via_pong_child",
@@ -432,22 +393,14 @@ fn latency_via_against_raw_verbs() {
             ("VIA_BENCH_PONG", &pong),
         ],
     );
-    vi.connect_peer(
-        &nic.address(ping.as_bytes()),
-        &nic.address(pong.as_bytes()),
-        WAIT,
-    )
-    .unwrap();
-    vi.connect_peer_wait().unwrap();
+    pp.connect(&ping, &pong);
     let run = |n: u32| {
         let t = Instant::now();
         for _ in 0..n {
-            vi.post_send(&mem, send).unwrap();
-            let c = poll(|| vi.recv_done());
-            assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
-            vi.post_recv(&mem, recv).unwrap();
-            let c = poll(|| vi.send_done());
-            assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+            pp.post_send();
+            pp.take(Which::Recv);
+            pp.post_recv();
+            pp.take(Which::Send);
         }
         t.elapsed()
     };
@@ -464,8 +417,77 @@ fn latency_via_against_raw_verbs() {
         "LATENCY-JSON {{\"device\":\"{dev}\",\"size\":8,\"iters\":{iters},\"raw_verbs_half_rtt_us\":{r:.2},\"via_half_rtt_us\":{v:.2},\"via_over_raw\":{:.3}}}",
         v / r
     );
-    let _ = vi.disconnect();
-    nic.close().unwrap();
+    let _ = pp.vi.disconnect();
+    pp.nic.close().unwrap();
+}
+
+/// One process's side of via's ping-pong: a VI, a receive posted, and
+/// the descriptors of the loop (an 8-byte send, a 64-byte receive).
+struct ViPingPong {
+    nic: via::Nic,
+    mem: via::Region,
+    vi: via::Vi,
+    recv: usize,
+    send: usize,
+}
+
+impl ViPingPong {
+    fn new() -> ViPingPong {
+        let nic = open_nic();
+        let ptag = nic.create_ptag().unwrap();
+        let mem = via::Region::new(&nic, 16384, ptag, false, false).unwrap();
+        let a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+        let vi = nic.create_vi(&a, None, None).unwrap();
+        let recv = DescBuilder::recv()
+            .segment(&mem, 8192, 64)
+            .write(&mem, 0)
+            .unwrap();
+        let send = DescBuilder::send()
+            .segment(&mem, 4096, 8)
+            .write(&mem, 128)
+            .unwrap();
+        vi.post_recv(&mem, recv).unwrap();
+        ViPingPong {
+            nic,
+            mem,
+            vi,
+            recv,
+            send,
+        }
+    }
+
+    /// Connects to the peer at discriminator `remote` from `local`.
+    fn connect(&self, local: &str, remote: &str) {
+        let addr = |d: &str| self.nic.address(d.as_bytes());
+        self.vi
+            .connect_peer(&addr(local), &addr(remote), WAIT)
+            .unwrap();
+        self.vi.connect_peer_wait().unwrap();
+    }
+
+    fn post_send(&self) {
+        self.vi.post_send(&self.mem, self.send).unwrap();
+    }
+
+    fn post_recv(&self) {
+        self.vi.post_recv(&self.mem, self.recv).unwrap();
+    }
+
+    /// Polls for the next completion of queue `w`, which must succeed.
+    fn take(&self, w: Which) {
+        let c = match w {
+            Which::Send => poll(|| self.vi.send_done()),
+            Which::Recv => poll(|| self.vi.recv_done()),
+        };
+        assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+    }
+}
+
+/// A work queue of a VI.
+#[derive(Clone, Copy)]
+enum Which {
+    Send,
+    Recv,
 }
 
 /// Polls `f` until it gives a completion (panics after 30 s).
@@ -492,7 +514,7 @@ fn raw_pong_child() {
     if std::env::var("VIA_BENCH_ROLE").as_deref() != Ok("raw") {
         return;
     }
-    let dev = device().unwrap();
+    let dev = verbs_device().unwrap();
     let raw = via::RawPingPong::new(&dev).unwrap();
     let mut stdin = std::io::stdin().lock();
     let theirs = unhex(&line_after(&mut stdin, "EP "));
@@ -508,38 +530,17 @@ fn via_pong_child() {
     if std::env::var("VIA_BENCH_ROLE").as_deref() != Ok("via") {
         return;
     }
-    let nic = open_nic();
-    let ptag = nic.create_ptag().unwrap();
-    let mem = via::Region::new(&nic, 16384, ptag, false, false).unwrap();
-    let a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
-    let vi = nic.create_vi(&a, None, None).unwrap();
-    let recv = DescBuilder::recv()
-        .segment(&mem, 8192, 64)
-        .write(&mem, 0)
-        .unwrap();
-    let send = DescBuilder::send()
-        .segment(&mem, 4096, 8)
-        .write(&mem, 128)
-        .unwrap();
-    vi.post_recv(&mem, recv).unwrap();
+    let pp = ViPingPong::new();
     let ping = std::env::var("VIA_BENCH_PING").unwrap();
     let pong = std::env::var("VIA_BENCH_PONG").unwrap();
-    vi.connect_peer(
-        &nic.address(pong.as_bytes()),
-        &nic.address(ping.as_bytes()),
-        WAIT,
-    )
-    .unwrap();
-    vi.connect_peer_wait().unwrap();
+    pp.connect(&pong, &ping);
     for _ in 0..PP_WARMUP + pp_iters() {
-        let c = poll(|| vi.recv_done());
-        assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
-        vi.post_recv(&mem, recv).unwrap();
-        vi.post_send(&mem, send).unwrap();
-        let c = poll(|| vi.send_done());
-        assert_eq!(c.status & ERROR_MASK, 0, "{:#x}", c.status);
+        pp.take(Which::Recv);
+        pp.post_recv();
+        pp.post_send();
+        pp.take(Which::Send);
     }
     // The initiator disconnects; wait for it rather than break its last
     // completion.
-    let _ = nic.close();
+    let _ = pp.nic.close();
 }

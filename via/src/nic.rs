@@ -638,7 +638,7 @@ impl NicInner {
             ptag,
             flags,
             pid: self.process.pid,
-            extents: local,
+            extents: local.into(),
         });
         let rec = Box::new(RegionRec {
             pinned,

@@ -248,7 +248,7 @@ mod tests {
             ptag: 1,
             flags: 0,
             pid: 1,
-            extents: Vec::new(),
+            extents: Default::default(),
         }
     }
 

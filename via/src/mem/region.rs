@@ -33,6 +33,49 @@ pub(crate) struct ResolvedExtent {
     pub map_off: u64,
 }
 
+/// The extents of a [`Resolved`] region, shared: a registration taken back
+/// from the parked ones gets a new handle, and so a new `Resolved`, while
+/// caches may still hold the old one; its extents (and the mappings they
+/// hold) are then shared instead of copied.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Extents {
+    /// No extent (a const: fillers of segment arrays).
+    #[default]
+    None,
+    /// Extents in address order.
+    Some(Arc<[ResolvedExtent]>),
+}
+
+impl std::ops::Deref for Extents {
+    type Target = [ResolvedExtent];
+
+    fn deref(&self) -> &[ResolvedExtent] {
+        match self {
+            Extents::None => &[],
+            Extents::Some(e) => e,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Extents {
+    type Item = &'a ResolvedExtent;
+    type IntoIter = std::slice::Iter<'a, ResolvedExtent>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl From<Vec<ResolvedExtent>> for Extents {
+    fn from(v: Vec<ResolvedExtent>) -> Extents {
+        if v.is_empty() {
+            Extents::None
+        } else {
+            Extents::Some(v.into())
+        }
+    }
+}
+
 /// A registered region with its extents mapped.
 #[derive(Clone, Debug)]
 pub(crate) struct Resolved {
@@ -49,7 +92,7 @@ pub(crate) struct Resolved {
     /// Owner's process id (cross-memory attach).
     pub pid: i32,
     /// Extents in address order.
-    pub extents: Vec<ResolvedExtent>,
+    pub extents: Extents,
 }
 
 /// Where a contiguous chunk of bytes lives.
@@ -225,7 +268,7 @@ pub(crate) static EMPTY: Resolved = Resolved {
     ptag: 0,
     flags: 0,
     pid: 0,
-    extents: Vec::new(),
+    extents: Extents::None,
 };
 
 /// One segment of a scatter/gather list: `len` bytes at `va` of a region.

@@ -161,7 +161,7 @@ impl RemoteNic {
             ptag: snap.ptag,
             flags: snap.flags,
             pid: self.pid,
-            extents,
+            extents: extents.into(),
         });
         Some((r, seq))
     }

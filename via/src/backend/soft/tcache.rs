@@ -41,7 +41,10 @@ const LOCAL: (u64, u32) = (0, 0);
 
 /// Most handles remembered for the compulsory-miss count; beyond it the
 /// memory is cleared (counts stay exact for any working set below it).
-const SEEN_MAX: usize = 1 << 20;
+/// Its room is taken at the first miss, so that a program registering
+/// around every message (a new handle each time) never makes the set grow
+/// and rehash on the data path (about 1 MiB per engine).
+const SEEN_MAX: usize = 1 << 15;
 
 struct Entry {
     /// `(0, 0)` for local regions, else the peer's (session, NIC id).
@@ -206,6 +209,9 @@ impl TranslationCache {
                 }
             }
         }
+        if self.seen.capacity() < SEEN_MAX {
+            self.seen.reserve(SEEN_MAX);
+        }
         let first = self.seen.len() < SEEN_MAX && self.seen.insert((owner, handle));
         if self.seen.len() >= SEEN_MAX {
             self.seen.clear();
@@ -352,7 +358,7 @@ mod tests {
             ptag: 0,
             flags: 0,
             pid: 0,
-            extents: Vec::new(),
+            extents: Default::default(),
         })
     }
 

@@ -692,17 +692,7 @@ impl Verbs {
                 },
                 _ => status::TRANSPORT_ERROR,
             };
-            let desc = nic
-                .regions
-                .get(rec.desc_handle)
-                .filter(|r| r.covers(rec.desc_va, 32));
-            completion::send(
-                nic,
-                &vi,
-                desc.as_deref(),
-                rec.desc_va,
-                status::DONE | err | rec.op_status,
-            );
+            complete_send(nic, &vi, rec.desc_handle, rec.desc_va, err | rec.op_status);
         }
     }
 
@@ -849,16 +839,12 @@ impl Verbs {
             if vi.reliability().is_reliable() {
                 self.brk(f.vi, ErrorCode::ConnLost);
             }
-            let desc = nic
-                .regions
-                .get(rec.desc_handle)
-                .filter(|r| r.covers(rec.desc_va, 32));
-            completion::send(
+            complete_send(
                 nic,
                 &vi,
-                desc.as_deref(),
+                rec.desc_handle,
                 rec.desc_va,
-                status::DONE | status::TRANSPORT_ERROR | rec.op_status,
+                status::TRANSPORT_ERROR | rec.op_status,
             );
         }
     }
@@ -937,12 +923,18 @@ impl Verbs {
     }
 
     fn complete_now(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr, st: u32) {
-        let desc = nic
-            .regions
-            .get(wr.desc_handle)
-            .filter(|r| r.covers(wr.desc_va, 32));
-        completion::send(nic, vi, desc.as_deref(), wr.desc_va, status::DONE | st);
+        complete_send(nic, vi, wr.desc_handle, wr.desc_va, st);
     }
+}
+
+/// Completes the send descriptor at `desc_va` (in the region of
+/// `desc_handle`) of `vi` with status `st` (`DONE` added).
+fn complete_send(nic: &NicInner, vi: &ViCore, desc_handle: u32, desc_va: u64, st: u32) {
+    let desc = nic
+        .regions
+        .get(desc_handle)
+        .filter(|r| r.covers(desc_va, 32));
+    completion::send(nic, vi, desc.as_deref(), desc_va, status::DONE | st);
 }
 
 impl Device for Verbs {

@@ -133,7 +133,7 @@ impl<T: Copy + Default> PosRing<T> {
 
     /// The slot for a request at `pos`, marked taken; the caller fills it
     /// or gives it back ([`PosRing::take`]).
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, pos: u64) -> &mut T {
         let pos = pos & POS_MASK;
         let mut i = self.index(pos);
@@ -173,7 +173,7 @@ impl<T: Copy + Default> PosRing<T> {
 
     /// Takes the record of the request at `pos` (the low bits a `wr_id`
     /// carries suffice); `None` if there is none (completed, cancelled).
-    #[inline]
+    #[inline(always)]
     pub fn take(&mut self, pos: u64) -> Option<&T> {
         let pos = pos & POS_MASK;
         let i = self.index(pos);
