@@ -404,19 +404,8 @@ impl TranslationTable {
     /// # Errors
     /// `InvalidParameter` if the handle is not live.
     pub fn remove(&self, handle: u32) -> Result<()> {
-        let view = self.view();
-        if !is_live(&view, handle) {
-            return Err(Error::InvalidParameter);
-        }
-        let slot = view.handle_slot(slot_of(handle)).expect("checked");
-        let index = slot.load(Ordering::Relaxed);
-        Self::write(view.tpt(index).expect("checked"), |e| {
-            e.check.store(0, Ordering::Relaxed);
-            e.handle.store(0, Ordering::Relaxed);
-        });
-        // Release: readers that find the slot empty see the entry dead too.
-        slot.store(0, Ordering::Release);
-        self.alloc.lock().unwrap().free(handle, index);
+        let index = self.retire(handle)?;
+        self.release(index);
         Ok(())
     }
 
