@@ -42,8 +42,9 @@ pub(crate) enum Extents {
     /// No extent (a const: fillers of segment arrays).
     #[default]
     None,
-    /// Extents in address order.
-    Some(Arc<[ResolvedExtent]>),
+    /// Extents in address order (the `Vec` they were built in, shared as
+    /// it is: no second allocation and copy).
+    Some(Arc<Vec<ResolvedExtent>>),
 }
 
 impl std::ops::Deref for Extents {
@@ -71,7 +72,7 @@ impl From<Vec<ResolvedExtent>> for Extents {
         if v.is_empty() {
             Extents::None
         } else {
-            Extents::Some(v.into())
+            Extents::Some(Arc::new(v))
         }
     }
 }

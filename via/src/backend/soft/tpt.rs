@@ -387,11 +387,16 @@ impl TranslationTable {
             e.handle.store(handle, Ordering::Relaxed);
             e.check.store(VALID, Ordering::Relaxed);
         });
-        // Release: the entry above is written before readers find it.
+        Self::publish(&view, handle, index);
+        Ok(handle)
+    }
+
+    /// Points `handle`'s slot at the entry `index` just written for it.
+    fn publish(view: &NicView<'_>, handle: u32, index: u32) {
+        // Release: the entry is written before readers find it.
         view.handle_slot(slot_of(handle))
             .expect("slot in range")
             .store(index, Ordering::Release);
-        Ok(handle)
     }
 
     /// Looks up a handle of this table.
@@ -450,10 +455,7 @@ impl TranslationTable {
             e.handle.store(handle, Ordering::Relaxed);
             e.check.store(VALID, Ordering::Relaxed);
         });
-        // Release: the entry above is written before readers find it.
-        view.handle_slot(slot_of(handle))
-            .expect("slot in range")
-            .store(index, Ordering::Release);
+        Self::publish(&view, handle, index);
         Ok(handle)
     }
 
