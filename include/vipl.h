@@ -396,7 +396,10 @@ VIP_RETURN VipQueryNic(VIP_NIC_HANDLE NicHandle, VIP_NIC_ATTRIBUTES *Attrs);
  * fork: the pages of live registrations are not in the child (as after
  * verbs' ibv_fork_init; a child that touches them faults); all other
  * memory, deregistered regions included, is the child's private copy.
- * Deregistered regions stay in a cache (VIA_REGCACHE, see the README).
+ * Deregistered regions stay in a cache (VIA_REGCACHE, see the README);
+ * new memory at a cached address is registered afresh, even when another
+ * thread maps it the instant the old memory is unmapped (libc's munmap,
+ * mremap and shmdt are hooked for this; a raw syscall(SYS_munmap) is not).
  * VIP_SUCCESS; VIP_INVALID_PARAMETER: bad NicHandle, NULL pointer or zero
  * Length, or memory that is not mapped readable; VIP_INVALID_PTAG:
  * Attrs->Ptag is not a ptag of this NIC; VIP_INVALID_RDMAREAD:

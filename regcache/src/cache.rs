@@ -333,12 +333,37 @@ impl<P: Pinner> RegCache<P> {
     /// [`Error::Range`] if the region wraps past the end of the address space, [`Error::Pin`] if
     /// the backend fails. Either way the cache and its stats are unchanged.
     pub fn acquire(&self, addr: usize, len: usize) -> Result<Lease<P::Pinned>, Error<P::Error>> {
+        self.acquire_with(addr, len, self.config.validate_hits)
+    }
+
+    /// [`acquire`](Self::acquire) with its hit checked by
+    /// [`Pinner::is_current`] whatever [`Config::validate_hits`] says: for a
+    /// caller that cannot tell, this once, whether memory events are up to
+    /// date.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub fn acquire_checked(
+        &self,
+        addr: usize,
+        len: usize,
+    ) -> Result<Lease<P::Pinned>, Error<P::Error>> {
+        self.acquire_with(addr, len, true)
+    }
+
+    fn acquire_with(
+        &self,
+        addr: usize,
+        len: usize,
+        validate: bool,
+    ) -> Result<Lease<P::Pinned>, Error<P::Error>> {
         let pages = range::page_range(addr, len).map_err(Error::Range)?;
         let want = range::extent(&pages);
         let (ticket, pages, bytes) = loop {
             let mut inner = self.lock();
             if let Some(lease) = inner.hit(&want) {
-                if !self.config.validate_hits {
+                if !validate {
                     return Ok(lease);
                 }
                 drop(inner);

@@ -1,20 +1,28 @@
 //! A registration of new memory at an address another thread has just
 //! unmapped must not find the old memory's cached or parked registration.
 //!
-//! KNOWN FAILURE, ignored until fixed (#8, "never a stale translation"):
-//! the kernel frees the address at `munmap` and only afterwards holds the
-//! unmapping thread until the userfaultfd event is read, so a thread that
-//! maps and registers at that address in between finds no event pending and
-//! hits the stale entry: 112 and 967 of 3,000 rounds in two runs here. See
-//! `docs/registration.md` §2, "Known limits". Run it with
-//! `cargo test -p via-tests --test registration_reuse_race -- --ignored`.
+//! The kernel frees the address at `munmap` and only afterwards queues the
+//! userfaultfd event and holds the unmapping thread until it is read, so a
+//! thread that maps and registers at that address in between finds no event
+//! pending. The unmap hooks (`via::mem::unmap_hook`) close that window: the
+//! registration waits for every unmap in flight. Without them (the hooks'
+//! wait skipped) 112, 593 and 967 of 3,000 rounds hit the stale entry here.
+//! `docs/registration.md` §2.
+//!
+//! Each way memory goes away from another thread is tried: `munmap`,
+//! glibc's `free` of a large block (its internal `__munmap`), and `mremap`
+//! moving the block elsewhere.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use via::mem::arena::UserRange;
 use via::{Nic, Region};
 
 const LEN: usize = 256 * 1024;
+const ROUNDS: usize = 1000;
 
-fn map(at: usize, fixed: bool) -> Option<usize> {
+fn map(at: usize, len: usize, fixed: bool) -> Option<usize> {
     let flags =
         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if fixed { libc::MAP_FIXED_NOREPLACE } else { 0 };
     // SAFETY: a new anonymous mapping, at `at` only if nothing is mapped
@@ -22,7 +30,7 @@ fn map(at: usize, fixed: bool) -> Option<usize> {
     let p = unsafe {
         libc::mmap(
             at as *mut libc::c_void,
-            LEN,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             flags,
             -1,
@@ -32,45 +40,148 @@ fn map(at: usize, fixed: bool) -> Option<usize> {
     (p != libc::MAP_FAILED).then_some(p as usize)
 }
 
-fn unmap(at: usize) {
+fn unmap(at: usize, len: usize) {
     // SAFETY: a mapping of this test that nothing references any more.
-    unsafe { libc::munmap(at as *mut libc::c_void, LEN) };
+    unsafe { libc::munmap(at as *mut libc::c_void, len) };
 }
 
 fn register(nic: &Nic, ptag: via::Ptag, at: usize) -> Region {
-    // SAFETY: the mapping stays until after the region is dropped.
+    // SAFETY: the memory stays mapped until after the region is dropped.
     let range = unsafe { UserRange::new(at, LEN) };
     Region::of_user_range(nic, range, ptag, false, false).unwrap()
 }
 
-#[test]
-#[ignore = "known race (#8): an address reused before its unmap event is read"]
-fn new_memory_at_a_just_unmapped_address_is_registered_anew() {
+/// Old memory at a page-aligned address: the address of the bytes to
+/// register and of the whole block, and its length.
+struct Old {
+    bytes: usize,
+    block: usize,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+enum GoesAway {
+    Munmap,
+    Free,
+    Mremap,
+}
+
+impl GoesAway {
+    fn make(self) -> Old {
+        match self {
+            GoesAway::Munmap | GoesAway::Mremap => {
+                let a = map(0, LEN, false).unwrap();
+                Old {
+                    bytes: a,
+                    block: a,
+                    len: LEN,
+                }
+            }
+            GoesAway::Free => {
+                // SAFETY: plain allocation; above the mmap threshold (fixed,
+                // so that glibc does not raise it after a free), so glibc
+                // maps it alone and `free` unmaps it.
+                let p = unsafe {
+                    libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+                    libc::malloc(LEN)
+                } as usize;
+                assert_ne!(p, 0);
+                // SAFETY: glibc's chunk header, the word before the block.
+                let size = unsafe { ((p - 8) as *const usize).read() };
+                assert_ne!(size & 2, 0, "glibc mapped the block alone (IS_MMAPPED)");
+                // glibc's mmapped chunk: its header is the 16 bytes before,
+                // the mapping starts at the page holding it.
+                let block = p & !4095;
+                let end = (p + LEN + 4095) & !4095;
+                Old {
+                    bytes: p,
+                    block,
+                    len: end - block,
+                }
+            }
+        }
+    }
+
+    /// Makes `old` go away (on another thread).
+    fn apply(self, old: &Old) {
+        match self {
+            GoesAway::Munmap => unmap(old.block, old.len),
+            // SAFETY: the block `make` allocated, freed once.
+            GoesAway::Free => unsafe { libc::free(old.bytes as *mut libc::c_void) },
+            GoesAway::Mremap => {
+                // Moved onto a mapping reserved for it (`MREMAP_FIXED`, the
+                // hook's fifth argument): the old address is free after.
+                let to = map(0, old.len, false).unwrap();
+                // SAFETY: this test's mappings, referenced by nothing.
+                let q = unsafe {
+                    libc::mremap(
+                        old.block as *mut libc::c_void,
+                        old.len,
+                        old.len,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                        to as *mut libc::c_void,
+                    )
+                };
+                assert_eq!(
+                    q as usize,
+                    to,
+                    "mremap: {}",
+                    std::io::Error::last_os_error()
+                );
+                unmap(to, old.len);
+            }
+        }
+    }
+}
+
+fn race(how: GoesAway) {
     let nic = Nic::open(None).unwrap();
     let ptag = nic.create_ptag().unwrap();
     let mut stale = 0;
-    let rounds = 3000;
-    for _ in 0..rounds {
-        let a = map(0, false).unwrap();
-        drop(register(&nic, ptag, a));
-        let t = std::thread::spawn(move || unmap(a));
+    let mut reused = 0;
+    for _ in 0..ROUNDS {
+        let old = how.make();
+        drop(register(&nic, ptag, old.bytes));
+        let (tx, rx) = mpsc::channel();
+        let (block, len, offset) = (old.block, old.len, old.bytes - old.block);
+        let t = std::thread::spawn(move || {
+            rx.recv().unwrap();
+            how.apply(&old);
+        });
+        tx.send(()).unwrap();
         // The same address as soon as it is free.
+        let deadline = Instant::now() + Duration::from_secs(30);
         let b = loop {
-            if let Some(b) = map(a, true) {
+            if let Some(b) = map(block, len, true) {
                 break b;
             }
+            assert!(
+                Instant::now() < deadline,
+                "the old block's address never came free"
+            );
         };
+        reused += 1;
         let before = nic.registration_stats().cache.hits;
-        let r = register(&nic, ptag, b);
+        let r = register(&nic, ptag, b + offset);
         if nic.registration_stats().cache.hits > before {
             stale += 1;
         }
         drop(r);
         t.join().unwrap();
-        unmap(b);
+        unmap(b, len);
     }
+    assert_eq!(reused, ROUNDS);
     assert_eq!(
         stale, 0,
-        "{stale} of {rounds} registrations of new memory found the old memory's registration"
+        "{stale} of {ROUNDS} registrations of new memory found the old memory's registration"
     );
+}
+
+/// One after the other: each case reuses the address its own other thread
+/// freed, which a concurrent case could take first.
+#[test]
+fn new_memory_where_another_thread_unmapped_freed_or_moved() {
+    race(GoesAway::Munmap);
+    race(GoesAway::Free);
+    race(GoesAway::Mremap);
 }

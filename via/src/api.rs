@@ -117,7 +117,8 @@ impl Nic {
     pub fn flush_registration_cache(&self) -> usize {
         let p = &self.inner.process;
         if let Some(m) = &p.monitor {
-            m.sync();
+            // Unsettled or not, what is applied is dropped below.
+            let _ = m.sync();
         }
         self.inner.drop_parked();
         p.registrations.flush()

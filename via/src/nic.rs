@@ -288,10 +288,10 @@ impl NicInner {
             .write()
             .unwrap()
             .insert_with(|slot, generation| {
-                // Parked registrations need memory events to stay correct,
-                // and the cache on.
+                // Parked registrations need memory events, known before an
+                // unmapped address is free (the unmap hooks), and the cache.
                 let parking = process.config.parked
-                    && process.monitor.is_some()
+                    && process.monitor.as_ref().is_some_and(|m| m.hooked())
                     && process.config.regcache.capacity_bytes > 0
                     && process.config.regcache.capacity_regions > 0;
                 Arc::new(NicInner {
@@ -453,16 +453,22 @@ impl NicInner {
     /// are applied first, so a hit never returns the translation of memory
     /// the application has since unmapped.
     fn pin(&self, range: &UserRange) -> std::io::Result<Pinned> {
-        if let Some(m) = &self.process.monitor {
-            m.sync();
+        let settled = match &self.process.monitor {
+            Some(m) => m.sync(),
+            None => false,
+        };
+        let cache = &self.process.registrations;
+        // Unsettled (an unmap stayed in flight): this hit is checked against
+        // the mappings. Without a monitor the cache checks every hit anyway.
+        if settled {
+            cache.acquire(range.addr(), range.len())
+        } else {
+            cache.acquire_checked(range.addr(), range.len())
         }
-        self.process
-            .registrations
-            .acquire(range.addr(), range.len())
-            .map_err(|e| match e {
-                regcache::Error::Pin(e) => e,
-                other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
-            })
+        .map_err(|e| match e {
+            regcache::Error::Pin(e) => e,
+            other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+        })
     }
 
     /// `VipRegisterMem`.
@@ -476,14 +482,15 @@ impl NicInner {
         if self.parking {
             // Memory events read so far first: a parked registration over
             // memory that went away is dropped before it could be found.
-            if let Some(m) = &self.process.monitor {
-                m.sync();
-            }
-            // A parked registration still counts as its tag's user, so the
-            // tag is alive (`destroy_ptag` drops parked ones first).
-            let mut g = self.registered.lock().unwrap();
-            if let Some(p) = g.parked.take(&key) {
-                return self.unpark(&mut g, key, p);
+            // (`parking` implies a monitor with its unmap hooks.) Unsettled:
+            // no parked registration is taken, the cache checks its hit.
+            if self.process.monitor.as_ref().is_some_and(|m| m.sync()) {
+                // A parked registration still counts as its tag's user, so
+                // the tag is alive (`destroy_ptag` drops parked ones first).
+                let mut g = self.registered.lock().unwrap();
+                if let Some(p) = g.parked.take(&key) {
+                    return self.unpark(&mut g, key, p);
+                }
             }
         }
         // Validates the tag, and counts the registration as its user.

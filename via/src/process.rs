@@ -121,8 +121,10 @@ impl Process {
             monitor.clone(),
         ));
         // Without memory events a hit cannot know that the memory under it
-        // changed: check each one against the mappings.
-        cache.validate_hits = monitor.is_none();
+        // changed, nor with events alone can it know of an unmap whose event
+        // is not queued yet (no unmap hooks): check each one against the
+        // mappings.
+        cache.validate_hits = !monitor.as_ref().is_some_and(|m| m.hooked());
         let registrations = regcache::RegCache::new(ArenaPinner(arenas.clone()), cache);
         let (host, host_name) = match &agent {
             Some(a) => (a.host.clone(), a.host_name.clone()),

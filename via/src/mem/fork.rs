@@ -105,6 +105,8 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // The threads that were inside an unmap did not come along.
+    super::unmap_hook::reset_in_child();
     let Some((g, parent_pid, shadows, _)) = HELD.with(|h| h.borrow_mut().take()) else {
         return;
     };

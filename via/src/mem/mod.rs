@@ -8,6 +8,7 @@
 //! | [`fork`] | what a child gets of registered memory |
 //! | [`vma`] | what maps an address range, which pages were touched |
 //! | [`uffd`] | the userfaultfd system calls |
+//! | [`unmap_hook`] | hooks on libc's `munmap`/`mremap`/`shmdt`: an unmap known before the address is free |
 //! | `region` | a registered region as this process reaches it: reading, writing, scatter/gather copies |
 //! | `copy` | the copy mechanisms (`memcpy` between mappings, cross-memory attach) |
 //!
@@ -20,4 +21,5 @@ pub mod fork;
 pub mod monitor;
 pub(crate) mod region;
 pub mod uffd;
+pub mod unmap_hook;
 pub mod vma;

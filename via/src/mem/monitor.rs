@@ -20,6 +20,13 @@
 //!   no lookup after an unmap returns a translation of the old memory.
 //! * an **applier thread** applies events when nobody registers, so that
 //!   registrations over memory that went away are revoked promptly.
+//! * The kernel frees the address *before* it queues the event, so another
+//!   thread could map new memory there and register it before there is
+//!   anything to read. [`super::unmap_hook`] counts each `munmap`, `mremap`
+//!   and `shmdt` in flight from before its system call until it returns
+//!   (after its event was read), and `sync` first waits until none is in
+//!   flight. Where the hooks cannot be installed, [`Monitor::hooked`] is
+//!   false and the registration path checks hits against the mappings.
 //!
 //! The monitor is per address space (one per process, re-created in a child
 //! after `fork`). It is optional: without userfaultfd (old kernel, seccomp)
@@ -31,6 +38,7 @@ use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use super::uffd::{self, Event, MSG_SIZE, Uffd};
 
@@ -102,6 +110,8 @@ pub struct Monitor {
     overflows_applied: AtomicU64,
     apply_lock: Mutex<()>,
     apply: Apply,
+    /// Whether the unmap hooks are in place (`sync` then closes the window).
+    hooked: bool,
     wake: doorbell::EventCount,
     unmaps: AtomicU64,
     removes: AtomicU64,
@@ -153,6 +163,7 @@ impl Monitor {
                 | uffd::feature::EVENT_REMAP
                 | uffd::feature::WP_HUGETLBFS_SHMEM,
         )?;
+        let hooked = super::unmap_hook::install().is_ok();
         let m = Arc::new(Monitor {
             uffd,
             ring: (0..RING).map(|_| Slot::default()).collect(),
@@ -163,6 +174,7 @@ impl Monitor {
             overflows_applied: AtomicU64::new(0),
             apply_lock: Mutex::new(()),
             apply,
+            hooked,
             wake: doorbell::EventCount::new(),
             unmaps: AtomicU64::new(0),
             removes: AtomicU64::new(0),
@@ -219,9 +231,30 @@ impl Monitor {
         }
     }
 
-    /// Applies every event read so far, waiting for a read in progress.
-    /// Cheap when nothing happened (two loads).
-    pub fn sync(&self) {
+    /// Whether an unmap is known before its address is free (the unmap
+    /// hooks are in place). Without, a hit must be checked against the
+    /// mappings even after [`sync`](Self::sync).
+    pub fn hooked(&self) -> bool {
+        self.hooked
+    }
+
+    /// How long `sync` waits for an unmap in flight before it gives up and
+    /// asks for checked hits (an unmap normally takes microseconds).
+    const IN_FLIGHT_DEADLINE: Duration = Duration::from_millis(5);
+
+    /// Applies every event read so far, after waiting for the unmaps in
+    /// flight and for a read in progress. Cheap when nothing happened (three
+    /// loads). `false` when an unmap stayed in flight past a deadline (a
+    /// thread stopped inside it): hits must then be checked against the
+    /// mappings.
+    #[must_use = "when false, hits must be checked against the mappings"]
+    pub fn sync(&self) -> bool {
+        // First: every unmap that could have freed an address this thread
+        // found free has returned, so its event has been read.
+        if !super::unmap_hook::settle(Self::IN_FLIGHT_DEADLINE) {
+            log::debug!("an unmap is still in flight: this lookup checks its hit");
+            return false;
+        }
         loop {
             // Acquire on `reading` first: a reader that lowered it pushed its
             // events (Release) before, so the `tail` load below sees them.
@@ -231,7 +264,7 @@ impl Monitor {
                 || self.overflows.load(Ordering::Acquire)
                     != self.overflows_applied.load(Ordering::Acquire);
             if !unapplied && !reading {
-                return;
+                return true;
             }
             if unapplied {
                 // Applies what is left, or waits (the lock) for the thread
