@@ -41,6 +41,9 @@ use std::time::{Duration, Instant};
 
 /// Hooked unmaps between their count in and out.
 static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+/// The patched words (address, value written), to notice another tool
+/// patching the same functions after us.
+static PATCHED: OnceLock<Vec<(usize, u64)>> = OnceLock::new();
 /// The functions hooked (`Err`: why none are).
 static INSTALLED: OnceLock<Result<Vec<&'static str>, String>> = OnceLock::new();
 
@@ -72,6 +75,9 @@ pub fn installed() -> bool {
 /// another userfaultfd): the caller must then check hits against the
 /// mappings. Cheap when nothing is in flight: one load.
 pub fn settle(deadline: Duration) -> bool {
+    if !intact() {
+        return false;
+    }
     // SeqCst: pairs with the unmapping thread's count in, which precedes its
     // system call; the kernel orders that call before any `mmap` that reuses
     // the address, and that `mmap` before this load (see the module doc).
@@ -90,6 +96,30 @@ pub fn settle(deadline: Duration) -> bool {
             return false;
         }
         std::thread::yield_now();
+    }
+    true
+}
+
+/// Whether the patched words still hold the jumps (another tool, such as
+/// UCX's hooks, may patch the same functions later): a few loads.
+fn intact() -> bool {
+    let Some(words) = PATCHED.get() else {
+        return true;
+    };
+    for &(addr, value) in words {
+        // SAFETY: `addr` is an aligned word of libc's text, mapped for the
+        // life of the process; an atomic load reads it whole.
+        let now = unsafe { AtomicU64::from_ptr(addr as *mut u64) }.load(Ordering::Relaxed);
+        if now != value {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                log::warn!(
+                    "libc's unmap functions were patched again by someone else: registration-cache \
+                     hits are checked against the mappings from now on"
+                )
+            });
+            return false;
+        }
     }
     true
 }
@@ -265,15 +295,18 @@ mod patch {
             }
         }
         let mut names = Vec::new();
+        let mut words = Vec::new();
         for (i, &(f, name)) in targets.iter().enumerate() {
             let slot = tramp + i * SLOT;
             let rel = (slot as i64 - (f as i64 + 5)) as i32;
             // SAFETY: `f` is a recognised libc function whose first 5 bytes
             // lie in one aligned word (checked above); `jump_to` writes only
             // those 5 bytes, with one atomic store.
-            unsafe { jump_to(f, rel) }.map_err(|e| format!("patching {name}: {e}"))?;
+            let word = unsafe { jump_to(f, rel) }.map_err(|e| format!("patching {name}: {e}"))?;
+            words.push(word);
             names.push(name);
         }
+        let _ = super::PATCHED.set(words);
         Ok(names)
     }
 
@@ -316,7 +349,7 @@ mod patch {
     /// # Safety
     /// `f` is the start of a function whose first 5 bytes lie in one aligned
     /// 8-byte word and that nothing jumps into after its first byte.
-    unsafe fn jump_to(f: usize, rel: i32) -> std::io::Result<()> {
+    unsafe fn jump_to(f: usize, rel: i32) -> std::io::Result<(usize, u64)> {
         let word = f & !7;
         let off = f - word;
         let page = word & !4095;
@@ -338,7 +371,8 @@ mod patch {
         let mut bytes = cell.load(Ordering::Relaxed).to_le_bytes();
         bytes[off] = 0xe9;
         bytes[off + 1..off + 5].copy_from_slice(&rel.to_le_bytes());
-        cell.store(u64::from_le_bytes(bytes), Ordering::SeqCst);
+        let value = u64::from_le_bytes(bytes);
+        cell.store(value, Ordering::SeqCst);
         // SAFETY: as above; back to the text's own protection.
         if unsafe {
             libc::mprotect(
@@ -350,7 +384,7 @@ mod patch {
         {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(())
+        Ok((word, value))
     }
 }
 
