@@ -235,7 +235,8 @@ macro_rules! programs {
 
 programs!(
     nic, ptag, mem, vi, connect, peer, sendrecv, gather, immediate, rdma, cq, notify, timeout,
-    disconnect, kill, errcb, ns, smi, threads, badinput, reuse, regrace, regfork, handles, srq,
+    disconnect, kill, errcb, ns, smi, threads, badinput, reuse, regreuse, regrace, regfork,
+    handles, srq,
 );
 
 #[test]
@@ -499,6 +500,7 @@ const BETWEEN_HOSTS: &[&str] = &[
     "threads",
     "badinput",
     "reuse",
+    "regreuse",
     "handles",
     "accept_disconnect",
     "quiet_disconnect",
