@@ -16,7 +16,7 @@ use super::EngineState;
 use super::transfer::{CUT, NO_SEG, Source, move_fast, move_general, still_registered};
 use crate::backend::soft::SoftNic;
 use crate::backend::soft::complete;
-use crate::backend::soft::layout::{MAX_SEGS, flags, slot};
+use crate::backend::soft::layout::{MAX_SEGS, RecvSlot, flags, slot};
 use crate::backend::soft::remote::PeerLink;
 use crate::backend::soft::tcache::{Regions, Use};
 use crate::backend::soft::tpt;
@@ -60,7 +60,7 @@ struct Op<'a> {
     cut: Option<u32>,
 }
 
-impl Op<'_> {
+impl<'a> Op<'a> {
     fn brk(&mut self, code: ErrorCode, tell_peer: bool) {
         self.breaks.push(Break {
             vi: (self.vi.slot, self.vi.generation),
@@ -90,9 +90,10 @@ impl Op<'_> {
         Ok(n)
     }
 
-    /// Takes the next posted receive of the peer VI. `None` if there is none.
-    fn take_receive(&self) -> Option<u64> {
-        let link = self.link;
+    /// Takes the next posted receive of the peer VI: its position and slot.
+    /// `None` if there is none.
+    fn take_receive(&self) -> Option<(u64, &'a RecvSlot)> {
+        let link: &'a PeerLink = self.link;
         let view = link.remote.view();
         let mut pos = link.rq_pos.load(Ordering::Relaxed);
         for _ in 0..crate::backend::soft::layout::RQ_SLOTS {
@@ -109,7 +110,7 @@ impl Op<'_> {
             ) {
                 Ok(_) => {
                     link.rq_pos.store(pos + 1, Ordering::Relaxed);
-                    return Some(pos);
+                    return Some((pos, s));
                 }
                 Err(seq) => seq,
             };
@@ -151,14 +152,13 @@ impl Op<'_> {
     /// receive's error bits (0 = delivered).
     fn deliver(
         &mut self,
-        pos: u64,
+        (pos, s): (u64, &RecvSlot),
         recv_op: u32,
         copy_data: bool,
         len: u32,
     ) -> std::result::Result<(), u32> {
         let (link, wr) = (self.link, self.wr);
         let view = link.remote.view();
-        let s = view.rq_slot(link.vi, pos).expect("slot in range");
         let desc_handle = s.desc_handle.load(Ordering::Relaxed);
         let desc_off = s.desc_off.load(Ordering::Relaxed);
         let n = s.seg_count.load(Ordering::Relaxed) as usize;
@@ -289,7 +289,7 @@ impl Op<'_> {
     #[inline(never)]
     fn deliver_one(
         &mut self,
-        pos: u64,
+        (pos, s): (u64, &RecvSlot),
         recv_op: u32,
         len: u32,
     ) -> Option<std::result::Result<(), u32>> {
@@ -305,7 +305,6 @@ impl Op<'_> {
             }
         };
         let view = link.remote.view();
-        let s = view.rq_slot(link.vi, pos)?;
         let n = s.seg_count.load(Ordering::Relaxed);
         if n > 1 || (n == 0 && len > 0) {
             return None;
@@ -369,12 +368,12 @@ impl Op<'_> {
         if self.wr.length > self.link.mtu {
             return status::LENGTH_ERROR;
         }
-        let Some(pos) = self.take_receive() else {
+        let Some(taken) = self.take_receive() else {
             return self.remote_failure(ErrorCode::RecvqEmpty);
         };
-        let r = match self.deliver_one(pos, status::OP_RECEIVE, self.wr.length) {
+        let r = match self.deliver_one(taken, status::OP_RECEIVE, self.wr.length) {
             Some(r) => r,
-            None => self.deliver(pos, status::OP_RECEIVE, true, self.wr.length),
+            None => self.deliver(taken, status::OP_RECEIVE, true, self.wr.length),
         };
         match r {
             Ok(()) => 0,
