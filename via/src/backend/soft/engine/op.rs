@@ -16,7 +16,7 @@ use super::EngineState;
 use super::transfer::{CUT, NO_SEG, Source, move_fast, move_general, still_registered};
 use crate::backend::soft::SoftNic;
 use crate::backend::soft::complete;
-use crate::backend::soft::layout::{MAX_SEGS, RecvSlot, flags, slot};
+use crate::backend::soft::layout::{MAX_SEGS, RecvSlot, ViShared, flags, slot};
 use crate::backend::soft::remote::PeerLink;
 use crate::backend::soft::tcache::{Regions, Use};
 use crate::backend::soft::tpt;
@@ -49,6 +49,8 @@ struct Op<'a> {
     nic: &'a NicInner,
     vi: &'a ViCore,
     link: &'a PeerLink,
+    /// The peer VI's entry in its NIC segment ([`PeerLink::peer_vi`]).
+    peer: Option<&'a ViShared>,
     wr: &'a SendWr,
     /// The payload when it came inline in the doorbell entry (else empty).
     inline: &'a [u8],
@@ -271,6 +273,7 @@ impl<'a> Op<'a> {
             complete::remote_recv(
                 &link.remote,
                 (link.vi, link.vi_gen as u16),
+                self.peer,
                 d,
                 desc_va,
                 st,
@@ -354,6 +357,7 @@ impl<'a> Op<'a> {
             complete::remote_recv(
                 &link.remote,
                 (link.vi, link.vi_gen as u16),
+                self.peer,
                 d,
                 desc_va,
                 st,
@@ -388,8 +392,7 @@ impl<'a> Op<'a> {
     /// enable bit on both, bytes in bounds. Returns its index.
     fn rdma_target(&mut self, need: u32) -> Option<usize> {
         let (link, wr) = (self.link, self.wr);
-        let view = link.remote.view();
-        let tvi = view.vi(link.vi)?;
+        let tvi = self.peer?;
         let lv = self.nic.regions.version();
         let i = self
             .regions
@@ -583,11 +586,13 @@ pub(crate) fn execute(
             return;
         }
     };
+    let peer = link.peer_vi();
     let mut o = Op {
         soft,
         nic,
         vi,
         link,
+        peer,
         wr,
         inline,
         known,
@@ -597,13 +602,13 @@ pub(crate) fn execute(
     };
     // Inside the operation for the peer's deregistration path: it waits
     // for this epoch to move before `VipDeregisterMem` returns.
-    let access = link.begin_access();
+    let access = link.begin_access(peer);
     let r = if wr.fault != 0 {
         if link.reliability.is_reliable() {
             o.brk(ErrorCode::PostDesc, true);
         }
         wr.fault
-    } else if !link.peer_alive() {
+    } else if !link.peer_alive(peer) {
         o.brk(ErrorCode::ConnLost, false);
         status::DESC_FLUSHED_ERROR
     } else {
@@ -613,7 +618,7 @@ pub(crate) fn execute(
             _ => o.rdma_read(),
         }
     };
-    link.end_access(access);
+    link.end_access(peer, access);
     complete_send(
         soft,
         nic,
