@@ -94,6 +94,7 @@ impl<'a> Op<'a> {
 
     /// Takes the next posted receive of the peer VI: its position and slot.
     /// `None` if there is none.
+    #[inline(always)]
     fn take_receive(&self) -> Option<(u64, &'a RecvSlot)> {
         let link: &'a PeerLink = self.link;
         let view = link.remote.view();
@@ -152,6 +153,7 @@ impl<'a> Op<'a> {
     /// Delivers into the receive at `pos`: data (from the local segments or
     /// the inline payload, if `copy_data`), then the descriptor. Returns the
     /// receive's error bits (0 = delivered).
+    #[inline(never)]
     fn deliver(
         &mut self,
         (pos, s): (u64, &RecvSlot),
@@ -289,7 +291,7 @@ impl<'a> Op<'a> {
     /// one segment with room, each side in one mapped extent. `None` (and
     /// nothing done yet) when the case does not apply: the general path
     /// then runs, and finds the same errors.
-    #[inline(never)]
+    #[inline(always)]
     fn deliver_one(
         &mut self,
         (pos, s): (u64, &RecvSlot),
@@ -368,6 +370,7 @@ impl<'a> Op<'a> {
         Some(if fault == 0 { Ok(()) } else { Err(fault) })
     }
 
+    #[inline(always)]
     fn send(&mut self) -> u32 {
         if self.wr.length > self.link.mtu {
             return status::LENGTH_ERROR;
@@ -499,6 +502,7 @@ impl<'a> Op<'a> {
 /// (direct execution), else in its region looked up through the engine's
 /// cache.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn complete_send(
     soft: &SoftNic,
     nic: &NicInner,
