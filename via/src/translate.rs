@@ -117,8 +117,12 @@ pub(crate) struct UserDesc {
     pub length: u32,
     pub n: usize,
     pub segs: [RawSeg; MAX_SEGS],
-    /// First address of the region holding the descriptor.
+    /// The region holding the descriptor, as [`read_desc`] checked it: its
+    /// handle, first address, length and protection tag.
+    pub region_handle: u32,
     pub region_va: u64,
+    pub region_len: u64,
+    pub region_ptag: u32,
     pub status: StatusLoc,
 }
 
@@ -208,7 +212,10 @@ pub(crate) fn read_desc(
     out.imm = imm;
     out.length = length;
     out.n = n;
+    out.region_handle = handle;
     out.region_va = region.va;
+    out.region_len = region.len;
+    out.region_ptag = region.ptag;
     out.status = status;
     Ok(())
 }
@@ -245,18 +252,31 @@ fn read_segs(region: &Resolved, va: u64, n: usize, segs: &mut [RawSeg; MAX_SEGS]
 }
 
 /// Checks a local data segment; the error status if it is not allowed.
+/// A segment in the descriptor's own region (the common layout) is checked
+/// against what [`read_desc`] found for it a moment ago under the same
+/// queue lock, without a second lookup.
 #[inline(always)]
 fn check_local(
     table: &RegionTable,
     s: &RawSeg,
     ptag: u32,
     cache: &mut RegionCache,
+    d: &UserDesc,
 ) -> std::result::Result<u64, u32> {
-    let r = cache.get(table, s.handle).ok_or(status::PROTECTION_ERROR)?;
-    if r.ptag != ptag || !r.covers(s.addr, s.len as u64) {
+    let (va, len, region_ptag) = if s.handle == d.region_handle {
+        (d.region_va, d.region_len, d.region_ptag)
+    } else {
+        let r = cache.get(table, s.handle).ok_or(status::PROTECTION_ERROR)?;
+        (r.va, r.len, r.ptag)
+    };
+    let inside = s.addr >= va
+        && s.addr
+            .checked_add(s.len as u64)
+            .is_some_and(|e| e <= va + len);
+    if region_ptag != ptag || !inside {
         return Err(status::PROTECTION_ERROR);
     }
-    Ok(r.va)
+    Ok(va)
 }
 
 /// The regions translation found for a request: the one holding its
@@ -336,7 +356,7 @@ pub(crate) fn send_wr(
     };
     let mut total: u64 = 0;
     for (i, s) in local.iter().enumerate() {
-        if let Err(st) = check_local(table, s, cx.ptag, cache) {
+        if let Err(st) = check_local(table, s, cx.ptag, cache, d) {
             wr.fault |= st;
         }
         wr.segs[i] = WrSeg {
@@ -384,7 +404,7 @@ pub(crate) fn recv_wr(
         pd.fault |= status::FORMAT_ERROR;
     }
     for s in &d.segs[..d.n] {
-        match check_local(table, s, ptag, cache) {
+        match check_local(table, s, ptag, cache, d) {
             Ok(base) => {
                 pd.segs[pd.n] = (s.addr - base, s.len, s.handle);
                 pd.n += 1;

@@ -450,7 +450,7 @@ impl ViCore {
     }
 
     /// The head of queue `w`, dequeued, if it completed.
-    #[inline]
+    #[inline(always)]
     fn take_done(&self, w: Which) -> Option<Completion> {
         let mut q = self.queue(w).lock().unwrap();
         let head = q.fifo.front()?;

@@ -23,6 +23,7 @@ use crate::attrs::Ptag;
 use crate::cq::CqCore;
 use crate::error::{Error, Result};
 use crate::ffi::boundary::{opaque, opaque_value};
+use crate::ffi::last_vi;
 use crate::ffi::types::*;
 use crate::handle::{Handle, Kind};
 use crate::nic::NicInner;
@@ -145,7 +146,14 @@ struct Recent<T> {
     next: usize,
 }
 
-const RECENT: usize = 4;
+const RECENT: usize = last_vi::CELLS;
+
+impl<T> Drop for Recent<T> {
+    /// Thread exit: `last_vi`'s cell must not outlive the entries it names.
+    fn drop(&mut self) {
+        last_vi::forget(None);
+    }
+}
 
 impl<T> Recent<T> {
     const EMPTY: Recent<T> = Recent {
@@ -176,15 +184,32 @@ impl<T> Recent<T> {
         })
     }
 
-    fn remember(&mut self, bits: u64, pid: i32, nic: &Arc<NicInner>, obj: &Arc<T>) {
+    /// Remembers `obj`, replacing the oldest entry; nothing while a closure
+    /// runs on the VI of `last_vi`'s cell (its entry must stay).
+    /// Returns the entry's index.
+    fn remember(
+        &mut self,
+        bits: u64,
+        pid: i32,
+        nic: &Arc<NicInner>,
+        obj: &Arc<T>,
+    ) -> Option<usize> {
+        if last_vi::busy() {
+            return None;
+        }
         let i = self.next;
         self.next = (i + 1) % RECENT;
+        if let Some(old) = &self.entries[i] {
+            // The cell may name the VI this entry owns (a cache of VIs).
+            last_vi::forget(Some(Arc::as_ptr(&old.obj).cast()));
+        }
         self.entries[i] = Some(Cached {
             bits,
             pid,
             nic: nic.clone(),
             obj: obj.clone(),
         });
+        Some(i)
     }
 }
 
@@ -215,18 +240,21 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
     RECENT_VIS.with(|c| {
         // Busy only inside `with_vi`'s closure: then this lookup goes uncached.
         if let Ok(mut c) = c.try_borrow_mut() {
-            c.remember(bits, pid, &nic, &vi);
+            if let Some(i) = c.remember(bits, pid, &nic, &vi) {
+                // Entry `i` owns both now.
+                last_vi::point(i, bits, pid, &nic, &vi);
+            }
         }
     });
     Ok((nic, vi))
 }
 
-/// Runs `f` on the VI named by `h` and its NIC, borrowed from this thread's
-/// recent handles when it can (the common path of posting and polling: no
-/// lock, no reference count changes); else as [`vi_from`] finds them.
+/// Runs `f` on the VI named by `h` and its NIC, borrowed (the common path
+/// of posting and polling: no lock, no reference count changes): one of
+/// this thread's recent VIs (through `last_vi`'s cells, else its cache),
+/// else as [`vi_from`] finds them.
 ///
-/// `f` runs while this thread's cache is borrowed: it must not look up a
-/// handle it has not used (a miss inside would only skip caching it).
+/// `f` may look up other handles; a lookup inside it is not cached.
 ///
 /// # Errors
 /// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC;
@@ -234,10 +262,36 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
 #[inline]
 pub(crate) fn with_vi<R>(
     h: VIP_VI_HANDLE,
-    f: impl FnOnce(&Arc<NicInner>, &Arc<ViCore>) -> Result<R>,
+    f: impl FnOnce(&NicInner, &ViCore) -> Result<R>,
 ) -> Result<R> {
     let bits = opaque_value(h);
     let pid = crate::sys::getpid();
+    match last_vi::with(bits, pid, f) {
+        Ok(r) => r,
+        Err(f) => with_vi_cached(h, bits, pid, f),
+    }
+}
+
+/// The handle bits this thread's VI cache holds, in entry order (tests).
+#[cfg(test)]
+pub(crate) fn cached_vi_bits() -> Vec<Option<u64>> {
+    RECENT_VIS.with(|c| {
+        c.borrow()
+            .entries
+            .iter()
+            .map(|e| e.as_ref().map(|e| e.bits))
+            .collect()
+    })
+}
+
+/// [`with_vi`] when no cell of `last_vi` names the VI.
+#[inline(never)]
+fn with_vi_cached<R>(
+    h: VIP_VI_HANDLE,
+    bits: u64,
+    pid: i32,
+    f: impl FnOnce(&NicInner, &ViCore) -> Result<R>,
+) -> Result<R> {
     let live = |v: &ViCore| !v.destroyed.load(Ordering::Acquire);
     RECENT_VIS.with(|c| {
         if let Ok(c) = c.try_borrow() {

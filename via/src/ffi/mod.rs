@@ -18,6 +18,7 @@
 //! | `error.rs` | `VipErrorCallback` |
 //! | `smi.rs` | `VipQuerySystemManagementInfo` |
 //! | `handles.rs` | C handles: encoding and checked lookup |
+//! | `last_vi.rs` | the VI a thread used last (the first look of posting and polling) |
 //! | `boundary.rs` | `ffi_boundary!`, pointer checks, conversions |
 //!
 //! Threads: every call may be made from any thread, concurrently. Notify
@@ -33,6 +34,7 @@ pub mod conn;
 pub mod cq;
 pub mod error;
 pub(crate) mod handles;
+mod last_vi;
 pub mod mem;
 pub mod nic;
 pub mod ns;

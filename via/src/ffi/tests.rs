@@ -583,6 +583,66 @@ fn cached_vi_handles_give_the_same_answers() {
     unsafe { assert_eq!(VipCloseNic(nic), VIP_SUCCESS) };
 }
 
+/// More VIs than a thread caches, used in turn, give the same answers as
+/// one; a lookup inside a running call (found through `last_vi`'s cells)
+/// replaces no cache entry, so the VI the call runs on stays owned; a VI
+/// destroyed while cached is refused, and the others still answer.
+#[test]
+fn more_vis_than_cached_and_nested_lookups() {
+    if !viad_available() {
+        return;
+    }
+    let nic = open();
+    let p = ptag(nic);
+    let vs: Vec<_> = (0..6).map(|_| vi(nic, p, null_mut())).collect();
+    let done = |v| {
+        let mut d: *mut VIP_DESCRIPTOR = null_mut();
+        // SAFETY: a checked handle and a valid out-pointer.
+        unsafe { VipSendDone(v, &mut d) }
+    };
+    for _ in 0..3 {
+        for &v in &vs {
+            assert_eq!(done(v), VIP_NOT_DONE);
+        }
+    }
+    // Cached now (the last used), so the call below runs through a cell.
+    assert_eq!(done(vs[0]), VIP_NOT_DONE);
+    let before = handles::cached_vi_bits();
+    let slot = handles::with_vi(vs[0], |_, v0| {
+        assert!(super::last_vi::busy());
+        for &v in &vs[1..] {
+            handles::with_vi(v, |_, _| Ok(())).unwrap();
+        }
+        assert_eq!(
+            handles::cached_vi_bits(),
+            before,
+            "nothing replaced while a call runs"
+        );
+        Ok(v0.slot)
+    })
+    .unwrap();
+    assert!(!super::last_vi::busy());
+    let (_, v0) = handles::vi_from(vs[0]).unwrap();
+    assert_eq!(slot, v0.slot);
+    drop(v0);
+    // SAFETY: a checked handle.
+    unsafe { assert_eq!(VipDestroyVi(vs[0]), VIP_SUCCESS) };
+    refuses_vi(vs[0]);
+    for _ in 0..2 {
+        for &v in &vs[1..] {
+            assert_eq!(done(v), VIP_NOT_DONE);
+        }
+        assert_eq!(done(vs[0]), VIP_INVALID_PARAMETER);
+    }
+    for &v in &vs[1..] {
+        // SAFETY: as above.
+        unsafe { assert_eq!(VipDestroyVi(v), VIP_SUCCESS) };
+        refuses_vi(v);
+    }
+    // SAFETY: as above.
+    unsafe { assert_eq!(VipCloseNic(nic), VIP_SUCCESS) };
+}
+
 /// `VipRegisterMem` checks the tag in the registration, not at the C
 /// boundary: a destroyed tag is refused whether or not a registration of
 /// it was parked before, and a parked one comes back only for its own tag.

@@ -505,3 +505,43 @@ fn a_region_without_rdma_enables_refuses_rdma() {
     p.a.post_send(m, d).unwrap();
     assert_eq!(p.a.send_done().unwrap().status, DONE | OP_RDMA_WRITE);
 }
+
+/// A segment in the region that holds its descriptor (checked without a
+/// second lookup: `translate::check_local`) is bounds-checked like any
+/// other: past the region's end it completes with a protection error, on
+/// both queues; inside it runs.
+#[test]
+fn segments_in_the_descriptors_own_region_are_bounds_checked() {
+    let p = pair(Reliability::Unreliable, false);
+    let (a, b, m) = (&p.a, &p.b, &p.mem);
+    let end = 1 << 20;
+    // Receives: the bad one completes at post time, the good one is taken.
+    let bad = DescBuilder::recv()
+        .segment(m, end - 4, 8)
+        .write(m, 0)
+        .unwrap();
+    b.post_recv(m, bad).unwrap();
+    let good = DescBuilder::recv()
+        .segment(m, end - 8, 8)
+        .write(m, 64)
+        .unwrap();
+    b.post_recv(m, good).unwrap();
+    assert_eq!(
+        b.recv_done().unwrap().status,
+        DONE | OP_RECEIVE | PROTECTION_ERROR
+    );
+    // Sends: past the end, then at the very end.
+    let bad = DescBuilder::send()
+        .segment(m, end - 4, 8)
+        .write(m, 128)
+        .unwrap();
+    a.post_send(m, bad).unwrap();
+    let ok = DescBuilder::send()
+        .segment(m, 8192, 8)
+        .write(m, 192)
+        .unwrap();
+    a.post_send(m, ok).unwrap();
+    let got: Vec<u32> = (0..2).map(|_| a.send_done().unwrap().status).collect();
+    assert_eq!(got, [DONE | OP_SEND | PROTECTION_ERROR, DONE | OP_SEND]);
+    assert_eq!(b.recv_done().unwrap().status, DONE | OP_RECEIVE);
+}

@@ -33,10 +33,12 @@ pub(crate) fn cq_signals(sh: &CqShared) -> CqSignals<'_> {
 }
 
 /// Completes a receive descriptor of a peer, at `desc_va` in the peer's
-/// region `desc`.
+/// region `desc`; `sh` is the peer VI's entry in its NIC segment.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn remote_recv(
     remote: &RemoteNic,
     vi: (u32, u16),
+    sh: Option<&ViShared>,
     desc: &Resolved,
     desc_va: u64,
     status: u32,
@@ -53,8 +55,8 @@ pub(crate) fn remote_recv(
         });
         return;
     }
+    let Some(sh) = sh else { return };
     let view = remote.view();
-    let Some(sh) = view.vi(vi.0) else { return };
     remote_cq_push(
         remote,
         &view,

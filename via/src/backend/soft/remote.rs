@@ -19,7 +19,7 @@ use crate::nic::{AsyncError, ErrorCode, ResourceCode};
 use crate::proto::{Endpoint, ObjKey, ObjKind};
 
 use super::SoftNic;
-use super::layout::{NicView, OFFSETS};
+use super::layout::{NicView, OFFSETS, ViShared};
 use super::tpt;
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
@@ -261,11 +261,17 @@ impl PeerLink {
         });
     }
 
-    /// Raises the peer VI's access epoch (odd: inside an operation on its
-    /// memory); returns the raised value for [`PeerLink::end_access`].
-    pub fn begin_access(&self) -> u32 {
-        let view = self.remote.view();
-        let Some(v) = view.vi(self.vi) else { return 0 };
+    /// The peer VI's entry in its NIC segment (looked up once per operation
+    /// and handed to the calls below).
+    pub fn peer_vi(&self) -> Option<&ViShared> {
+        self.remote.view().vi(self.vi)
+    }
+
+    /// Raises the access epoch of the peer VI (`pv`: [`PeerLink::peer_vi`])
+    /// (odd: inside an operation on its memory); returns the raised value
+    /// for [`PeerLink::end_access`].
+    pub fn begin_access(&self, pv: Option<&ViShared>) -> u32 {
+        let Some(v) = pv else { return 0 };
         let e = (v.access.load(Ordering::Relaxed) | 1).wrapping_add(2);
         v.access.store(e, Ordering::Relaxed);
         // SeqCst: the odd epoch is ordered before every translation this
@@ -276,22 +282,20 @@ impl PeerLink {
     }
 
     /// Lowers the epoch raised by [`PeerLink::begin_access`].
-    pub fn end_access(&self, e: u32) {
+    pub fn end_access(&self, pv: Option<&ViShared>, e: u32) {
         if e == 0 {
             return;
         }
-        if let Some(v) = self.remote.view().vi(self.vi) {
+        if let Some(v) = pv {
             // Release: every access of the operation happens before the
             // owner sees the epoch move.
             v.access.store(e.wrapping_add(1), Ordering::Release);
         }
     }
 
-    /// Whether the peer VI still exists with the same generation.
-    pub fn peer_alive(&self) -> bool {
-        self.remote
-            .view()
-            .vi(self.vi)
-            .is_some_and(|v| v.generation.load(Ordering::Acquire) == self.vi_gen)
+    /// Whether the peer VI (`pv`: [`PeerLink::peer_vi`]) still exists with
+    /// the same generation.
+    pub fn peer_alive(&self, pv: Option<&ViShared>) -> bool {
+        pv.is_some_and(|v| v.generation.load(Ordering::Acquire) == self.vi_gen)
     }
 }

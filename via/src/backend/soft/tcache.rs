@@ -263,41 +263,96 @@ impl TranslationCache {
     }
 }
 
+/// Regions kept from the last descriptors ([`Regions`]).
+const MEMO: usize = 4;
+
+/// A region a recent descriptor used: `(owner, handle)` valid while its
+/// stamp is current (as a cache entry).
+struct Memo {
+    owner: (u64, u32),
+    handle: u32,
+    stamp: u64,
+    region: Arc<Resolved>,
+}
+
 /// The regions one descriptor uses, addressed by index while it runs, on
 /// top of the translation cache.
+///
+/// The regions of the last descriptors stay at hand ([`MEMO`] of them): a
+/// stream of descriptors over the same few regions (a ping-pong) finds its
+/// regions there with one stamp check, without probing the cache or
+/// changing a reference count. Indices below [`MEMO`] name these entries,
+/// the others the working set proper. The memo changes only in
+/// [`Regions::trim`], between descriptors, so an index stays valid for the
+/// whole descriptor; after a descriptor that missed the cache it keeps
+/// only that descriptor's regions, so it never holds a changed region
+/// (and the mappings behind it) longer than the cache would.
 pub(crate) struct Regions {
-    work: Vec<(u64, u32, u32, Arc<Resolved>)>,
+    memo: [Option<Memo>; MEMO],
+    memo_next: usize,
+    /// The current descriptor looked a region up in the cache and missed.
+    missed: bool,
+    work: Vec<Memo>,
     pub cache: TranslationCache,
 }
 
 impl Regions {
     pub fn new(entries: usize, ways: usize) -> Regions {
         Regions {
+            memo: [const { None }; MEMO],
+            memo_next: 0,
+            missed: false,
             work: Vec::with_capacity(8),
             cache: TranslationCache::new(entries, ways),
         }
     }
 
-    fn find(&self, owner: (u64, u32), handle: u32) -> Option<usize> {
+    /// The index of `(owner, handle)` with stamp `now` among the kept
+    /// regions (counted as a cache hit), then in the working set.
+    #[inline]
+    fn find(&mut self, owner: (u64, u32), handle: u32, now: u64, u: Use) -> Option<usize> {
+        let kept = self.memo.iter().position(|m| {
+            m.as_ref()
+                .is_some_and(|m| m.handle == handle && m.owner == owner && m.stamp == now)
+        });
+        if let Some(i) = kept {
+            self.cache.counts(u).hits += 1;
+            return Some(i);
+        }
         self.work
             .iter()
-            .position(|w| (w.0, w.1) == owner && w.2 == handle)
+            .position(|w| w.owner == owner && w.handle == handle && w.stamp == now)
+            .map(|i| MEMO + i)
+    }
+
+    /// Adds a region found in the cache (or resolved on a miss) to the
+    /// working set.
+    fn push(&mut self, owner: (u64, u32), handle: u32, stamp: u64, region: Arc<Resolved>) -> usize {
+        self.work.push(Memo {
+            owner,
+            handle,
+            stamp,
+            region,
+        });
+        MEMO + self.work.len() - 1
     }
 
     /// The local region of `handle`; its index in the working set.
     pub fn local(&mut self, t: &RegionTable, handle: u32, u: Use) -> Option<usize> {
-        if let Some(i) = self.find(LOCAL, handle) {
+        let v = t.version();
+        if let Some(i) = self.find(LOCAL, handle, v, u) {
             return Some(i);
         }
-        let v = t.version();
         let r = match self.cache.hit(LOCAL, handle, v, u) {
             Some(r) => r,
-            None => self.cache.lookup(LOCAL, None, handle, v, v, u, || {
-                t.get(handle).map(|r| (r, v))
-            })?,
+            None => {
+                self.missed = true;
+                self.cache.lookup(LOCAL, None, handle, v, v, u, || {
+                    t.get(handle).map(|r| (r, v))
+                })?
+            }
         };
-        self.work.push((LOCAL.0, LOCAL.1, handle, r));
-        Some(self.work.len() - 1)
+        Some(self.push(LOCAL, handle, v, r))
     }
 
     /// The peer's region of `handle`; its index in the working set.
@@ -310,38 +365,79 @@ impl Regions {
         u: Use,
     ) -> Option<usize> {
         let owner = (r.session, r.nic);
-        if let Some(i) = self.find(owner, handle) {
+        let now = tpt::seq(&r.view(), handle)? as u64;
+        if let Some(i) = self.find(owner, handle, now, u) {
             return Some(i);
         }
-        let now = tpt::seq(&r.view(), handle)? as u64;
-        let region = match self.cache.hit(owner, handle, now, u) {
-            Some(region) => region,
+        let (region, stamp) = match self.cache.hit(owner, handle, now, u) {
+            Some(region) => (region, now),
             None => {
+                self.missed = true;
                 self.cache.sweep_retired(r);
-                self.cache
-                    .lookup(owner, Some(r), handle, now, local_version, u, || {
-                        r.resolve(handle).map(|(reg, stamp)| (reg, stamp as u64))
-                    })?
+                let mut stamp = now;
+                let region =
+                    self.cache
+                        .lookup(owner, Some(r), handle, now, local_version, u, || {
+                            r.resolve(handle).map(|(reg, s)| {
+                                stamp = s as u64;
+                                (reg, s as u64)
+                            })
+                        })?;
+                (region, stamp)
             }
         };
-        self.work.push((owner.0, owner.1, handle, region));
-        Some(self.work.len() - 1)
+        Some(self.push(owner, handle, stamp, region))
     }
 
     /// The region at working-set index `i`.
+    #[inline(always)]
     pub fn get(&self, i: usize) -> &Resolved {
-        &self.work[i].3
+        match i.checked_sub(MEMO) {
+            Some(w) => &self.work[w].region,
+            None => &self.memo[i].as_ref().expect("a kept region's index").region,
+        }
     }
 
-    /// Ends a descriptor: the working set empties (the cache keeps the
-    /// regions).
+    /// Ends a descriptor: the working set empties into the kept regions
+    /// (all of them replaced after a miss), and the cache keeps them too.
+    #[inline(always)]
     pub fn trim(&mut self) {
-        self.work.clear();
+        if !self.work.is_empty() || self.missed {
+            self.keep();
+        }
+    }
+
+    /// [`Regions::trim`] when the descriptor used regions not kept yet.
+    #[inline(never)]
+    fn keep(&mut self) {
+        if std::mem::take(&mut self.missed) {
+            self.memo = [const { None }; MEMO];
+        }
+        for w in self.work.drain(..) {
+            let i = self
+                .memo
+                .iter()
+                .position(|m| {
+                    m.as_ref()
+                        .is_some_and(|m| m.owner == w.owner && m.handle == w.handle)
+                })
+                .unwrap_or_else(|| {
+                    let i = self.memo_next;
+                    self.memo_next = (i + 1) % MEMO;
+                    i
+                });
+            self.memo[i] = Some(w);
+        }
     }
 
     /// Drops every region of a peer session (it died).
     pub fn forget(&mut self, session: u64) {
-        self.work.retain(|w| w.0 != session);
+        self.work.retain(|w| w.owner.0 != session);
+        for m in &mut self.memo {
+            if m.as_ref().is_some_and(|m| m.owner.0 == session) {
+                *m = None;
+            }
+        }
         self.cache.forget(session);
     }
 }
@@ -360,6 +456,74 @@ mod tests {
             pid: 0,
             extents: Default::default(),
         })
+    }
+
+    fn local_region(handle: u32, len: u64) -> Resolved {
+        Resolved {
+            len,
+            ..Arc::unwrap_or_clone(region(handle))
+        }
+    }
+
+    #[test]
+    fn kept_regions_hit_without_the_cache_and_follow_changes() {
+        let t = RegionTable::default();
+        t.insert(local_region(5, 100));
+        t.insert(local_region(6, 200));
+        let mut r = Regions::new(4, 1);
+        // First descriptor: misses, then kept.
+        let a = r.local(&t, 5, Use::Send).unwrap();
+        let b = r.local(&t, 6, Use::Send).unwrap();
+        assert_eq!((r.get(a).len, r.get(b).len), (100, 200));
+        assert_eq!(
+            r.local(&t, 5, Use::Send),
+            Some(a),
+            "same descriptor, same index"
+        );
+        r.trim();
+        let s = r.cache.stats().send;
+        assert_eq!((s.hits, s.compulsory), (0, 2));
+        // Next descriptors: found among the kept regions, counted as hits.
+        for _ in 0..3 {
+            let a = r.local(&t, 5, Use::Send).unwrap();
+            let b = r.local(&t, 6, Use::Send).unwrap();
+            assert_eq!((r.get(a).len, r.get(b).len), (100, 200));
+            r.trim();
+        }
+        assert_eq!(r.cache.stats().send.hits, 6);
+        // A changed region is looked up again, never served from the memo.
+        t.remove(5);
+        t.insert(local_region(5, 300));
+        let a = r.local(&t, 5, Use::Send).unwrap();
+        assert_eq!(r.get(a).len, 300);
+        let b = r.local(&t, 6, Use::Send).unwrap();
+        assert_eq!(r.get(b).len, 200);
+        r.trim();
+        let a = r.local(&t, 5, Use::Send).unwrap();
+        assert_eq!(r.get(a).len, 300);
+        r.trim();
+        // A removed region is not found at all.
+        t.remove(6);
+        assert_eq!(r.local(&t, 6, Use::Send), None);
+        r.trim();
+    }
+
+    #[test]
+    fn more_regions_than_are_kept() {
+        let t = RegionTable::default();
+        for h in 1..=(2 * MEMO as u32) {
+            t.insert(local_region(h, h as u64));
+        }
+        let mut r = Regions::new(64, 1);
+        for _ in 0..3 {
+            let idx: Vec<usize> = (1..=(2 * MEMO as u32))
+                .map(|h| r.local(&t, h, Use::Send).unwrap())
+                .collect();
+            for (h, i) in (1..).zip(idx) {
+                assert_eq!(r.get(i).len, h as u64);
+            }
+            r.trim();
+        }
     }
 
     #[test]

@@ -146,6 +146,7 @@ impl Engine {
     }
 
     /// Runs or queues `wr` (the caller holds the VI's send lock).
+    #[inline(always)]
     pub fn post(
         &self,
         soft: &SoftNic,

@@ -16,7 +16,7 @@ use super::EngineState;
 use super::transfer::{CUT, NO_SEG, Source, move_fast, move_general, still_registered};
 use crate::backend::soft::SoftNic;
 use crate::backend::soft::complete;
-use crate::backend::soft::layout::{MAX_SEGS, flags, slot};
+use crate::backend::soft::layout::{MAX_SEGS, RecvSlot, ViShared, flags, slot};
 use crate::backend::soft::remote::PeerLink;
 use crate::backend::soft::tcache::{Regions, Use};
 use crate::backend::soft::tpt;
@@ -49,6 +49,8 @@ struct Op<'a> {
     nic: &'a NicInner,
     vi: &'a ViCore,
     link: &'a PeerLink,
+    /// The peer VI's entry in its NIC segment ([`PeerLink::peer_vi`]).
+    peer: Option<&'a ViShared>,
     wr: &'a SendWr,
     /// The payload when it came inline in the doorbell entry (else empty).
     inline: &'a [u8],
@@ -60,7 +62,7 @@ struct Op<'a> {
     cut: Option<u32>,
 }
 
-impl Op<'_> {
+impl<'a> Op<'a> {
     fn brk(&mut self, code: ErrorCode, tell_peer: bool) {
         self.breaks.push(Break {
             vi: (self.vi.slot, self.vi.generation),
@@ -90,9 +92,11 @@ impl Op<'_> {
         Ok(n)
     }
 
-    /// Takes the next posted receive of the peer VI. `None` if there is none.
-    fn take_receive(&self) -> Option<u64> {
-        let link = self.link;
+    /// Takes the next posted receive of the peer VI: its position and slot.
+    /// `None` if there is none.
+    #[inline(always)]
+    fn take_receive(&self) -> Option<(u64, &'a RecvSlot)> {
+        let link: &'a PeerLink = self.link;
         let view = link.remote.view();
         let mut pos = link.rq_pos.load(Ordering::Relaxed);
         for _ in 0..crate::backend::soft::layout::RQ_SLOTS {
@@ -109,7 +113,7 @@ impl Op<'_> {
             ) {
                 Ok(_) => {
                     link.rq_pos.store(pos + 1, Ordering::Relaxed);
-                    return Some(pos);
+                    return Some((pos, s));
                 }
                 Err(seq) => seq,
             };
@@ -149,16 +153,16 @@ impl Op<'_> {
     /// Delivers into the receive at `pos`: data (from the local segments or
     /// the inline payload, if `copy_data`), then the descriptor. Returns the
     /// receive's error bits (0 = delivered).
+    #[inline(never)]
     fn deliver(
         &mut self,
-        pos: u64,
+        (pos, s): (u64, &RecvSlot),
         recv_op: u32,
         copy_data: bool,
         len: u32,
     ) -> std::result::Result<(), u32> {
         let (link, wr) = (self.link, self.wr);
         let view = link.remote.view();
-        let s = view.rq_slot(link.vi, pos).expect("slot in range");
         let desc_handle = s.desc_handle.load(Ordering::Relaxed);
         let desc_off = s.desc_off.load(Ordering::Relaxed);
         let n = s.seg_count.load(Ordering::Relaxed) as usize;
@@ -271,6 +275,7 @@ impl Op<'_> {
             complete::remote_recv(
                 &link.remote,
                 (link.vi, link.vi_gen as u16),
+                self.peer,
                 d,
                 desc_va,
                 st,
@@ -286,10 +291,10 @@ impl Op<'_> {
     /// one segment with room, each side in one mapped extent. `None` (and
     /// nothing done yet) when the case does not apply: the general path
     /// then runs, and finds the same errors.
-    #[inline(never)]
+    #[inline(always)]
     fn deliver_one(
         &mut self,
-        pos: u64,
+        (pos, s): (u64, &RecvSlot),
         recv_op: u32,
         len: u32,
     ) -> Option<std::result::Result<(), u32>> {
@@ -305,7 +310,6 @@ impl Op<'_> {
             }
         };
         let view = link.remote.view();
-        let s = view.rq_slot(link.vi, pos)?;
         let n = s.seg_count.load(Ordering::Relaxed);
         if n > 1 || (n == 0 && len > 0) {
             return None;
@@ -355,6 +359,7 @@ impl Op<'_> {
             complete::remote_recv(
                 &link.remote,
                 (link.vi, link.vi_gen as u16),
+                self.peer,
                 d,
                 desc_va,
                 st,
@@ -365,16 +370,17 @@ impl Op<'_> {
         Some(if fault == 0 { Ok(()) } else { Err(fault) })
     }
 
+    #[inline(always)]
     fn send(&mut self) -> u32 {
         if self.wr.length > self.link.mtu {
             return status::LENGTH_ERROR;
         }
-        let Some(pos) = self.take_receive() else {
+        let Some(taken) = self.take_receive() else {
             return self.remote_failure(ErrorCode::RecvqEmpty);
         };
-        let r = match self.deliver_one(pos, status::OP_RECEIVE, self.wr.length) {
+        let r = match self.deliver_one(taken, status::OP_RECEIVE, self.wr.length) {
             Some(r) => r,
-            None => self.deliver(pos, status::OP_RECEIVE, true, self.wr.length),
+            None => self.deliver(taken, status::OP_RECEIVE, true, self.wr.length),
         };
         match r {
             Ok(()) => 0,
@@ -389,8 +395,7 @@ impl Op<'_> {
     /// enable bit on both, bytes in bounds. Returns its index.
     fn rdma_target(&mut self, need: u32) -> Option<usize> {
         let (link, wr) = (self.link, self.wr);
-        let view = link.remote.view();
-        let tvi = view.vi(link.vi)?;
+        let tvi = self.peer?;
         let lv = self.nic.regions.version();
         let i = self
             .regions
@@ -497,6 +502,7 @@ impl Op<'_> {
 /// (direct execution), else in its region looked up through the engine's
 /// cache.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn complete_send(
     soft: &SoftNic,
     nic: &NicInner,
@@ -584,11 +590,13 @@ pub(crate) fn execute(
             return;
         }
     };
+    let peer = link.peer_vi();
     let mut o = Op {
         soft,
         nic,
         vi,
         link,
+        peer,
         wr,
         inline,
         known,
@@ -598,13 +606,13 @@ pub(crate) fn execute(
     };
     // Inside the operation for the peer's deregistration path: it waits
     // for this epoch to move before `VipDeregisterMem` returns.
-    let access = link.begin_access();
+    let access = link.begin_access(peer);
     let r = if wr.fault != 0 {
         if link.reliability.is_reliable() {
             o.brk(ErrorCode::PostDesc, true);
         }
         wr.fault
-    } else if !link.peer_alive() {
+    } else if !link.peer_alive(peer) {
         o.brk(ErrorCode::ConnLost, false);
         status::DESC_FLUSHED_ERROR
     } else {
@@ -614,7 +622,7 @@ pub(crate) fn execute(
             _ => o.rdma_read(),
         }
     };
-    link.end_access(access);
+    link.end_access(peer, access);
     complete_send(
         soft,
         nic,

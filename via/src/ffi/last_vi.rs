@@ -1,0 +1,130 @@
+//! The VIs this thread used lately, found without a lock, a reference count
+//! change or a thread-local destructor check: the first look of
+//! `handles::with_vi` (posting and polling).
+//!
+//! One cell per entry of this thread's cache of VI handles
+//! (`handles::Recent`, which owns an `Arc` of each VI and NIC, and so needs
+//! a destructor and a borrow flag): the handle bits, the process id and
+//! plain pointers to the VI and its NIC. Thread-local storage without a
+//! destructor costs one address computation.
+//!
+//! Why the pointers are valid whenever a cell holds them (the argument for
+//! the one `unsafe` block below):
+//! - [`point`] is called only with a VI and NIC that an entry of this
+//!   thread's handle cache owns (an `Arc` of each).
+//! - The cache never drops an entry that a cell names without first
+//!   calling [`forget`]: it replaces entries only in `Recent::remember`,
+//!   which forgets the one it replaces, and its destructor (thread exit)
+//!   forgets everything.
+//! - While a closure runs on a cell's VI ([`with`]), the cache replaces no
+//!   entry at all ([`busy`]): a nested lookup of another handle inside the
+//!   closure cannot drop what the closure uses.
+//! - Only this thread reads or writes the cells. After `fork` the child's
+//!   copy names copied memory, and the process id no longer matches.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use crate::nic::NicInner;
+use crate::vi::ViCore;
+
+#[derive(Clone, Copy)]
+struct Last {
+    bits: u64,
+    pid: i32,
+    nic: *const NicInner,
+    vi: *const ViCore,
+}
+
+const NONE: Last = Last {
+    bits: 0,
+    pid: 0,
+    nic: std::ptr::null(),
+    vi: std::ptr::null(),
+};
+
+/// Cells: as many as the cache has entries.
+pub(crate) const CELLS: usize = 4;
+
+struct Fast {
+    cells: [Cell<Last>; CELLS],
+    /// Closures running on a cell's VI (nested calls count each).
+    busy: Cell<u32>,
+}
+
+thread_local! {
+    static FAST: Fast = const {
+        Fast {
+            cells: [const { Cell::new(NONE) }; CELLS],
+            busy: Cell::new(0),
+        }
+    };
+}
+
+/// Lowers the busy count when the closure returns or unwinds.
+struct Running<'a>(&'a Cell<u32>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
+/// Runs `f` on the VI of handle `bits` if a cell names it (in process
+/// `pid`), it is not destroyed and its NIC not closed; else gives `f` back.
+#[inline(always)]
+pub(crate) fn with<R, F: FnOnce(&NicInner, &ViCore) -> R>(
+    bits: u64,
+    pid: i32,
+    f: F,
+) -> Result<R, F> {
+    FAST.with(|fast| {
+        let found = fast
+            .cells
+            .iter()
+            .map(Cell::get)
+            .find(|c| c.bits == bits && c.pid == pid && !c.vi.is_null());
+        let Some(last) = found else {
+            return Err(f);
+        };
+        // SAFETY: a non-null cell names a VI and a NIC that an entry of this
+        // thread's handle cache keeps alive until the cell is forgotten (the
+        // module doc); `busy` keeps that entry in place while `f` runs.
+        let (nic, vi) = unsafe { (&*last.nic, &*last.vi) };
+        // Acquire: pairs with the Release stores of `VipDestroyVi` and
+        // `VipCloseNic`, as the cache's own check (`handles::Recent::hit`).
+        if vi.destroyed.load(Ordering::Acquire) || nic.closed.load(Ordering::Acquire) {
+            return Err(f);
+        }
+        fast.busy.set(fast.busy.get() + 1);
+        let _running = Running(&fast.busy);
+        Ok(f(nic, vi))
+    })
+}
+
+/// Points cell `i` at `vi` and `nic`, which entry `i` of this thread's
+/// cache of VI handles owns (handle `bits`, process `pid`).
+pub(crate) fn point(i: usize, bits: u64, pid: i32, nic: &NicInner, vi: &ViCore) {
+    FAST.with(|fast| fast.cells[i % CELLS].set(Last { bits, pid, nic, vi }));
+}
+
+/// Forgets the cells that name the object at `addr` (`None`: all), before
+/// the cache drops the entry that owns it. (A live object of another kind
+/// never has the address of a VI a cell names.)
+pub(crate) fn forget(addr: Option<*const ()>) {
+    // `try_with` for form's sake: storage without a destructor stays
+    // readable while the thread's destructors run.
+    let _ = FAST.try_with(|fast| {
+        for c in &fast.cells {
+            if addr.is_none_or(|a| std::ptr::eq(c.get().vi.cast(), a)) {
+                c.set(NONE);
+            }
+        }
+    });
+}
+
+/// Whether a closure runs on a cell's VI (the cache must not replace
+/// entries then).
+pub(crate) fn busy() -> bool {
+    FAST.try_with(|fast| fast.busy.get() != 0).unwrap_or(false)
+}
