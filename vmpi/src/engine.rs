@@ -764,7 +764,7 @@ impl Engine {
                         let ch = self.channels[peer as usize].as_ref().unwrap();
                         let r = self.reqs.get_mut(id).unwrap();
                         let room = r.buf.len();
-                        ch.read_data(slot, 0, r.buf.slice_mut(0, n.min(room)))?;
+                        ch.read_data(slot, &h, 0, r.buf.slice_mut(0, n.min(room)))?;
                         Self::set_status(r, &h, n.min(room) as u64, h.len);
                         self.complete(id);
                     }
@@ -773,7 +773,7 @@ impl Engine {
                         self.channels[peer as usize]
                             .as_ref()
                             .unwrap()
-                            .read_data(slot, 0, &mut data)?;
+                            .read_data(slot, &h, 0, &mut data)?;
                         self.unexpected.push_back(Unexpected {
                             context: h.context,
                             source: h.source,
