@@ -1033,3 +1033,35 @@ impl Engine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(n: usize) -> Req {
+        Req::new(UserBuf::owned(vec![0u8; n]))
+    }
+
+    #[test]
+    fn request_slots_are_reused_and_stale_ids_find_nothing() {
+        let mut r = Reqs::default();
+        let a = r.insert(req(1));
+        let b = r.insert(req(2));
+        assert_ne!(a, b);
+        assert_ne!(a, 0);
+        assert_eq!(r.get(a).map(|q| q.buf.len()), Some(1));
+        assert!(r.remove(a).is_some());
+        // Gone: neither found nor removable twice.
+        assert!(r.get(a).is_none() && r.get_mut(a).is_none() && r.remove(a).is_none());
+        // The slot is reused under a new generation: the old id stays dead.
+        let c = r.insert(req(3));
+        assert_eq!(c as u32, a as u32);
+        assert_ne!(c, a);
+        assert!(r.get(a).is_none());
+        assert_eq!(r.get(c).map(|q| q.buf.len()), Some(3));
+        assert_eq!(r.get(b).map(|q| q.buf.len()), Some(2));
+        // Ids that were never issued.
+        assert!(r.get(u64::MAX).is_none() && r.remove(7 << 32 | 1).is_none());
+        assert_eq!(r.slots.len(), 2, "no growth while a slot is free");
+    }
+}
