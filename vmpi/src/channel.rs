@@ -230,11 +230,12 @@ impl Channel {
         h.freed = self.freed;
         self.reported = self.freed;
         let at = self.off_send(j);
-        self.region.write(at, &h.encode())?;
+        let hl = h.wire_len();
+        self.region.write(at, &h.encode()[..hl])?;
         if !data.is_empty() {
-            self.region.write(at + HEADER, data)?;
+            self.region.write(at + hl, data)?;
         }
-        let total = (HEADER + data.len()) as u32;
+        let total = (hl + data.len()) as u32;
         let img = &mut self.send_images[j];
         img[offsets::LENGTH..offsets::LENGTH + 4].copy_from_slice(&total.to_ne_bytes());
         let seg_len = offsets::SEGMENTS + 12;
@@ -354,15 +355,17 @@ impl Channel {
         Ok(Some((i, h)))
     }
 
-    /// Copies eager data of slot `i` (from byte `off` of the data) into `dst`.
-    pub fn read_data(&self, i: usize, off: usize, dst: &mut [u8]) -> Result<()> {
+    /// Copies the data of slot `i`, whose header is `h` (from byte `off`
+    /// of the data), into `dst`.
+    pub fn read_data(&self, i: usize, h: &Header, off: usize, dst: &mut [u8]) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
-        if off + dst.len() > self.shape.eager_room() {
+        let hl = h.wire_len();
+        if hl + off + dst.len() > self.shape.slot {
             return Err(Error::Intern("eager data beyond its slot".into()));
         }
-        self.region.read(i * self.shape.slot + HEADER + off, dst)?;
+        self.region.read(i * self.shape.slot + hl + off, dst)?;
         Ok(())
     }
 

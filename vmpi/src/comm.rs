@@ -127,8 +127,9 @@ impl Comm {
     /// # Errors
     /// `Rank`, `Tag`, or the transport's errors.
     pub fn send_bytes(&self, buf: &[u8], dest: i32, tag: i32) -> Result<()> {
-        let id = self.isend_buf(UserBuf::lend(buf), dest, tag)?;
-        self.engine().wait(id).map(|_| ())
+        check_tag(tag)?;
+        let to = self.world_rank(dest)?;
+        self.engine().send(self.context, self.rank, to, tag, buf)
     }
 
     /// Receives bytes (blocking); `None` for any source or any tag.

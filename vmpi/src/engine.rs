@@ -21,14 +21,15 @@
 //! straight into it (one copy, no intermediate buffer), then sends FIN,
 //! which completes the send.
 //!
-//! **Waiting.** A wait drains the queue, then blocks in the provider's CQ
-//! wait (spin for `VIA_SPIN_US`, then a futex sleep) unless a send waits
-//! for credits, which arrive by RDMA write without a completion: then it
-//! polls with a backoff that yields and sleeps. Nothing spins for long, so
-//! jobs with more processes than cores progress.
+//! **Waiting.** A wait polls the completion queue for [`Config::spin`]
+//! (none by default), then blocks in the provider's CQ wait (spin for
+//! `VIA_SPIN_US`, then a futex sleep), unless a send waits for credits, which arrive by RDMA
+//! write without a completion: then it polls with a backoff that yields
+//! and sleeps. Nothing spins for long when processes outnumber cores, so
+//! those jobs progress.
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use via::{Cq, Nic, Ptag, Region};
@@ -98,6 +99,64 @@ impl Req {
     }
 }
 
+/// The live requests: a slab whose slots and their `Req`s are reused (a
+/// steady exchange allocates nothing for its requests and hashes nothing).
+/// An id is `generation << 32 | index`, so a stale or forged id (a request
+/// already waited for) finds nothing rather than another request.
+#[derive(Default)]
+struct Reqs {
+    slots: Vec<(u32, Option<Req>)>,
+    free: Vec<u32>,
+}
+
+impl Reqs {
+    fn insert(&mut self, r: Req) -> ReqId {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push((0, None));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut self.slots[i as usize];
+        // Generations start at 1: no id is 0.
+        s.0 = s.0.wrapping_add(1).max(1);
+        s.1 = Some(r);
+        (u64::from(s.0) << 32) | u64::from(i)
+    }
+
+    fn get(&self, id: ReqId) -> Option<&Req> {
+        match self.slots.get(id as u32 as usize) {
+            Some((g, Some(r))) if u64::from(*g) == id >> 32 => Some(r),
+            _ => None,
+        }
+    }
+
+    fn get_mut(&mut self, id: ReqId) -> Option<&mut Req> {
+        match self.slots.get_mut(id as u32 as usize) {
+            Some((g, Some(r))) if u64::from(*g) == id >> 32 => Some(r),
+            _ => None,
+        }
+    }
+
+    fn remove(&mut self, id: ReqId) -> Option<Req> {
+        let i = id as u32;
+        let s = self.slots.get_mut(i as usize)?;
+        if u64::from(s.0) != id >> 32 || s.1.is_none() {
+            return None;
+        }
+        self.free.push(i);
+        s.1.take()
+    }
+}
+
+impl std::ops::Index<&ReqId> for Reqs {
+    type Output = Req;
+    fn index(&self, id: &ReqId) -> &Req {
+        self.get(*id).expect("a live request")
+    }
+}
+
 struct Posted {
     id: ReqId,
     context: u32,
@@ -130,6 +189,11 @@ pub struct Config {
     pub eager_limit: usize,
     /// Receive slots per channel (`VMPI_SLOTS`).
     pub slots: usize,
+    /// How long a wait polls the completion queue itself before it blocks
+    /// in the provider's wait (`VMPI_SPIN_US`, default 0: the provider's
+    /// wait spins `VIA_SPIN_US`, 20 µs, first anyway). Longer polling was
+    /// measured harmful on this shared 2-core machine (docs/vmpi.md).
+    pub spin: Duration,
 }
 
 impl Config {
@@ -146,6 +210,7 @@ impl Config {
         Config {
             eager_limit: get("VMPI_EAGER_LIMIT", DEFAULT_EAGER_LIMIT).clamp(0, 1 << 20),
             slots: get("VMPI_SLOTS", if size > 8 { 8 } else { 16 }).clamp(2, 256),
+            spin: Duration::from_micros(get("VMPI_SPIN_US", 0).min(1_000_000) as u64),
         }
     }
 }
@@ -161,15 +226,19 @@ pub struct Engine {
     ptag: Ptag,
     cq: Cq,
     channels: Vec<Option<Channel>>,
-    by_vi: HashMap<u32, u32>,
+    /// Peer of each VI slot (`u32::MAX`: none).
+    by_vi: Vec<u32>,
     out: Vec<VecDeque<Out>>,
     queued: usize,
-    reqs: HashMap<ReqId, Req>,
-    next_id: ReqId,
+    reqs: Reqs,
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
     eager_limit: usize,
+    spin: Duration,
     closing: bool,
+    /// A list of request ids lent to each collective call (no allocation
+    /// per call).
+    pub(crate) spare_ids: Vec<ReqId>,
 }
 
 /// How long `finalize` waits for queued sends that make no progress.
@@ -294,9 +363,13 @@ impl Engine {
             slot,
         };
         let (nic, ptag, cq, channels) = connect_all(pmi, "p2p", shape)?;
-        let mut by_vi = HashMap::new();
+        let mut by_vi = Vec::new();
         for ch in channels.iter().flatten() {
-            by_vi.insert(ch.vi_slot(), ch.peer());
+            let v = ch.vi_slot() as usize;
+            if by_vi.len() <= v {
+                by_vi.resize(v + 1, u32::MAX);
+            }
+            by_vi[v] = ch.peer();
         }
         let size = pmi.size();
         Ok(Engine {
@@ -309,12 +382,13 @@ impl Engine {
             by_vi,
             out: (0..size).map(|_| VecDeque::new()).collect(),
             queued: 0,
-            reqs: HashMap::new(),
-            next_id: 1,
+            reqs: Reqs::default(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
             eager_limit: cfg.eager_limit,
+            spin: cfg.spin,
             closing: false,
+            spare_ids: Vec::new(),
         })
     }
 
@@ -339,14 +413,11 @@ impl Engine {
     }
 
     fn new_req(&mut self, buf: UserBuf) -> ReqId {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.reqs.insert(id, Req::new(buf));
-        id
+        self.reqs.insert(Req::new(buf))
     }
 
     fn complete(&mut self, id: ReqId) {
-        if let Some(r) = self.reqs.get_mut(&id) {
+        if let Some(r) = self.reqs.get_mut(id) {
             // Deregister before completing: nothing touches the buffer afterwards.
             r.region = None;
             r.done = true;
@@ -388,7 +459,7 @@ impl Engine {
             h.kind = Kind::Rts;
             let nic = self.nic.clone();
             let ptag = self.ptag;
-            let r = self.reqs.get_mut(&id).unwrap();
+            let r = self.reqs.get_mut(id).unwrap();
             let range = r
                 .buf
                 .user_range()
@@ -417,6 +488,38 @@ impl Engine {
         Ok(id)
     }
 
+    /// Sends `data` to world rank `dest` and returns when `data` may be
+    /// reused (`MPI_Send`). An eager message that can go at once (a credit,
+    /// a descriptor slot, nothing queued before it) is copied out with no
+    /// request at all; anything else is a request waited for.
+    pub fn send(
+        &mut self,
+        context: u32,
+        source: u32,
+        dest: u32,
+        tag: i32,
+        data: &[u8],
+    ) -> Result<()> {
+        if dest != self.rank && data.len() <= self.eager_limit {
+            if let Some(ch) = self
+                .channels
+                .get_mut(dest as usize)
+                .and_then(Option::as_mut)
+            {
+                if self.out[dest as usize].is_empty() && ch.can_send() {
+                    let mut h = Header::new(Kind::Eager);
+                    h.context = context;
+                    h.source = source;
+                    h.tag = tag;
+                    h.len = data.len() as u64;
+                    return ch.send(&mut h, data);
+                }
+            }
+        }
+        let id = self.isend(context, source, dest, tag, UserBuf::lend(data))?;
+        self.wait(id).map(|_| ())
+    }
+
     /// Starts a receive into `buf` of a message of `context` from `source`
     /// (`None`: any) with `tag` (`None`: any).
     pub fn irecv(
@@ -427,7 +530,10 @@ impl Engine {
         buf: UserBuf,
     ) -> Result<ReqId> {
         let id = self.new_req(buf);
-        self.progress()?;
+        // No progress first: a message still in the completion queue
+        // matches this receive when it is handled (it came after the ones
+        // already unexpected, in order), and is then copied once, straight
+        // into `buf`.
         let found = self.unexpected.iter().position(|u| {
             u.context == context
                 && source.is_none_or(|s| s == u.source)
@@ -483,7 +589,7 @@ impl Engine {
 
     /// Whether request `id` is complete (`Request` if unknown).
     pub fn is_done(&self, id: ReqId) -> Result<bool> {
-        self.reqs.get(&id).map(|r| r.done).ok_or(Error::Request)
+        self.reqs.get(id).map(|r| r.done).ok_or(Error::Request)
     }
 
     /// Progresses, then whether request `id` is complete.
@@ -494,7 +600,7 @@ impl Engine {
 
     /// Removes a complete request: its status, its buffer, and its error.
     fn take(&mut self, id: ReqId) -> Result<(Status, UserBuf, Option<Error>)> {
-        let r = self.reqs.remove(&id).ok_or(Error::Request)?;
+        let r = self.reqs.remove(id).ok_or(Error::Request)?;
         Ok((r.status, r.buf, r.error))
     }
 
@@ -508,9 +614,10 @@ impl Engine {
         }
     }
 
-    /// Waits for `id` and removes it.
+    /// Waits for `id` and removes it. A request already complete (an eager
+    /// send is, once its data is copied) returns at once: completions of
+    /// other requests are handled by the next call that waits or polls.
     pub fn wait(&mut self, id: ReqId) -> Result<(Status, UserBuf, Option<Error>)> {
-        self.progress()?;
         while !self.is_done(id)? {
             self.wait_step()?;
         }
@@ -519,7 +626,6 @@ impl Engine {
 
     /// Waits for every request of `ids`.
     pub fn wait_all(&mut self, ids: &[ReqId]) -> Result<Vec<(Status, UserBuf, Option<Error>)>> {
-        self.progress()?;
         for &id in ids {
             while !self.is_done(id)? {
                 self.wait_step()?;
@@ -531,10 +637,10 @@ impl Engine {
     /// One blocking step: waits for a completion (or polls while sends
     /// wait for credits) and handles it.
     pub fn wait_step(&mut self) -> Result<()> {
-        if self.progress()? {
-            return Ok(());
-        }
         if self.queued > 0 {
+            if self.progress()? {
+                return Ok(());
+            }
             let mut b = Backoff::new();
             for _ in 0..64 {
                 if self.progress()? {
@@ -544,6 +650,25 @@ impl Engine {
             }
             return Ok(());
         }
+        // Poll for up to `spin` (a core per process: the peer is running,
+        // and its answer comes sooner than a sleeping process wakes up).
+        if !self.spin.is_zero() {
+            let end = std::time::Instant::now() + self.spin;
+            loop {
+                for _ in 0..32 {
+                    match self.cq.done() {
+                        Ok((slot, recv)) => return self.on_cq(slot, recv),
+                        Err(e) if e.kind() == via::ErrorKind::NotDone => std::hint::spin_loop(),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                if std::time::Instant::now() >= end {
+                    break;
+                }
+            }
+        }
+        // Then block (the provider's wait spins for `VIA_SPIN_US`, then
+        // sleeps until the peer's engine wakes it).
         match self.cq.wait(Some(Duration::from_millis(500))) {
             Ok((slot, recv)) => self.on_cq(slot, recv),
             Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(()),
@@ -571,8 +696,9 @@ impl Engine {
     }
 
     fn on_cq(&mut self, vi: u32, recv: bool) -> Result<()> {
-        let Some(&peer) = self.by_vi.get(&vi) else {
-            return Ok(());
+        let peer = match self.by_vi.get(vi as usize) {
+            Some(&p) if p != u32::MAX => p,
+            _ => return Ok(()),
         };
         let closing = self.closing;
         let r = if recv {
@@ -601,12 +727,12 @@ impl Engine {
     fn on_send_done(&mut self, peer: u32, op: SendOp) -> Result<()> {
         if let SendOp::Read(id) = op {
             let last = {
-                let r = self.reqs.get_mut(&id).ok_or(Error::Request)?;
+                let r = self.reqs.get_mut(id).ok_or(Error::Request)?;
                 r.reads_left -= 1;
                 r.reads_left == 0
             };
             if last {
-                let r = self.reqs.get_mut(&id).ok_or(Error::Request)?;
+                let r = self.reqs.get_mut(id).ok_or(Error::Request)?;
                 if r.bounce {
                     let n = r.status.bytes as usize;
                     if let Some(region) = r.region.take() {
@@ -636,9 +762,9 @@ impl Engine {
                 match found {
                     Some(id) => {
                         let ch = self.channels[peer as usize].as_ref().unwrap();
-                        let r = self.reqs.get_mut(&id).unwrap();
+                        let r = self.reqs.get_mut(id).unwrap();
                         let room = r.buf.len();
-                        ch.read_data(slot, 0, r.buf.slice_mut(0, n.min(room)))?;
+                        ch.read_data(slot, &h, 0, r.buf.slice_mut(0, n.min(room)))?;
                         Self::set_status(r, &h, n.min(room) as u64, h.len);
                         self.complete(id);
                     }
@@ -647,7 +773,7 @@ impl Engine {
                         self.channels[peer as usize]
                             .as_ref()
                             .unwrap()
-                            .read_data(slot, 0, &mut data)?;
+                            .read_data(slot, &h, 0, &mut data)?;
                         self.unexpected.push_back(Unexpected {
                             context: h.context,
                             source: h.source,
@@ -740,7 +866,7 @@ impl Engine {
         };
         match u.body {
             Body::Data(d) => {
-                let r = self.reqs.get_mut(&id).unwrap();
+                let r = self.reqs.get_mut(id).unwrap();
                 let n = d.len().min(r.buf.len());
                 r.buf.slice_mut(0, n).copy_from_slice(&d[..n]);
                 Self::set_status(r, &h, n as u64, u.len);
@@ -755,7 +881,7 @@ impl Engine {
             } => {
                 let nic = self.nic.clone();
                 let ptag = self.ptag;
-                let r = self.reqs.get_mut(&id).unwrap();
+                let r = self.reqs.get_mut(id).unwrap();
                 let n = (u.len as usize).min(r.buf.len());
                 Self::set_status(r, &h, n as u64, u.len);
                 r.fin_to = Some((peer, sreq));
@@ -840,7 +966,7 @@ impl Engine {
                 match data {
                     Data::None => ch.send(&mut h, &[])?,
                     Data::Req(id) => {
-                        let r = self.reqs.get(id).ok_or(Error::Request)?;
+                        let r = self.reqs.get(*id).ok_or(Error::Request)?;
                         let n = h.len as usize;
                         ch.send(&mut h, r.buf.slice(0, n))?;
                         let id = *id;
@@ -858,7 +984,7 @@ impl Engine {
                 if !ch.desc_free() {
                     return Ok(false);
                 }
-                let r = self.reqs.get(req).ok_or(Error::Request)?;
+                let r = self.reqs.get(*req).ok_or(Error::Request)?;
                 let region = r
                     .region
                     .as_ref()
@@ -905,5 +1031,37 @@ impl Engine {
         for ch in self.channels.iter().flatten() {
             ch.disconnect();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(n: usize) -> Req {
+        Req::new(UserBuf::owned(vec![0u8; n]))
+    }
+
+    #[test]
+    fn request_slots_are_reused_and_stale_ids_find_nothing() {
+        let mut r = Reqs::default();
+        let a = r.insert(req(1));
+        let b = r.insert(req(2));
+        assert_ne!(a, b);
+        assert_ne!(a, 0);
+        assert_eq!(r.get(a).map(|q| q.buf.len()), Some(1));
+        assert!(r.remove(a).is_some());
+        // Gone: neither found nor removable twice.
+        assert!(r.get(a).is_none() && r.get_mut(a).is_none() && r.remove(a).is_none());
+        // The slot is reused under a new generation: the old id stays dead.
+        let c = r.insert(req(3));
+        assert_eq!(c as u32, a as u32);
+        assert_ne!(c, a);
+        assert!(r.get(a).is_none());
+        assert_eq!(r.get(c).map(|q| q.buf.len()), Some(3));
+        assert_eq!(r.get(b).map(|q| q.buf.len()), Some(2));
+        // Ids that were never issued.
+        assert!(r.get(u64::MAX).is_none() && r.remove(7 << 32 | 1).is_none());
+        assert_eq!(r.slots.len(), 2, "no growth while a slot is free");
     }
 }

@@ -359,7 +359,7 @@ fn on_cq(st: &mut State, vi: u32, recv: bool) -> Result<()> {
     if recv {
         if let Some((i, h)) = ch.recv_done()? {
             let mut data = vec![0u8; (h.len as usize).min(MAX_BCAST)];
-            ch.read_data(i, 0, &mut data)?;
+            ch.read_data(i, &h, 0, &mut data)?;
             ch.repost(i)?;
             ch.return_credits(false)?;
             handle(st, h, data);

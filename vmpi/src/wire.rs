@@ -13,10 +13,17 @@
 //! | 48..52 | handle | its memory handle (RTS) |
 //! | 52..56 | seq | offload: collective sequence number |
 //! | 56..60 | aux | offload: operation-specific word |
+//!
+//! An eager message carries only the first [`SHORT`] bytes (bytes 32..64
+//! are read as 0) and its data right after them: 8 bytes of data and the
+//! header share one cache line.
 #![forbid(unsafe_code)]
 
-/// Header size; data of an eager message follows it.
+/// Header size; data of a message other than eager follows it.
 pub const HEADER: usize = 64;
+
+/// Header size of an eager message; its data follows.
+pub const SHORT: usize = 32;
 
 /// Packet kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +95,16 @@ impl Header {
         }
     }
 
-    /// The wire bytes.
+    /// Bytes of this header on the wire (where the data starts).
+    pub fn wire_len(&self) -> usize {
+        if self.kind == Kind::Eager {
+            SHORT
+        } else {
+            HEADER
+        }
+    }
+
+    /// The wire bytes (the first [`Header::wire_len`] of them are sent).
     pub fn encode(&self) -> [u8; HEADER] {
         let mut b = [0u8; HEADER];
         b[0] = self.kind as u8;
@@ -108,10 +124,25 @@ impl Header {
     /// Decodes; `None` for an unknown kind (the peer is a process of the
     /// same job, but a corrupt header must not be trusted).
     pub fn decode(b: &[u8; HEADER]) -> Option<Header> {
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let kind = Kind::from_u8(b[0])?;
+        // An eager header ends at SHORT: what follows is its data.
+        let end = if kind == Kind::Eager { SHORT } else { HEADER };
+        let u32_at = |o: usize| {
+            if o < end {
+                u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+            } else {
+                0
+            }
+        };
+        let u64_at = |o: usize| {
+            if o < end {
+                u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+            } else {
+                0
+            }
+        };
         Some(Header {
-            kind: Kind::from_u8(b[0])?,
+            kind,
             context: u32_at(4),
             source: u32_at(8),
             tag: u32_at(12) as i32,
@@ -144,6 +175,19 @@ mod tests {
         h.seq = 9;
         h.aux = 11;
         assert_eq!(Header::decode(&h.encode()), Some(h));
+        // Eager: the fields past SHORT are not carried (data is there).
+        let mut e = h;
+        e.kind = Kind::Eager;
+        let mut b = e.encode();
+        b[SHORT..].fill(0xab);
+        let d = Header::decode(&b).unwrap();
+        assert_eq!(
+            (d.context, d.source, d.tag, d.len, d.freed),
+            (7, 3, -5, 1 << 40, u32::MAX)
+        );
+        assert_eq!((d.sreq, d.addr, d.handle, d.seq, d.aux), (0, 0, 0, 0, 0));
+        assert_eq!(e.wire_len(), SHORT);
+        assert_eq!(h.wire_len(), HEADER);
         let mut b = h.encode();
         b[0] = 77;
         assert_eq!(Header::decode(&b), None);

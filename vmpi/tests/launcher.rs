@@ -132,3 +132,69 @@ fn a_process_that_skips_finalize_fails_the_job() {
     assert_eq!(o.code, Some(1), "{}", o.output);
     assert!(o.output.contains("without finalizing"), "{}", o.output);
 }
+
+/// The CPUs this test may use, from its own `Cpus_allowed_list`.
+fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+#[test]
+fn with_a_core_per_process_rank_r_is_bound_to_the_r_th_cpu() {
+    let cpus = allowed_cpus();
+    let script = "echo rank=$VMPI_RANK $(grep Cpus_allowed_list /proc/self/status)";
+    let o = sh("bind", 1, script);
+    assert_eq!(o.code, Some(0), "{}", o.output);
+    assert!(
+        o.output
+            .contains(&format!("rank=0 Cpus_allowed_list: {}", cpus[0])),
+        "{}",
+        o.output
+    );
+    if cpus.len() >= 2 {
+        let o = sh("bind2", 2, script);
+        assert!(
+            o.output
+                .contains(&format!("rank=1 Cpus_allowed_list: {}", cpus[1])),
+            "{}",
+            o.output
+        );
+    }
+    // More processes than CPUs, or VMPI_BIND=none: unbound.
+    let n = cpus.len() as u32 + 1;
+    let o = sh("nobind", n, "grep Cpus_allowed_list /proc/self/status");
+    assert_eq!(o.code, Some(0), "{}", o.output);
+    let mut c = via_run("nobind2");
+    c.env("VMPI_BIND", "none").args([
+        "-n",
+        "1",
+        "sh",
+        "-c",
+        "grep Cpus_allowed_list /proc/self/status",
+    ]);
+    let o2 = finish(c.spawn().unwrap());
+    for out in [&o.output, &o2.output] {
+        let lines: Vec<&str> = out.lines().filter(|l| l.contains("Cpus_allowed")).collect();
+        assert!(!lines.is_empty(), "{out}");
+        if cpus.len() >= 2 {
+            assert!(
+                lines
+                    .iter()
+                    .all(|l| !l.trim_end().ends_with(&format!(": {}", cpus[0]))),
+                "{out}"
+            );
+        }
+    }
+}

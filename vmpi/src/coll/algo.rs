@@ -295,6 +295,27 @@ pub fn allreduce_recursive_doubling(
     Ok(())
 }
 
+/// Allreduce of two processes: one exchange, straight from `send` into
+/// `recv`, then one local reduction into `recv` (rank 0's contribution on
+/// the left). No tree, no temporary, no copy of `send` into `recv` first.
+pub fn allreduce_pair(
+    net: &mut Net,
+    send: &[u8],
+    recv: &mut [u8],
+    dt: Datatype,
+    op: &Op,
+) -> Result<()> {
+    let peer = 1 - net.rank();
+    net.sendrecv(send, peer, recv, peer, tag::ALLREDUCE)?;
+    if peer == 1 || op.commutative() {
+        // recv = send ∘ recv
+        op.apply(dt, send, recv)
+    } else {
+        // recv = recv ∘ send (rank 1: the peer's data is on the left)
+        op.apply_right(dt, recv, send)
+    }
+}
+
 /// Rabenseifner's allreduce (commutative operations): reduce-scatter by
 /// recursive halving, allgather by recursive doubling, with the
 /// non-power-of-two pre- and post-steps. Returns at every rank.

@@ -29,12 +29,15 @@ pub struct Net<'a> {
 impl<'a> Net<'a> {
     /// Takes the engine for a collective on `comm`.
     pub fn new(comm: &'a Comm) -> Net<'a> {
+        let mut e = comm.engine();
+        // The list of live requests is the engine's, kept between calls.
+        let live = std::mem::take(&mut e.spare_ids);
         Net {
-            e: comm.engine(),
+            e,
             context: comm.context + 1,
             group: &comm.group[..],
             rank: comm.rank,
-            live: Vec::new(),
+            live,
             err: None,
         }
     }
@@ -91,8 +94,8 @@ impl<'a> Net<'a> {
 
     /// Sends (blocking).
     pub fn send(&mut self, buf: &[u8], to: u32, tag: i32) -> Result<()> {
-        let id = self.isend(buf, to, tag)?;
-        self.wait(id).map(|_| ())
+        let to = self.group[to as usize];
+        self.e.send(self.context, self.rank, to, tag, buf)
     }
 
     /// Receives (blocking); the bytes received.
@@ -110,10 +113,11 @@ impl<'a> Net<'a> {
         from: u32,
         tag: i32,
     ) -> Result<()> {
+        // The receive is posted first, so the blocking send (a request only
+        // when it cannot go at once) never waits on a peer that waits on us.
         let r = self.irecv(rbuf, from, tag)?;
-        let s = self.isend(sbuf, to, tag)?;
+        self.send(sbuf, to, tag)?;
         self.wait(r)?;
-        self.wait(s)?;
         Ok(())
     }
 
@@ -145,5 +149,7 @@ impl<'a> Net<'a> {
 impl Drop for Net<'_> {
     fn drop(&mut self) {
         self.drain();
+        self.live.clear();
+        self.e.spare_ids = std::mem::take(&mut self.live);
     }
 }

@@ -110,6 +110,14 @@ pub fn reduce(model: &Model, p: u32, m: usize, commutative: bool) -> Reduce {
     }
 }
 
+/// Whether an allreduce of two processes is one exchange and a local
+/// reduction ([`crate::coll::algo::allreduce_pair`]): unless
+/// `VMPI_ALLREDUCE` forces an algorithm.
+pub fn pair_allreduce() -> bool {
+    static PAIR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PAIR.get_or_init(|| matches!(env("VMPI_ALLREDUCE").as_deref(), None | Some("pair")))
+}
+
 /// The allreduce for `m` bytes over `p` processes.
 pub fn allreduce(model: &Model, p: u32, m: usize, commutative: bool) -> Allreduce {
     match env("VMPI_ALLREDUCE").as_deref() {

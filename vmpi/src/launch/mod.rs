@@ -93,6 +93,13 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
     kvs::Kvs::serve(listener, spec.n, tx);
 
     let oversubscribed = spec.n as usize > sys::cpus();
+    // With a core per process, rank r is bound to the r-th CPU this
+    // launcher may use (as Open MPI's mpirun binds to cores by default):
+    // on a loaded machine an unbound pair of polling processes can share a
+    // core while the other runs something else. VMPI_BIND=none: unbound.
+    let cpus = sys::allowed_cpus();
+    let bind = spec.n as usize <= cpus.len()
+        && !matches!(std::env::var("VMPI_BIND").as_deref(), Ok("none"));
     let me = std::process::id();
     let mut procs: Vec<Proc> = Vec::new();
     let mut by_pid: HashMap<u32, usize> = HashMap::new();
@@ -117,7 +124,7 @@ pub fn run(spec: &Spec) -> Result<i32, String> {
         if rank != 0 {
             cmd.stdin(Stdio::null());
         }
-        sys::prepare_child(&mut cmd, me);
+        sys::prepare_child(&mut cmd, me, bind.then(|| cpus[rank as usize]));
         match cmd.spawn() {
             Ok(child) => {
                 by_pid.insert(child.id(), procs.len());

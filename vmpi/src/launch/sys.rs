@@ -99,13 +99,31 @@ pub fn reap() -> Option<(u32, Exit)> {
 /// signals unblocked, its own process group (signals reach it only through
 /// the launcher), and death when the launcher dies (no orphans even if the
 /// launcher is killed with SIGKILL).
-pub fn prepare_child(cmd: &mut std::process::Command, launcher: u32) {
+///
+/// `cpu`: the CPU the child is bound to (`sched_setaffinity`), if any.
+pub fn prepare_child(cmd: &mut std::process::Command, launcher: u32, cpu: Option<usize>) {
     use std::os::unix::process::CommandExt;
+    let bind = cpu.map(|c| {
+        // SAFETY: CPU_ZERO/CPU_SET fill a zeroed local cpu_set_t; `c` is
+        // below CPU_SETSIZE (checked).
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_ZERO(&mut set);
+            if c < libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(c, &mut set);
+            }
+            set
+        }
+    });
     // SAFETY: the closure runs in the forked child before exec and calls
     // only async-signal-safe functions (sigprocmask, setpgid, prctl,
-    // getppid, _exit) on local data.
+    // sched_setaffinity, getppid, _exit) on local data.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(set) = &bind {
+                // Best effort: a failure leaves the child unbound.
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set);
+            }
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
@@ -117,6 +135,21 @@ pub fn prepare_child(cmd: &mut std::process::Command, launcher: u32) {
             }
             Ok(())
         });
+    }
+}
+
+/// The CPUs this process may run on, in order (its affinity mask).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills a zeroed local cpu_set_t of the size
+    // given; CPU_ISSET reads it for indices below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
     }
 }
 
