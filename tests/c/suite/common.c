@@ -403,7 +403,6 @@ region region_new(VIP_NIC_HANDLE nic, VIP_PROTECTION_HANDLE ptag, size_t len,
                   int rdma_write, int rdma_read)
 {
     region r;
-    VIP_MEM_ATTRIBUTES ma;
     void *p = NULL;
     long page = sysconf(_SC_PAGESIZE);
     r.nic = nic;
@@ -411,11 +410,20 @@ region region_new(VIP_NIC_HANDLE nic, VIP_PROTECTION_HANDLE ptag, size_t len,
     CHECK(posix_memalign(&p, (size_t)page, r.len) == 0);
     memset(p, 0, r.len);
     r.base = p;
+    r.mh = reg_mem(nic, r.base, r.len, ptag, rdma_write, rdma_read);
+    return r;
+}
+
+VIP_MEM_HANDLE reg_mem(VIP_NIC_HANDLE nic, void *p, size_t n, VIP_PROTECTION_HANDLE ptag,
+                       int rdma_write, int rdma_read)
+{
+    VIP_MEM_ATTRIBUTES ma;
+    VIP_MEM_HANDLE mh = 0;
     ma.Ptag = ptag;
     ma.EnableRdmaWrite = rdma_write ? VIP_TRUE : VIP_FALSE;
     ma.EnableRdmaRead = rdma_read ? VIP_TRUE : VIP_FALSE;
-    OK(VipRegisterMem(nic, r.base, r.len, &ma, &r.mh));
-    return r;
+    OK(VipRegisterMem(nic, p, n, &ma, &mh));
+    return mh;
 }
 
 void region_free(region *r)

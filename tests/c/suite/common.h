@@ -157,6 +157,9 @@ typedef struct {
 } region;
 region region_new(VIP_NIC_HANDLE nic, VIP_PROTECTION_HANDLE ptag, size_t len,
                   int rdma_write, int rdma_read);
+/* Registers n bytes of the caller's memory at p (must succeed). */
+VIP_MEM_HANDLE reg_mem(VIP_NIC_HANDLE nic, void *p, size_t n, VIP_PROTECTION_HANDLE ptag,
+                       int rdma_write, int rdma_read);
 void region_free(region *r);
 /* The descriptor at byte `off` (a multiple of 64) of r. */
 VIP_DESCRIPTOR *desc_at(region *r, size_t off);

@@ -41,17 +41,6 @@ static void *goes_away(void *arg)
     return NULL;
 }
 
-static VIP_MEM_HANDLE reg_rw(VIP_NIC_HANDLE nic, void *p, size_t n, VIP_PROTECTION_HANDLE tag)
-{
-    VIP_MEM_ATTRIBUTES ma;
-    VIP_MEM_HANDLE mh = 0;
-    ma.Ptag = tag;
-    ma.EnableRdmaWrite = VIP_TRUE;
-    ma.EnableRdmaRead = VIP_FALSE;
-    OK(VipRegisterMem(nic, p, n, &ma, &mh));
-    return mh;
-}
-
 static double now(void)
 {
     struct timespec t;
@@ -94,7 +83,7 @@ static int parent(void)
         off = (size_t)(b.bytes - b.start);
         fill(b.bytes, L, 1000 + i);
         /* Registered and deregistered: kept cached or parked. */
-        h = reg_rw(nic, b.bytes, L, tag);
+        h = reg_mem(nic, b.bytes, L, tag, 1, 0);
         OK(VipDeregisterMem(nic, b.bytes, h));
 
         atomic_store(&go, 0);
@@ -113,7 +102,7 @@ static int parent(void)
         CHECK(m == b.start);
         reused++;
         fill(m + off, L, 2000 + i);
-        h = reg_rw(nic, m + off, L, tag);
+        h = reg_mem(nic, m + off, L, tag, 1, 0);
         CHECK(pthread_join(t, NULL) == 0);
 
         say_u64((uint64_t)(uintptr_t)(m + off));

@@ -27,17 +27,6 @@ static const char *way_name[W_COUNT] = {
     "madvise(MADV_DONTNEED)", "mremap", "free of a large malloc block",
 };
 
-static VIP_MEM_HANDLE reg_rw(VIP_NIC_HANDLE nic, void *p, size_t n, VIP_PROTECTION_HANDLE tag)
-{
-    VIP_MEM_ATTRIBUTES ma;
-    VIP_MEM_HANDLE mh = 0;
-    ma.Ptag = tag;
-    ma.EnableRdmaWrite = VIP_TRUE;
-    ma.EnableRdmaRead = VIP_FALSE;
-    OK(VipRegisterMem(nic, p, n, &ma, &mh));
-    return mh;
-}
-
 static unsigned char *map_at(void *at)
 {
     void *p = mmap(at, L, PROT_READ | PROT_WRITE,
@@ -139,18 +128,18 @@ static int parent(void)
         long bad;
 
         fill(m1, L, 1000 + w);
-        h1 = reg_rw(nic, m1, L, tag);
+        h1 = reg_mem(nic, m1, L, tag, 1, 0);
         if (deregistered_first) {
             /* Twice: the second is served by what the first left cached. */
             OK(VipDeregisterMem(nic, m1, h1));
-            h1 = reg_rw(nic, m1, L, tag);
+            h1 = reg_mem(nic, m1, L, tag, 1, 0);
             OK(VipDeregisterMem(nic, m1, h1));
         }
         m2 = replace(w, m1, &same);
         if (!same)
             printf("note: %s: the new memory is at %p, not %p\n", way_name[w], (void *)m2, (void *)m1);
         fill(m2, L, 2000 + w);
-        h2 = reg_rw(nic, m2, L, tag);
+        h2 = reg_mem(nic, m2, L, tag, 1, 0);
         CHECK_MSG(h2 != h1, "%s: the new registration got the old handle", way_name[w]);
         /* The old handle is dead for queries too. */
         EXPECT_RC(VipQueryMem(nic, m1, h1, &ma), VIP_INVALID_PARAMETER);
