@@ -532,3 +532,14 @@ long check_fill(const void *buf, size_t n, uint32_t seed)
     }
     return -1;
 }
+
+void rdma_write_wait(VIP_VI_HANDLE vi, VIP_DESCRIPTOR *d, void *src, VIP_MEM_HANDLE mh,
+                     VIP_MEM_HANDLE d_mh, uint64_t addr, VIP_MEM_HANDLE h, uint32_t len)
+{
+    desc_init(d, VIP_CONTROL_OP_RDMAWRITE, 2);
+    desc_remote(d, addr, h);
+    desc_local(d, 1, src, mh, len);
+    d->CS.Length = len;
+    OK(VipPostSend(vi, d, d_mh));
+    send_wait(vi, d);
+}

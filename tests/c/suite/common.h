@@ -157,6 +157,10 @@ typedef struct {
 } region;
 region region_new(VIP_NIC_HANDLE nic, VIP_PROTECTION_HANDLE ptag, size_t len,
                   int rdma_write, int rdma_read);
+/* Posts an RDMA write of len bytes from src (registered as mh) to addr in
+ * the peer's region h, built in d, and waits for its completion. */
+void rdma_write_wait(VIP_VI_HANDLE vi, VIP_DESCRIPTOR *d, void *src, VIP_MEM_HANDLE mh,
+                     VIP_MEM_HANDLE d_mh, uint64_t addr, VIP_MEM_HANDLE h, uint32_t len);
 /* Registers n bytes of the caller's memory at p (must succeed). */
 VIP_MEM_HANDLE reg_mem(VIP_NIC_HANDLE nic, void *p, size_t n, VIP_PROTECTION_HANDLE ptag,
                        int rdma_write, int rdma_read);

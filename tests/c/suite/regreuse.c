@@ -136,12 +136,7 @@ static int child(void)
     for (i = 0; i < ROUNDS; i++) {
         uint64_t a = hear_u64(), h = hear_u64();
         fill(src, L, 3000 + i);
-        desc_init(d, VIP_CONTROL_OP_RDMAWRITE, 2);
-        desc_remote(d, a, (VIP_MEM_HANDLE)h);
-        desc_local(d, 1, src, r.mh, L);
-        d->CS.Length = L;
-        OK(VipPostSend(vi, d, r.mh));
-        send_wait(vi, d);
+        rdma_write_wait(vi, d, src, r.mh, r.mh, a, (VIP_MEM_HANDLE)h, L);
         CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_RDMA_WRITE);
         barrier(1);
     }

@@ -186,23 +186,13 @@ static int child(void)
         uint64_t a1 = hear_u64(), h1 = hear_u64(), a2 = hear_u64(), h2 = hear_u64();
         /* Through the old handle: refused, nothing written. */
         fill(src, L, 4000 + w);
-        desc_init(d, VIP_CONTROL_OP_RDMAWRITE, 2);
-        desc_remote(d, a1, (VIP_MEM_HANDLE)h1);
-        desc_local(d, 1, src, r.mh, L);
-        d->CS.Length = L;
-        OK(VipPostSend(vi, d, r.mh));
-        send_wait(vi, d);
+        rdma_write_wait(vi, d, src, r.mh, r.mh, a1, (VIP_MEM_HANDLE)h1, L);
         CHECK_MSG(d->CS.Status & VIP_STATUS_RDMA_PROT_ERROR,
                   "%s: a write through the dead handle completed with status 0x%x",
                   way_name[w], (unsigned)d->CS.Status);
         /* Through the new one: lands in the new memory. */
         fill(src, L, 3000 + w);
-        desc_init(d, VIP_CONTROL_OP_RDMAWRITE, 2);
-        desc_remote(d, a2, (VIP_MEM_HANDLE)h2);
-        desc_local(d, 1, src, r.mh, L);
-        d->CS.Length = L;
-        OK(VipPostSend(vi, d, r.mh));
-        send_wait(vi, d);
+        rdma_write_wait(vi, d, src, r.mh, r.mh, a2, (VIP_MEM_HANDLE)h2, L);
         CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_RDMA_WRITE);
         barrier(1);
     }
