@@ -8,6 +8,12 @@ use via_tests::*;
 
 const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
 
+/// Status, length and immediate data of a `RECV`/`SEND` answer.
+fn comp(s: &str) -> (u32, u32, u32) {
+    let v = nums(s);
+    (v[0] as u32, v[1] as u32, v[2] as u32)
+}
+
 /// Mappings of `pid`'s arenas in this process.
 fn arenas_of(pid: i32) -> usize {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -20,6 +26,7 @@ fn arenas_of(pid: i32) -> usize {
 fn registration_in_this_process_and_a_peer() {
     repeated_registration_hits_and_unmap_invalidates();
     a_peer_unmaps_what_the_owner_retired();
+    receives_into_registrations_that_come_back();
     ranges_without_a_whole_page_register_and_move();
 }
 
@@ -64,6 +71,63 @@ fn a_peer_unmaps_what_the_owner_retired() {
     assert_eq!(t.entries, 1024);
     assert_eq!(t.ways, 1);
     assert!(t.rdma.compulsory >= 300, "{t:?}");
+    p.exit();
+}
+
+/// The peer registers two buffers in turn around every receive, as a
+/// message layer does: each registration after the first of a buffer comes
+/// back (parked) in the same table entry with the same extents under a new
+/// handle, and this side's engine reuses the region it resolved for the
+/// earlier handle. Every message must land in the buffer of its own
+/// registration, never in the other one, and the other buffer must keep
+/// what it last received.
+fn receives_into_registrations_that_come_back() {
+    let s = Setup::new(Reliability::ReliableDelivery, 1 << 16, false, false);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 65536 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str("revive"));
+    let mems: Vec<u64> = (0..2)
+        .map(|_| nums(&p.cmd_expect("memory 16384", "MEMORY"))[0])
+        .collect();
+    let mut handles = std::collections::HashSet::new();
+    for round in 0..200u32 {
+        let m = mems[round as usize % 2];
+        let r = nums(&p.cmd_expect(&format!("try_region_in {m}"), "REGION"));
+        let (idx, h) = (r[0], r[2] as u32);
+        assert!(handles.insert(h), "round {round}: handle {h:#x} came back");
+        let off = 100 + (round as usize % 7) * 1000;
+        assert_eq!(p.cmd(&format!("recv 0 {off}:1000@{idx}")), "OK");
+        s.fill(4096, 1000, round);
+        let d = DescBuilder::send()
+            .segment(&s.mem, 4096, 1000)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        let st = s.vi.send_wait(WAIT).unwrap().status;
+        assert_eq!(st, DONE, "round {round}: send status {st:#x}");
+        let got = comp(&p.cmd_expect("wait_recv", "RECV"));
+        assert_eq!((got.0, got.1), (DONE | OP_RECEIVE, 1000), "round {round}");
+        assert_eq!(
+            p.cmd(&format!("check {idx} {off} 1000 {round}")),
+            "SAME",
+            "round {round}"
+        );
+        if round > 0 {
+            // The other buffer still holds the previous round's message.
+            let prev = nums(&p.cmd_expect(
+                &format!("try_region_in {}", mems[(round as usize + 1) % 2]),
+                "REGION",
+            ))[0];
+            let poff = 100 + ((round - 1) as usize % 7) * 1000;
+            assert_eq!(
+                p.cmd(&format!("check {prev} {poff} 1000 {}", round - 1)),
+                "SAME",
+                "round {round}: the other buffer changed"
+            );
+            assert_eq!(p.cmd(&format!("dereg {prev}")), "OK");
+        }
+        assert_eq!(p.cmd(&format!("dereg {idx}")), "OK");
+    }
     p.exit();
 }
 

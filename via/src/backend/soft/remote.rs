@@ -134,12 +134,10 @@ impl RemoteNic {
         Some(m)
     }
 
-    /// Resolves the peer's region `handle` (mapping its arenas as needed),
-    /// with the table entry's sequence value for caching; `None` if the
-    /// handle is not live in the peer's table.
-    pub fn resolve(&self, handle: u32) -> Option<(Arc<Resolved>, u32)> {
-        let view = self.view();
-        let (snap, seq) = tpt::read(&view, handle)?;
+    /// The region a consistent snapshot of the peer's table describes, its
+    /// arenas mapped.
+    pub fn build(&self, snap: &tpt::Snapshot) -> Option<Arc<Resolved>> {
+        let handle = snap.handle;
         let mut extents = Vec::with_capacity(snap.n_extents);
         for e in &snap.extents[..snap.n_extents] {
             let map = if e.arena == CMA {
@@ -163,7 +161,7 @@ impl RemoteNic {
             pid: self.pid,
             extents: extents.into(),
         });
-        Some((r, seq))
+        Some(r)
     }
 
     /// The peer's CQ ring `slot`, generation `generation` (fetched on first use).

@@ -68,7 +68,7 @@ pub(crate) struct TranslationCache {
     /// Next slot [`TranslationCache::sweep`] checks.
     sweep_at: usize,
     /// Each peer's arena-retirement count when its entries were last swept.
-    retired: std::collections::HashMap<(u64, u32), u32>,
+    retired: std::collections::HashMap<(u64, u32), u32, crate::regions::BuildWordHasher>,
     seen: HashSet<((u64, u32), u32), crate::regions::BuildWordHasher>,
     stats: TranslationStats,
 }
@@ -85,7 +85,7 @@ impl TranslationCache {
             slots: (0..sets * ways).map(|_| None).collect(),
             clock: 0,
             sweep_at: 0,
-            retired: std::collections::HashMap::new(),
+            retired: Default::default(),
             seen: HashSet::default(),
             stats: TranslationStats {
                 entries: sets * ways,
@@ -266,6 +266,77 @@ impl TranslationCache {
 /// Regions kept from the last descriptors ([`Regions`]).
 const MEMO: usize = 4;
 
+/// Peer regions remembered by their table contents ([`Revived`]).
+const REVIVED: usize = 4;
+
+/// The peer regions resolved last, by what the peer's table said about
+/// them apart from the handle: a program that registers around every
+/// message deregisters and registers the same bytes again, and the peer's
+/// parked registration comes back in the same table entry with the same
+/// extents under a fresh handle. Its region is then the one resolved
+/// before, under the new handle: no arena lookup, no new extent list.
+///
+/// Sound because the snapshot it is matched against is the live entry of
+/// the new handle, and arena ids never repeat within a process, so equal
+/// extents name the same memory, mapped by the same arenas. Dropped when
+/// the peer retires an arena (its count moved), so that a retired arena is
+/// not kept mapped by this memory.
+#[derive(Default)]
+struct Revived {
+    recs: [Option<RevivedRec>; REVIVED],
+    next: usize,
+}
+
+struct RevivedRec {
+    owner: (u64, u32),
+    /// The peer's arena-retirement count when it was resolved.
+    retired: u32,
+    /// The table contents, handle zeroed.
+    snap: tpt::Snapshot,
+    region: Arc<Resolved>,
+}
+
+impl Revived {
+    /// Resolves `handle` of peer `r`: from a region resolved before with
+    /// the same table contents, else by mapping its extents.
+    fn resolve(&mut self, r: &RemoteNic, handle: u32) -> Option<(Arc<Resolved>, u32)> {
+        let (mut snap, seq) = tpt::read(&r.view(), handle)?;
+        let owner = (r.session, r.nic);
+        let retired = r.retired();
+        snap.handle = 0;
+        let found = self
+            .recs
+            .iter()
+            .flatten()
+            .find(|x| x.owner == owner && x.retired == retired && x.snap == snap);
+        if let Some(x) = found {
+            let mut region = (*x.region).clone();
+            region.handle = handle;
+            return Some((Arc::new(region), seq));
+        }
+        snap.handle = handle;
+        let region = r.build(&snap)?;
+        snap.handle = 0;
+        self.recs[self.next] = Some(RevivedRec {
+            owner,
+            retired,
+            snap,
+            region: region.clone(),
+        });
+        self.next = (self.next + 1) % REVIVED;
+        Some((region, seq))
+    }
+
+    /// Forgets the regions of a peer session (it died).
+    fn forget(&mut self, session: u64) {
+        for x in &mut self.recs {
+            if x.as_ref().is_some_and(|x| x.owner.0 == session) {
+                *x = None;
+            }
+        }
+    }
+}
+
 /// A region a recent descriptor used: `(owner, handle)` valid while its
 /// stamp is current (as a cache entry).
 struct Memo {
@@ -293,6 +364,7 @@ pub(crate) struct Regions {
     /// The current descriptor looked a region up in the cache and missed.
     missed: bool,
     work: Vec<Memo>,
+    revived: Revived,
     pub cache: TranslationCache,
 }
 
@@ -303,6 +375,7 @@ impl Regions {
             memo_next: 0,
             missed: false,
             work: Vec::with_capacity(8),
+            revived: Revived::default(),
             cache: TranslationCache::new(entries, ways),
         }
     }
@@ -375,10 +448,11 @@ impl Regions {
                 self.missed = true;
                 self.cache.sweep_retired(r);
                 let mut stamp = now;
+                let revived = &mut self.revived;
                 let region =
                     self.cache
                         .lookup(owner, Some(r), handle, now, local_version, u, || {
-                            r.resolve(handle).map(|(reg, s)| {
+                            revived.resolve(r, handle).map(|(reg, s)| {
                                 stamp = s as u64;
                                 (reg, s as u64)
                             })
@@ -439,6 +513,7 @@ impl Regions {
             }
         }
         self.cache.forget(session);
+        self.revived.forget(session);
     }
 }
 
