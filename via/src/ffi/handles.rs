@@ -123,41 +123,8 @@ pub(crate) fn nic_from(h: VIP_NIC_HANDLE) -> Result<Arc<NicInner>> {
         return Ok(nic);
     }
     let (nic, _, _) = decode(h, Kind::Nic)?;
-    // Busy only inside `with_nic`'s closure: then this lookup goes uncached.
-    RECENT_NICS.with(|c| {
-        if let Ok(mut c) = c.try_borrow_mut() {
-            c.remember(bits, pid, &nic, &nic);
-        }
-    });
+    RECENT_NICS.with(|c| c.borrow_mut().remember(bits, pid, &nic, &nic));
     Ok(nic)
-}
-
-/// Runs `f` on the open NIC named by `h`, borrowed from this thread's
-/// recent handles when it can (no reference count changes: the path of
-/// `VipRegisterMem` and `VipDeregisterMem` around every message), else as
-/// [`nic_from`] finds it.
-///
-/// # Errors
-/// `InvalidParameter` for NULL, another kind, a closed NIC or a stale
-/// handle; else what `f` returns.
-#[inline(always)]
-pub(crate) fn with_nic<R>(
-    h: VIP_NIC_HANDLE,
-    f: impl FnOnce(&Arc<NicInner>) -> Result<R>,
-) -> Result<R> {
-    let bits = opaque_value(h);
-    let pid = crate::sys::getpid();
-    let mut f = Some(f);
-    let r = RECENT_NICS.with(|c| {
-        let c = c.try_borrow().ok()?;
-        let e = c.hit(bits, pid, |_| true)?;
-        f.take().map(|f| f(&e.nic))
-    });
-    match (r, f) {
-        (Some(r), _) => r,
-        (None, Some(f)) => f(&nic_from(h)?),
-        (None, None) => unreachable!("the closure runs once"),
-    }
 }
 
 /// An object handle this thread used lately, with what it names.

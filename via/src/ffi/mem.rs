@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::attrs::MemAttributes;
 use crate::error::{Error, Result};
 use crate::ffi::boundary::{Out, address, boolean, ffi_boundary, read_in, vip_bool};
-use crate::ffi::handles::{nic_from, ptag_handle, ptag_named_by, ptag_of, with_nic};
+use crate::ffi::handles::{nic_from, ptag_handle, ptag_named_by, ptag_of};
 use crate::ffi::types::*;
 use crate::mem::arena::UserRange;
 use crate::nic::NicInner;
@@ -19,7 +19,6 @@ fn mem_attrs_in(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttrib
 /// The attributes `a` names, the tag not checked for liveness (for
 /// `VipRegisterMem`: `NicInner::register` checks it, without a lock when
 /// a parked registration of that tag comes back).
-#[inline]
 fn mem_attrs_named(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttributes> {
     let ptag = ptag_named_by(nic, a.Ptag).ok_or(Error::InvalidPtag)?;
     if boolean(a.EnableRdmaRead) && nic.attributes().rdma_read_support == 0 {
@@ -69,20 +68,19 @@ pub unsafe extern "C" fn VipRegisterMem(
     MemHandle: *mut VIP_MEM_HANDLE,
 ) -> VIP_RETURN {
     ffi_boundary!("VipRegisterMem", {
-        with_nic(NicHandle, |nic| {
-            // SAFETY: the caller's contract for `MemAttrs` and `MemHandle`.
-            let (attrs, out) = unsafe { (read_in(MemAttrs)?, Out::new(MemHandle)?) };
-            let addr = address(VirtualAddress);
-            if addr == 0 || Length == 0 || addr.checked_add(Length).is_none() {
-                return Err(Error::InvalidParameter);
-            }
-            let attrs = mem_attrs_named(nic, &attrs)?;
-            // SAFETY: the C caller's contract (see `# Safety`) is the one
-            // `UserRange::new` requires.
-            let range = unsafe { UserRange::new(addr as usize, Length as usize) };
-            out.write(nic.register(range, &attrs)?);
-            Ok(())
-        })
+        let nic = nic_from(NicHandle)?;
+        // SAFETY: the caller's contract for `MemAttrs` and `MemHandle`.
+        let (attrs, out) = unsafe { (read_in(MemAttrs)?, Out::new(MemHandle)?) };
+        let addr = address(VirtualAddress);
+        if addr == 0 || Length == 0 || addr.checked_add(Length).is_none() {
+            return Err(Error::InvalidParameter);
+        }
+        let attrs = mem_attrs_named(&nic, &attrs)?;
+        // SAFETY: the C caller's contract (see `# Safety`) is the one
+        // `UserRange::new` requires.
+        let range = unsafe { UserRange::new(addr as usize, Length as usize) };
+        out.write(nic.register(range, &attrs)?);
+        Ok(())
     })
 }
 
@@ -101,9 +99,8 @@ pub unsafe extern "C" fn VipDeregisterMem(
     MemHandle: VIP_MEM_HANDLE,
 ) -> VIP_RETURN {
     ffi_boundary!("VipDeregisterMem", {
-        with_nic(NicHandle, |nic| {
-            nic.deregister(address(VirtualAddress), MemHandle)
-        })
+        let nic = nic_from(NicHandle)?;
+        nic.deregister(address(VirtualAddress), MemHandle)
     })
 }
 
