@@ -52,22 +52,23 @@ impl Key {
     }
 }
 
-/// No place in an index slot.
+/// No place (end of a chain, empty bucket).
 const EMPTY: u16 = u16::MAX;
 
 /// The parked registrations of one NIC, in fixed places (taking one moves
 /// nothing). The NIC keeps them under the lock of its live registrations,
 /// so that taking one back and making it live is one critical section.
 ///
-/// Found through a small open-addressing index (linear probing, at most
-/// half full, deletion by backward shift): a lookup hashes the key once and
-/// usually compares one entry. A `HashMap` cost several times more on this
+/// Found through buckets of chained places (a head per bucket, a next per
+/// place; at least twice as many buckets as places): a lookup hashes the
+/// key once and usually compares one entry, and taking one unlinks it
+/// without moving any other. A `HashMap` cost several times more on this
 /// path, which every repeated registration takes.
 pub struct Parked<T> {
-    /// Place of each parked key, by hash (one registration per key: parking
-    /// the same bytes again evicts the older).
-    index: Vec<u16>,
-    mask: usize,
+    /// First place of each bucket's chain.
+    heads: Vec<u16>,
+    /// Next place in the same bucket's chain.
+    next: Vec<u16>,
     shift: u32,
     keys: Vec<Key>,
     /// When each was parked (0: the place is empty).
@@ -89,11 +90,11 @@ impl<T> Parked<T> {
             capacity < EMPTY as usize / 2,
             "{capacity} parked registrations"
         );
-        let slots = (capacity * 2).next_power_of_two().max(2);
+        let buckets = (capacity * 2).next_power_of_two().max(2);
         Parked {
-            index: vec![EMPTY; slots],
-            mask: slots - 1,
-            shift: 64 - slots.trailing_zeros(),
+            heads: vec![EMPTY; buckets],
+            next: Vec::with_capacity(capacity),
+            shift: 64 - buckets.trailing_zeros(),
             keys: Vec::with_capacity(capacity),
             stamps: Vec::with_capacity(capacity),
             values: Vec::with_capacity(capacity),
@@ -104,76 +105,54 @@ impl<T> Parked<T> {
         }
     }
 
-    fn home(&self, key: &Key) -> usize {
+    fn bucket(&self, key: &Key) -> usize {
         // The top bits of the product are the best mixed.
-        (key.hash() >> self.shift) as usize & self.mask
+        (key.hash() >> self.shift) as usize
     }
 
-    /// The index slot holding `key`'s place, and the place.
-    fn find(&self, key: &Key) -> Option<(usize, usize)> {
-        let mut p = self.home(key);
-        loop {
-            let i = self.index[p];
-            if i == EMPTY {
-                return None;
-            }
+    /// The place holding `key`, and the place before it in its chain
+    /// (`EMPTY`: it is the head).
+    fn find(&self, key: &Key) -> Option<(u16, usize)> {
+        let mut prev = EMPTY;
+        let mut i = self.heads[self.bucket(key)];
+        while i != EMPTY {
             if self.keys[i as usize] == *key {
-                return Some((p, i as usize));
+                return Some((prev, i as usize));
             }
-            p = (p + 1) & self.mask;
+            prev = i;
+            i = self.next[i as usize];
         }
+        None
     }
 
-    fn index_insert(&mut self, key: &Key, i: usize) {
-        let mut p = self.home(key);
-        while self.index[p] != EMPTY {
-            p = (p + 1) & self.mask;
+    /// Empties place `i`, found after `prev` in its chain.
+    fn remove(&mut self, prev: u16, i: usize) -> Option<T> {
+        let after = self.next[i];
+        if prev == EMPTY {
+            let b = self.bucket(&self.keys[i]);
+            self.heads[b] = after;
+        } else {
+            self.next[prev as usize] = after;
         }
-        self.index[p] = i as u16;
+        self.stamps[i] = 0;
+        self.free.push(i as u16);
+        self.values[i].take()
     }
 
-    /// Empties index slot `p`, moving back the entries after it that would
-    /// no longer be found past the hole.
-    fn index_remove(&mut self, p: usize) {
-        let mut hole = p;
-        let mut q = (p + 1) & self.mask;
-        loop {
-            let i = self.index[q];
-            if i == EMPTY {
-                break;
-            }
-            let home = self.home(&self.keys[i as usize]);
-            // Movable into the hole unless its home lies cyclically in
-            // (hole, q].
-            if q.wrapping_sub(home) & self.mask >= q.wrapping_sub(hole) & self.mask {
-                self.index[hole] = i;
-                hole = q;
-            }
-            q = (q + 1) & self.mask;
-        }
-        self.index[hole] = EMPTY;
-    }
-
-    /// Empties place `i` (parked, so its key is in the index).
+    /// Empties place `i` (parked, so its key is in a chain).
     fn take_at(&mut self, i: usize) -> Option<T> {
         if self.stamps[i] == 0 {
             return None;
         }
-        let (p, _) = self.find(&self.keys[i]).expect("a parked key is indexed");
-        self.index_remove(p);
-        self.stamps[i] = 0;
-        self.free.push(i as u16);
-        self.values[i].take()
+        let (prev, _) = self.find(&self.keys[i]).expect("a parked key is chained");
+        self.remove(prev, i)
     }
 
     /// Takes the registration parked under `key`.
     pub fn take(&mut self, key: &Key) -> Option<T> {
-        let (p, i) = self.find(key)?;
+        let (prev, i) = self.find(key)?;
         self.hits += 1;
-        self.index_remove(p);
-        self.stamps[i] = 0;
-        self.free.push(i as u16);
-        self.values[i].take()
+        self.remove(prev, i)
     }
 
     /// Registrations served so far.
@@ -205,13 +184,16 @@ impl<T> Parked<T> {
                 self.keys.push(key);
                 self.stamps.push(0);
                 self.values.push(None);
+                self.next.push(EMPTY);
                 self.keys.len() - 1
             }
         };
         self.keys[i] = key;
         self.stamps[i] = stamp;
         self.values[i] = Some(v);
-        self.index_insert(&key, i);
+        let b = self.bucket(&key);
+        self.next[i] = self.heads[b];
+        self.heads[b] = i as u16;
         evicted
     }
 
@@ -320,8 +302,8 @@ mod tests {
     }
 
     /// Random puts and takes against a plain model, with keys that collide
-    /// in the index (same page-aligned addresses, few lengths), so that
-    /// probing and deletion by backward shift are exercised.
+    /// in the buckets (same page-aligned addresses, few lengths), so that
+    /// chains and unlinking from their middle are exercised.
     #[test]
     fn agrees_with_a_model_under_collisions() {
         let mut p = Parked::new(8);
