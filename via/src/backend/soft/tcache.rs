@@ -304,11 +304,20 @@ impl Revived {
         let owner = (r.session, r.nic);
         let retired = r.retired();
         snap.handle = 0;
+        // Records from before the owner retired an arena go now, so that
+        // they do not keep a retired arena mapped.
+        for x in &mut self.recs {
+            if x.as_ref()
+                .is_some_and(|x| x.owner == owner && x.retired != retired)
+            {
+                *x = None;
+            }
+        }
         let found = self
             .recs
             .iter()
             .flatten()
-            .find(|x| x.owner == owner && x.retired == retired && x.snap == snap);
+            .find(|x| x.owner == owner && x.snap == snap);
         if let Some(x) = found {
             let mut region = (*x.region).clone();
             region.handle = handle;
