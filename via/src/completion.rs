@@ -16,7 +16,7 @@
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use doorbell::EventCount;
 
@@ -38,16 +38,36 @@ pub mod interest {
 
 /// Writes a completion into the control segment at `at` of `m`: `imm` and
 /// `len` first, then `status` (Release).
+#[inline(always)]
 pub(crate) fn write(m: &Mapping, at: usize, status: u32, len: Option<u32>, imm: Option<u32>) {
+    // The whole control segment through one bounds check (it always lies
+    // in the mapping: whoever found `at` checked 32 bytes).
+    if let Some(cs) = m.slice::<AtomicU32>(at, 8) {
+        if let Some(i) = imm {
+            cs[offsets::IMMEDIATE_DATA / 4].store(i, Ordering::Relaxed);
+        }
+        if let Some(l) = len {
+            cs[offsets::LENGTH / 4].store(l, Ordering::Relaxed);
+        }
+        // Release: the data and the words above happen before a reader
+        // that sees this status with Acquire (VipRecvDone, or a program
+        // spinning on memory).
+        cs[offsets::STATUS / 4].store(status, Ordering::Release);
+        return;
+    }
+    write_words(m, at, status, len, imm);
+}
+
+/// [`write`] word by word (each store checked on its own).
+#[cold]
+fn write_words(m: &Mapping, at: usize, status: u32, len: Option<u32>, imm: Option<u32>) {
     if let Some(i) = imm {
         m.store_u32(at + offsets::IMMEDIATE_DATA, i, Ordering::Relaxed);
     }
     if let Some(l) = len {
         m.store_u32(at + offsets::LENGTH, l, Ordering::Relaxed);
     }
-    // Release: the data and the words above happen before a reader that
-    // sees this status with Acquire (VipRecvDone, or a program spinning on
-    // memory).
+    // Release: as in `write`.
     m.store_u32(at + offsets::STATUS, status, Ordering::Release);
 }
 
@@ -58,7 +78,7 @@ pub(crate) fn write(m: &Mapping, at: usize, status: u32, len: Option<u32>, imm: 
 /// # Errors
 /// The fault if a word cannot be written (the region no longer covers it,
 /// or cross-memory attach failed).
-#[inline]
+#[inline(always)]
 pub(crate) fn write_in_region(
     r: &Resolved,
     va: u64,
@@ -70,6 +90,19 @@ pub(crate) fn write_in_region(
         write(m, at, status, len, imm);
         return Ok(());
     }
+    write_in_region_words(r, va, status, len, imm)
+}
+
+/// [`write_in_region`] word by word (the control segment straddles
+/// extents, or the region is reached by cross-memory attach).
+#[cold]
+fn write_in_region_words(
+    r: &Resolved,
+    va: u64,
+    status: u32,
+    len: Option<u32>,
+    imm: Option<u32>,
+) -> Result<(), Fault> {
     if let Some(i) = imm {
         r.store_relaxed(va + offsets::IMMEDIATE_DATA as u64, i)?;
     }
@@ -101,6 +134,26 @@ impl StatusLoc {
         match region.control_segment(va) {
             Some((m, at)) => StatusLoc::Map(m, at),
             None => StatusLoc::Cma(region.pid, va),
+        }
+    }
+
+    /// Becomes `other`, changing no reference count when both are in the
+    /// same mapping (the common case: a work queue's slot reused for the
+    /// next descriptor of the same region).
+    #[inline(always)]
+    pub fn assign(&mut self, other: &StatusLoc) {
+        match (&mut *self, other) {
+            (StatusLoc::Map(m, at), StatusLoc::Map(n, bt)) if Arc::ptr_eq(m, n) => *at = *bt,
+            _ => self.clone_from(other),
+        }
+    }
+
+    /// Becomes offset `at` of mapping `m` (as [`StatusLoc::assign`]).
+    #[inline(always)]
+    pub fn set_map(&mut self, m: &Arc<Mapping>, at: usize) {
+        match self {
+            StatusLoc::Map(old, o) if Arc::ptr_eq(old, m) => *o = at,
+            _ => *self = StatusLoc::Map(m.clone(), at),
         }
     }
 

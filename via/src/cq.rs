@@ -207,7 +207,7 @@ impl CqCore {
                     } else {
                         v.send.lock().unwrap()
                     };
-                    q.fifo
+                    q.posted
                         .get(q.reported)
                         .is_some_and(|p| p.status.status() & crate::descriptor::status::DONE != 0)
                 })
@@ -283,10 +283,10 @@ impl CqCore {
                 } else {
                     v.send.lock().unwrap()
                 };
-                q.fifo
+                q.posted
                     .iter()
                     .skip(q.reported)
-                    .take_while(|p| p.status.status() & crate::descriptor::status::DONE != 0)
+                    .take_while(|(_, p)| p.status.status() & crate::descriptor::status::DONE != 0)
                     .count()
             })
             .sum()

@@ -154,7 +154,7 @@ pub(crate) fn read_desc(
         return Err(Error::DescriptorError);
     }
     let segs = &mut out.segs;
-    let (n, control, imm, length, status);
+    let (n, control, imm, length);
     if let Some((m, at, room)) = region.locate(va, 32) {
         // Fast path: the descriptor lies in one arena; read its words
         // through one bounds check (the 32-byte control segment).
@@ -189,7 +189,7 @@ pub(crate) fn read_desc(
         } else {
             read_segs(region, va, n, segs)?;
         }
-        status = StatusLoc::Map(m.clone(), at);
+        out.status.set_map(m, at);
     } else {
         let mut cs = [0u8; 32];
         region
@@ -206,7 +206,7 @@ pub(crate) fn read_desc(
             return Err(Error::DescriptorError);
         }
         read_segs(region, va, n, segs)?;
-        status = StatusLoc::of(region, va);
+        out.status = StatusLoc::of(region, va);
     }
     out.control = control;
     out.imm = imm;
@@ -216,7 +216,6 @@ pub(crate) fn read_desc(
     out.region_va = region.va;
     out.region_len = region.len;
     out.region_ptag = region.ptag;
-    out.status = status;
     Ok(())
 }
 

@@ -30,17 +30,105 @@ use crate::proto::{Endpoint, Request};
 use crate::translate;
 
 /// A posted descriptor waiting to be dequeued.
-#[derive(Clone)]
+#[derive(Default)]
 pub(crate) struct Posted {
     pub desc_va: u64,
     pub status: StatusLoc,
-    pub pos: u64,
+}
+
+/// The posted descriptors of one work queue, oldest first: positions
+/// `head..tail` of a ring indexed by position (a power of two in size,
+/// grown by doubling while the queue deepens, so a post or a dequeue in
+/// the steady state allocates nothing). A dequeued slot keeps its status
+/// location: the next post through the same mapping only changes the
+/// offset, not the mapping's reference count.
+pub(crate) struct Ring {
+    slots: Vec<Posted>,
+    head: u64,
+    tail: u64,
+}
+
+impl Default for Ring {
+    fn default() -> Self {
+        Ring {
+            slots: (0..Ring::FIRST).map(|_| Posted::default()).collect(),
+            head: 0,
+            tail: 0,
+        }
+    }
+}
+
+impl Ring {
+    /// Slots of a new ring.
+    const FIRST: usize = 16;
+
+    fn slot(&self, pos: u64) -> &Posted {
+        &self.slots[pos as usize & (self.slots.len() - 1)]
+    }
+
+    /// Descriptors posted and not dequeued.
+    pub fn len(&self) -> usize {
+        (self.tail - self.head) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// The `i`th oldest.
+    pub fn get(&self, i: usize) -> Option<&Posted> {
+        (i < self.len()).then(|| self.slot(self.head + i as u64))
+    }
+
+    /// The oldest.
+    #[inline(always)]
+    pub fn front(&self) -> Option<&Posted> {
+        (self.head != self.tail).then(|| self.slot(self.head))
+    }
+
+    /// Oldest first, with their positions.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Posted)> {
+        (self.head..self.tail).map(|p| (p, self.slot(p)))
+    }
+
+    /// Appends the descriptor at `desc_va` whose status is at `status`.
+    #[inline(always)]
+    pub fn push(&mut self, desc_va: u64, status: &StatusLoc) -> &Posted {
+        if self.len() == self.slots.len() {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        let slot = &mut self.slots[self.tail as usize & mask];
+        self.tail += 1;
+        slot.desc_va = desc_va;
+        slot.status.assign(status);
+        slot
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let n = self.slots.len() * 2;
+        let mut slots: Vec<Posted> = (0..n).map(|_| Posted::default()).collect();
+        let old = self.slots.len() - 1;
+        for p in self.head..self.tail {
+            slots[p as usize & (n - 1)] = std::mem::take(&mut self.slots[p as usize & old]);
+        }
+        self.slots = slots;
+    }
+
+    /// Drops the oldest (the slot keeps its status location for reuse).
+    #[inline(always)]
+    pub fn pop_front(&mut self) {
+        if self.head != self.tail {
+            self.head += 1;
+        }
+    }
 }
 
 /// One work queue as this process sees it.
 #[derive(Default)]
 pub(crate) struct Queue {
-    pub fifo: VecDeque<Posted>,
+    pub posted: Ring,
     /// Completions already returned by a scanning CQ (CQ2), from the head.
     pub reported: usize,
     /// Next ring position (receive queue) or sequence number (send queue).
@@ -249,8 +337,8 @@ impl ViCore {
         (
             self.vi_state(),
             *self.attrs.read().unwrap(),
-            self.send.lock().unwrap().fifo.is_empty(),
-            self.recv.lock().unwrap().fifo.is_empty(),
+            self.send.lock().unwrap().posted.is_empty(),
+            self.recv.lock().unwrap().posted.is_empty(),
         )
     }
 
@@ -276,8 +364,8 @@ impl ViCore {
     pub fn destroy(self: &Arc<Self>, nic: &NicInner) -> Result<()> {
         let st = self.state.lock().unwrap();
         if st.state != ViState::Idle
-            || !self.send.lock().unwrap().fifo.is_empty()
-            || !self.recv.lock().unwrap().fifo.is_empty()
+            || !self.send.lock().unwrap().posted.is_empty()
+            || !self.recv.lock().unwrap().posted.is_empty()
         {
             return Err(Error::InvalidState);
         }
@@ -326,11 +414,11 @@ impl ViCore {
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         {
             let mut q = self.send.lock().unwrap();
-            if q.fifo.len() >= nic.limits.queue_depth as usize {
+            if q.posted.len() >= nic.limits.queue_depth as usize {
                 return Err(Error::Resource);
             }
             let Queue {
-                fifo,
+                posted,
                 tail,
                 regions,
                 desc: d,
@@ -357,14 +445,7 @@ impl ViCore {
             // meaningful from now on.
             d.status.clear();
             *tail += 1;
-            fifo.push_back(Posted {
-                desc_va,
-                status: std::mem::take(&mut d.status),
-                pos: wr.seq as u64,
-            });
-            let Some(posted) = fifo.back() else {
-                return Err(Error::Resource);
-            };
+            let posted = posted.push(desc_va, &d.status);
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
             nic.dev.post_send(
@@ -387,23 +468,23 @@ impl ViCore {
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         let state = self.vi_state();
         let mut q = self.recv.lock().unwrap();
-        if q.fifo.len() >= nic.limits.queue_depth as usize {
+        if q.posted.len() >= nic.limits.queue_depth as usize {
             return Err(Error::Resource);
         }
         let Queue {
             regions,
             desc: d,
             rwr: pd,
-            fifo,
+            posted,
             tail,
             ..
         } = &mut *q;
         translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
         translate::recv_wr(&nic.regions, d, desc_va, handle, ptag, regions, pd);
         d.status.clear();
-        let status = std::mem::take(&mut d.status);
         let pos = *tail;
         *tail += 1;
+        posted.push(desc_va, &d.status);
         let immediate = if pd.fault != 0 {
             Some(status::DONE | status::OP_RECEIVE | pd.fault)
         } else if state == ViState::Error {
@@ -413,22 +494,13 @@ impl ViCore {
         };
         match immediate {
             Some(st) => {
-                fifo.push_back(Posted {
-                    desc_va,
-                    status: status.clone(),
-                    pos,
-                });
+                let status = d.status.clone();
                 // Never offered to the peer: its engine skips finished slots.
                 nic.dev.skip_recv(nic, self, pos);
                 drop(q);
                 completion::local(nic, self, Which::Recv, &status, st, None, None);
             }
             None => {
-                fifo.push_back(Posted {
-                    desc_va,
-                    status,
-                    pos,
-                });
                 nic.dev.post_recv(nic, self, pos, pd)?;
             }
         }
@@ -453,13 +525,13 @@ impl ViCore {
     #[inline(always)]
     fn take_done(&self, w: Which) -> Option<Completion> {
         let mut q = self.queue(w).lock().unwrap();
-        let head = q.fifo.front()?;
+        let head = q.posted.front()?;
         let st = head.status.status();
         if st & status::DONE == 0 {
             return None;
         }
         let desc = head.desc_va;
-        q.fifo.pop_front();
+        q.posted.pop_front();
         q.reported = q.reported.saturating_sub(1);
         Some(Completion { desc, status: st })
     }
@@ -482,7 +554,7 @@ impl ViCore {
 
     fn head_done(&self, w: Which) -> bool {
         let q = self.queue(w).lock().unwrap();
-        q.fifo
+        q.posted
             .front()
             .is_some_and(|h| h.status.status() & status::DONE != 0)
     }
@@ -513,7 +585,7 @@ impl ViCore {
     pub fn take_unreported(&self, w: Which) -> bool {
         let mut q = self.queue(w).lock().unwrap();
         let i = q.reported;
-        match q.fifo.get(i) {
+        match q.posted.get(i) {
             Some(p) if p.status.status() & status::DONE != 0 => {
                 q.reported += 1;
                 true
@@ -692,9 +764,9 @@ impl ViCore {
         let mut todo = Vec::new();
         {
             let mut q = self.recv.lock().unwrap();
-            for p in &q.fifo {
+            for (pos, p) in q.posted.iter() {
                 if p.status.status() & status::DONE == 0
-                    && nic.dev.cancel_recv(nic, self, p.pos, peer_dead)
+                    && nic.dev.cancel_recv(nic, self, pos, peer_dead)
                 {
                     todo.push(p.status.clone());
                 }

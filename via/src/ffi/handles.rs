@@ -242,7 +242,7 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
         if let Ok(mut c) = c.try_borrow_mut() {
             if let Some(i) = c.remember(bits, pid, &nic, &vi) {
                 // Entry `i` owns both now.
-                last_vi::point(i, bits, pid, &nic, &vi);
+                last_vi::point(i, bits, &nic, &vi);
             }
         }
     });
@@ -259,16 +259,15 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
 /// # Errors
 /// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC;
 /// else what `f` returns.
-#[inline]
+#[inline(always)]
 pub(crate) fn with_vi<R>(
     h: VIP_VI_HANDLE,
     f: impl FnOnce(&NicInner, &ViCore) -> Result<R>,
 ) -> Result<R> {
     let bits = opaque_value(h);
-    let pid = crate::sys::getpid();
-    match last_vi::with(bits, pid, f) {
+    match last_vi::with(bits, f) {
         Ok(r) => r,
-        Err(f) => with_vi_cached(h, bits, pid, f),
+        Err(f) => with_vi_cached(h, bits, crate::sys::getpid(), f),
     }
 }
 

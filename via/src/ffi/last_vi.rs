@@ -4,9 +4,11 @@
 //!
 //! One cell per entry of this thread's cache of VI handles
 //! (`handles::Recent`, which owns an `Arc` of each VI and NIC, and so needs
-//! a destructor and a borrow flag): the handle bits, the process id and
-//! plain pointers to the VI and its NIC. Thread-local storage without a
-//! destructor costs one address computation.
+//! a destructor and a borrow flag): the handle bits and plain pointers to
+//! the VI and its NIC. Thread-local storage without a destructor costs one
+//! address computation; the closure inside it only finds the cell, so that
+//! the caller's work runs outside it (inlined, no result moved through
+//! memory).
 //!
 //! Why the pointers are valid whenever a cell holds them (the argument for
 //! the one `unsafe` block below):
@@ -20,7 +22,9 @@
 //!   entry at all ([`busy`]): a nested lookup of another handle inside the
 //!   closure cannot drop what the closure uses.
 //! - Only this thread reads or writes the cells. After `fork` the child's
-//!   copy names copied memory, and the process id no longer matches.
+//!   copy would name copied memory: a fork handler (installed with the
+//!   first cell) empties the cells of the forking thread, the only thread
+//!   of the child, so no cell needs a process id.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -31,14 +35,12 @@ use crate::vi::ViCore;
 #[derive(Clone, Copy)]
 struct Last {
     bits: u64,
-    pid: i32,
     nic: *const NicInner,
     vi: *const ViCore,
 }
 
 const NONE: Last = Last {
     bits: 0,
-    pid: 0,
     nic: std::ptr::null(),
     vi: std::ptr::null(),
 };
@@ -70,42 +72,51 @@ impl Drop for Running<'_> {
     }
 }
 
-/// Runs `f` on the VI of handle `bits` if a cell names it (in process
-/// `pid`), it is not destroyed and its NIC not closed; else gives `f` back.
+/// Runs `f` on the VI of handle `bits` if a cell names it, it is not
+/// destroyed and its NIC not closed; else gives `f` back.
 #[inline(always)]
-pub(crate) fn with<R, F: FnOnce(&NicInner, &ViCore) -> R>(
-    bits: u64,
-    pid: i32,
-    f: F,
-) -> Result<R, F> {
-    FAST.with(|fast| {
-        let found = fast
+pub(crate) fn with<R, F: FnOnce(&NicInner, &ViCore) -> R>(bits: u64, f: F) -> Result<R, F> {
+    let found = FAST.with(|fast| {
+        let last = fast
             .cells
             .iter()
             .map(Cell::get)
-            .find(|c| c.bits == bits && c.pid == pid && !c.vi.is_null());
-        let Some(last) = found else {
-            return Err(f);
-        };
-        // SAFETY: a non-null cell names a VI and a NIC that an entry of this
-        // thread's handle cache keeps alive until the cell is forgotten (the
-        // module doc); `busy` keeps that entry in place while `f` runs.
-        let (nic, vi) = unsafe { (&*last.nic, &*last.vi) };
-        // Acquire: pairs with the Release stores of `VipDestroyVi` and
-        // `VipCloseNic`, as the cache's own check (`handles::Recent::hit`).
-        if vi.destroyed.load(Ordering::Acquire) || nic.closed.load(Ordering::Acquire) {
-            return Err(f);
-        }
-        fast.busy.set(fast.busy.get() + 1);
-        let _running = Running(&fast.busy);
-        Ok(f(nic, vi))
-    })
+            .find(|c| c.bits == bits && !c.vi.is_null())?;
+        Some((std::ptr::from_ref(fast), last))
+    });
+    let Some((fast, last)) = found else {
+        return Err(f);
+    };
+    // SAFETY: `fast` is this thread's storage, alive as long as the thread
+    // (and this call runs on it). A non-null cell names a VI and a NIC that
+    // an entry of this thread's handle cache keeps alive until the cell is
+    // forgotten (the module doc); `busy` keeps that entry in place while
+    // `f` runs.
+    let (fast, nic, vi) = unsafe { (&*fast, &*last.nic, &*last.vi) };
+    // Acquire: pairs with the Release stores of `VipDestroyVi` and
+    // `VipCloseNic`, as the cache's own check (`handles::Recent::hit`).
+    if vi.destroyed.load(Ordering::Acquire) || nic.closed.load(Ordering::Acquire) {
+        return Err(f);
+    }
+    fast.busy.set(fast.busy.get() + 1);
+    let _running = Running(&fast.busy);
+    Ok(f(nic, vi))
 }
 
 /// Points cell `i` at `vi` and `nic`, which entry `i` of this thread's
-/// cache of VI handles owns (handle `bits`, process `pid`).
-pub(crate) fn point(i: usize, bits: u64, pid: i32, nic: &NicInner, vi: &ViCore) {
-    FAST.with(|fast| fast.cells[i % CELLS].set(Last { bits, pid, nic, vi }));
+/// cache of VI handles owns (handle `bits`, made in this process).
+pub(crate) fn point(i: usize, bits: u64, nic: &NicInner, vi: &ViCore) {
+    static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
+    FORK_HANDLER.call_once(|| {
+        unsafe extern "C" fn keep() {}
+        unsafe extern "C" fn child() {
+            forget(None);
+        }
+        if let Err(e) = crate::sys::atfork(keep, keep, child) {
+            log::warn!("cannot install the fork handler of the VI cells: {e}");
+        }
+    });
+    FAST.with(|fast| fast.cells[i % CELLS].set(Last { bits, nic, vi }));
 }
 
 /// Forgets the cells that name the object at `addr` (`None`: all), before
