@@ -3,8 +3,11 @@
 //!
 //! **Progress runs inline** in the caller (every call that may complete
 //! something drains the completion queue first); no helper thread is on
-//! this path. The one completion queue of the process takes the send and
-//! receive completions of every channel.
+//! this path. The one completion queue of the process takes the receive
+//! completions of every channel; with a single peer (two processes) there
+//! is no CQ and the channel's VI is polled and waited on directly. Send
+//! completions are reaped lazily from each VI (see [`crate::channel`]);
+//! only while RDMA reads are outstanding does progress look at them.
 //!
 //! **Matching** follows MPI: a message matches the earliest posted
 //! receive with its context, a source equal to its own or `ANY_SOURCE`,
@@ -224,12 +227,18 @@ pub struct Engine {
     size: u32,
     nic: Nic,
     ptag: Ptag,
-    cq: Cq,
+    /// Receive completions of every channel; `None` with a single peer
+    /// (its VI is polled and waited on instead).
+    cq: Option<Cq>,
+    /// The one peer when the job has two processes.
+    single: Option<u32>,
     channels: Vec<Option<Channel>>,
     /// Peer of each VI slot (`u32::MAX`: none).
     by_vi: Vec<u32>,
     out: Vec<VecDeque<Out>>,
     queued: usize,
+    /// RDMA reads posted and not yet seen complete.
+    reads_out: usize,
     reqs: Reqs,
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
@@ -265,23 +274,30 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 /// Opens the NIC and connects a set of channels to every other process:
 /// the channel set of the engine, or of the offload context (`kind`).
+/// `with_cq`: the channels' receive completions go to one CQ (else each
+/// VI is polled itself).
 pub(crate) fn connect_all(
     pmi: &mut Pmi,
     kind: &str,
     shape: Shape,
-) -> Result<(Nic, Ptag, Cq, Vec<Option<Channel>>)> {
+    with_cq: bool,
+) -> Result<(Nic, Ptag, Option<Cq>, Vec<Option<Channel>>)> {
     let (rank, size) = (pmi.rank(), pmi.size());
     let nic = Nic::open(None)?;
     nic.set_error_callback(|e| log::debug!("via: {e:?}"));
     let ptag = nic.create_ptag()?;
-    let entries = ((size as usize) * (shape.recv + shape.send) + 64).next_power_of_two() as u32;
-    let cq = nic.create_cq(entries.min(65536))?;
+    let entries = ((size as usize) * shape.recv + 64).next_power_of_two() as u32;
+    let cq = if with_cq {
+        Some(nic.create_cq(entries.min(65536))?)
+    } else {
+        None
+    };
     let mut channels = Vec::new();
     for p in 0..size {
         channels.push(if p == rank {
             None
         } else {
-            Some(Channel::new(&nic, ptag, &cq, p, shape)?)
+            Some(Channel::new(&nic, ptag, cq.as_ref(), p, shape)?)
         });
     }
     for ch in channels.iter().flatten() {
@@ -362,7 +378,8 @@ impl Engine {
             send: cfg.slots,
             slot,
         };
-        let (nic, ptag, cq, channels) = connect_all(pmi, "p2p", shape)?;
+        let single = (pmi.size() == 2).then(|| 1 - pmi.rank());
+        let (nic, ptag, cq, channels) = connect_all(pmi, "p2p", shape, single.is_none())?;
         let mut by_vi = Vec::new();
         for ch in channels.iter().flatten() {
             let v = ch.vi_slot() as usize;
@@ -378,10 +395,12 @@ impl Engine {
             nic,
             ptag,
             cq,
+            single,
             channels,
             by_vi,
             out: (0..size).map(|_| VecDeque::new()).collect(),
             queued: 0,
+            reads_out: 0,
             reqs: Reqs::default(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
@@ -637,7 +656,9 @@ impl Engine {
     /// One blocking step: waits for a completion (or polls while sends
     /// wait for credits) and handles it.
     pub fn wait_step(&mut self) -> Result<()> {
-        if self.queued > 0 {
+        // Credits come by RDMA write and reads complete on send queues,
+        // neither through a receive completion: poll while either is awaited.
+        if self.queued > 0 || self.reads_out > 0 {
             if self.progress()? {
                 return Ok(());
             }
@@ -656,11 +677,10 @@ impl Engine {
             let end = std::time::Instant::now() + self.spin;
             loop {
                 for _ in 0..32 {
-                    match self.cq.done() {
-                        Ok((slot, recv)) => return self.on_cq(slot, recv),
-                        Err(e) if e.kind() == via::ErrorKind::NotDone => std::hint::spin_loop(),
-                        Err(e) => return Err(e.into()),
+                    if self.poll_one()? {
+                        return Ok(());
                     }
+                    std::hint::spin_loop();
                 }
                 if std::time::Instant::now() >= end {
                     break;
@@ -669,9 +689,29 @@ impl Engine {
         }
         // Then block (the provider's wait spins for `VIA_SPIN_US`, then
         // sleeps until the peer's engine wakes it).
-        match self.cq.wait(Some(Duration::from_millis(500))) {
+        let timeout = Duration::from_millis(500);
+        if let Some(peer) = self.single {
+            let r = self.ch(peer)?.recv_wait(timeout);
+            return self.on_recv(peer, r).map(|_| ());
+        }
+        let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+        match cq.wait(Some(timeout)) {
             Ok((slot, recv)) => self.on_cq(slot, recv),
             Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Handles one receive completion if one is ready: whether one was.
+    fn poll_one(&mut self) -> Result<bool> {
+        if let Some(peer) = self.single {
+            let r = self.ch(peer)?.recv_done();
+            return self.on_recv(peer, r);
+        }
+        let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+        match cq.done() {
+            Ok((slot, recv)) => self.on_cq(slot, recv).map(|_| true),
+            Err(e) if e.kind() == via::ErrorKind::NotDone => Ok(false),
             Err(e) => Err(e.into()),
         }
     }
@@ -679,15 +719,11 @@ impl Engine {
     /// Handles every completion that is ready and sends what waited.
     pub fn progress(&mut self) -> Result<bool> {
         let mut did = false;
-        loop {
-            match self.cq.done() {
-                Ok((slot, recv)) => {
-                    self.on_cq(slot, recv)?;
-                    did = true;
-                }
-                Err(e) if e.kind() == via::ErrorKind::NotDone => break,
-                Err(e) => return Err(e.into()),
-            }
+        while self.poll_one()? {
+            did = true;
+        }
+        if self.reads_out > 0 {
+            did |= self.reap_reads()?;
         }
         if self.queued > 0 {
             did |= self.flush()?;
@@ -695,33 +731,67 @@ impl Engine {
         Ok(did)
     }
 
-    fn on_cq(&mut self, vi: u32, recv: bool) -> Result<()> {
-        let peer = match self.by_vi.get(vi as usize) {
-            Some(&p) if p != u32::MAX => p,
-            _ => return Ok(()),
-        };
-        let closing = self.closing;
-        let r = if recv {
-            match self.ch(peer)?.recv_done() {
-                Ok(Some((i, h))) => self.on_message(peer, i, h),
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
+    /// Reaps the send queues for completed RDMA reads and handles them.
+    fn reap_reads(&mut self) -> Result<bool> {
+        let mut did = false;
+        for peer in 0..self.size {
+            let Some(ch) = self.channels[peer as usize].as_mut() else {
+                continue;
+            };
+            let r = ch.reap();
+            self.closing_ok(r)?;
+            while let Some(id) = self.channels[peer as usize]
+                .as_mut()
+                .and_then(Channel::take_read_done)
+            {
+                self.reads_out -= 1;
+                self.on_send_done(peer, SendOp::Read(id))?;
+                did = true;
             }
-        } else {
-            match self.ch(peer)?.send_done() {
-                Ok(Some(op)) => self.on_send_done(peer, op),
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
-            }
-        };
+        }
+        Ok(did)
+    }
+
+    /// A transport error is a peer leaving once the job is finishing.
+    fn closing_ok(&self, r: Result<()>) -> Result<()> {
         match r {
             // Peers disconnect in any order once the job is finishing.
-            Err(Error::Transport(m)) if closing => {
+            Err(Error::Transport(m)) if self.closing => {
                 log::debug!("while finishing: {m}");
                 Ok(())
             }
             r => r,
         }
+    }
+
+    /// Handles what a receive poll or wait on `peer`'s channel gave:
+    /// whether a message came.
+    fn on_recv(&mut self, peer: u32, r: Result<Option<(usize, Header)>>) -> Result<bool> {
+        let r = match r {
+            Ok(Some((i, h))) => self.on_message(peer, i, h).map(|_| true),
+            Ok(None) => Ok(false),
+            Err(e) => Err(e),
+        };
+        match r {
+            Err(Error::Transport(m)) if self.closing => {
+                log::debug!("while finishing: {m}");
+                Ok(false)
+            }
+            r => r,
+        }
+    }
+
+    fn on_cq(&mut self, vi: u32, recv: bool) -> Result<()> {
+        let peer = match self.by_vi.get(vi as usize) {
+            Some(&p) if p != u32::MAX => p,
+            _ => return Ok(()),
+        };
+        if !recv {
+            // Send queues are not on the CQ; nothing to do if one were.
+            return Ok(());
+        }
+        let r = self.ch(peer)?.recv_done();
+        self.on_recv(peer, r).map(|_| ())
     }
 
     fn on_send_done(&mut self, peer: u32, op: SendOp) -> Result<()> {
@@ -990,6 +1060,7 @@ impl Engine {
                     .as_ref()
                     .ok_or_else(|| Error::Intern("read without a region".into()))?;
                 ch.read(*remote, region, *off, *len, *req)?;
+                self.reads_out += 1;
                 Ok(true)
             }
         }
