@@ -573,6 +573,78 @@ impl Engine {
         Ok(id)
     }
 
+    /// Receives into `buf` (`MPI_Recv`): its status, and the error of the
+    /// message (truncation). When no receive is posted, nothing waits to
+    /// be sent and no unexpected message matches, it is **direct**: no
+    /// request; the next messages are taken from the channels one by one,
+    /// and the first eager one that matches is copied from its slot into
+    /// `buf` (others are handled as usual). Anything else (a rendezvous
+    /// message for it, queued work) falls back to a request.
+    pub fn recv(
+        &mut self,
+        context: u32,
+        source: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Result<(Status, Option<Error>)> {
+        if let Some(r) = self.recv_direct(context, source, tag, buf)? {
+            return Ok(r);
+        }
+        let id = self.irecv(context, source, tag, UserBuf::lend_mut(buf))?;
+        let (st, _, err) = self.wait(id)?;
+        Ok((st, err))
+    }
+
+    fn recv_direct(
+        &mut self,
+        context: u32,
+        source: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Result<Option<(Status, Option<Error>)>> {
+        let matches = |c: u32, s: u32, t: i32| {
+            c == context && source.is_none_or(|x| x == s) && tag.is_none_or(|x| x == t)
+        };
+        let direct = |e: &Engine| {
+            e.posted.is_empty()
+                && e.queued == 0
+                && e.reads_out == 0
+                && !e.unexpected.iter().any(|u| matches(u.context, u.source, u.tag))
+        };
+        if !direct(self) {
+            return Ok(None);
+        }
+        loop {
+            let m = self.wait_message();
+            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+                continue;
+            };
+            if h.kind == Kind::Eager && matches(h.context, h.source, h.tag) {
+                let n = h.len as usize;
+                let got = n.min(buf.len());
+                let ch = self.ch(peer)?;
+                ch.read_data(slot, &h, 0, &mut buf[..got])?;
+                ch.repost(slot)?;
+                ch.return_credits(false)?;
+                let status = Status {
+                    source: h.source as i32,
+                    tag: h.tag,
+                    bytes: got as u64,
+                };
+                let err = (n > got).then_some(Error::Truncate {
+                    got: h.len,
+                    room: got as u64,
+                });
+                return Ok(Some((status, err)));
+            }
+            let r = self.on_message(peer, slot, h);
+            self.closing_ok(r.map(Some))?;
+            if !direct(self) {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Finds a matching unexpected message without receiving it.
     pub fn iprobe(
         &mut self,
@@ -671,14 +743,48 @@ impl Engine {
             }
             return Ok(());
         }
-        // Poll for up to `spin` (a core per process: the peer is running,
-        // and its answer comes sooner than a sleeping process wakes up).
+        let m = self.wait_message();
+        if let Some((peer, slot, h)) = self.closing_ok(m)? {
+            let r = self.on_message(peer, slot, h);
+            self.closing_ok(r.map(Some))?;
+        }
+        Ok(())
+    }
+
+    /// The next message if one is ready: (peer, slot, header).
+    fn poll_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+        if let Some(peer) = self.single {
+            return Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)));
+        }
+        loop {
+            let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+            match cq.done() {
+                Ok((vi, true)) => {
+                    if let Some(m) = self.on_cq(vi)? {
+                        return Ok(Some(m));
+                    }
+                }
+                // Send queues are not on the CQ.
+                Ok((_, false)) => {}
+                Err(e) if e.kind() == via::ErrorKind::NotDone => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Waits for the next message: polls for up to [`Config::spin`], then
+    /// blocks in the provider's wait (which spins for `VIA_SPIN_US`, then
+    /// sleeps until the peer's engine wakes it); `None` after 500 ms.
+    fn wait_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+        // (The provider's wait polls first: no poll of our own before it.)
+        // A core per process: the peer is running, and its answer comes
+        // sooner than a sleeping process wakes up.
         if !self.spin.is_zero() {
             let end = std::time::Instant::now() + self.spin;
             loop {
                 for _ in 0..32 {
-                    if self.poll_one()? {
-                        return Ok(());
+                    if let Some(m) = self.poll_message()? {
+                        return Ok(Some(m));
                     }
                     std::hint::spin_loop();
                 }
@@ -687,31 +793,15 @@ impl Engine {
                 }
             }
         }
-        // Then block (the provider's wait spins for `VIA_SPIN_US`, then
-        // sleeps until the peer's engine wakes it).
         let timeout = Duration::from_millis(500);
         if let Some(peer) = self.single {
-            let r = self.ch(peer)?.recv_wait(timeout);
-            return self.on_recv(peer, r).map(|_| ());
+            return Ok(self.ch(peer)?.recv_wait(timeout)?.map(|(i, h)| (peer, i, h)));
         }
         let cq = self.cq.as_ref().expect("a CQ with more than one peer");
         match cq.wait(Some(timeout)) {
-            Ok((slot, recv)) => self.on_cq(slot, recv),
-            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Handles one receive completion if one is ready: whether one was.
-    fn poll_one(&mut self) -> Result<bool> {
-        if let Some(peer) = self.single {
-            let r = self.ch(peer)?.recv_done();
-            return self.on_recv(peer, r);
-        }
-        let cq = self.cq.as_ref().expect("a CQ with more than one peer");
-        match cq.done() {
-            Ok((slot, recv)) => self.on_cq(slot, recv).map(|_| true),
-            Err(e) if e.kind() == via::ErrorKind::NotDone => Ok(false),
+            Ok((vi, true)) => self.on_cq(vi),
+            Ok((_, false)) => Ok(None),
+            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -719,7 +809,13 @@ impl Engine {
     /// Handles every completion that is ready and sends what waited.
     pub fn progress(&mut self) -> Result<bool> {
         let mut did = false;
-        while self.poll_one()? {
+        loop {
+            let m = self.poll_message();
+            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+                break;
+            };
+            let r = self.on_message(peer, slot, h);
+            self.closing_ok(r.map(Some))?;
             did = true;
         }
         if self.reads_out > 0 {
@@ -739,7 +835,7 @@ impl Engine {
                 continue;
             };
             let r = ch.reap();
-            self.closing_ok(r)?;
+            self.closing_ok(r.map(Some))?;
             while let Some(id) = self.channels[peer as usize]
                 .as_mut()
                 .and_then(Channel::take_read_done)
@@ -752,46 +848,25 @@ impl Engine {
         Ok(did)
     }
 
-    /// A transport error is a peer leaving once the job is finishing.
-    fn closing_ok(&self, r: Result<()>) -> Result<()> {
+    /// A transport error is a peer leaving once the job is finishing
+    /// (peers disconnect in any order then): nothing.
+    fn closing_ok<T>(&self, r: Result<Option<T>>) -> Result<Option<T>> {
         match r {
-            // Peers disconnect in any order once the job is finishing.
             Err(Error::Transport(m)) if self.closing => {
                 log::debug!("while finishing: {m}");
-                Ok(())
+                Ok(None)
             }
             r => r,
         }
     }
 
-    /// Handles what a receive poll or wait on `peer`'s channel gave:
-    /// whether a message came.
-    fn on_recv(&mut self, peer: u32, r: Result<Option<(usize, Header)>>) -> Result<bool> {
-        let r = match r {
-            Ok(Some((i, h))) => self.on_message(peer, i, h).map(|_| true),
-            Ok(None) => Ok(false),
-            Err(e) => Err(e),
-        };
-        match r {
-            Err(Error::Transport(m)) if self.closing => {
-                log::debug!("while finishing: {m}");
-                Ok(false)
-            }
-            r => r,
-        }
-    }
-
-    fn on_cq(&mut self, vi: u32, recv: bool) -> Result<()> {
+    /// The message whose receive completion the CQ reported on VI `vi`.
+    fn on_cq(&mut self, vi: u32) -> Result<Option<(u32, usize, Header)>> {
         let peer = match self.by_vi.get(vi as usize) {
             Some(&p) if p != u32::MAX => p,
-            _ => return Ok(()),
+            _ => return Ok(None),
         };
-        if !recv {
-            // Send queues are not on the CQ; nothing to do if one were.
-            return Ok(());
-        }
-        let r = self.ch(peer)?.recv_done();
-        self.on_recv(peer, r).map(|_| ())
+        Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)))
     }
 
     fn on_send_done(&mut self, peer: u32, op: SendOp) -> Result<()> {
