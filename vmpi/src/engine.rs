@@ -519,24 +519,44 @@ impl Engine {
         tag: i32,
         data: &[u8],
     ) -> Result<()> {
-        if dest != self.rank && data.len() <= self.eager_limit {
-            if let Some(ch) = self
-                .channels
-                .get_mut(dest as usize)
-                .and_then(Option::as_mut)
-            {
-                if self.out[dest as usize].is_empty() && ch.can_send() {
-                    let mut h = Header::new(Kind::Eager);
-                    h.context = context;
-                    h.source = source;
-                    h.tag = tag;
-                    h.len = data.len() as u64;
-                    return ch.send(&mut h, data);
-                }
-            }
+        if self.send_now(context, source, dest, tag, data)? {
+            return Ok(());
         }
         let id = self.isend(context, source, dest, tag, UserBuf::lend(data))?;
         self.wait(id).map(|_| ())
+    }
+
+    /// Sends `data` at once, with no request, if it is an eager message
+    /// that can go now (a credit, a descriptor slot, nothing queued before
+    /// it): whether it went.
+    pub fn send_now(
+        &mut self,
+        context: u32,
+        source: u32,
+        dest: u32,
+        tag: i32,
+        data: &[u8],
+    ) -> Result<bool> {
+        if dest == self.rank || data.len() > self.eager_limit {
+            return Ok(false);
+        }
+        let Some(ch) = self
+            .channels
+            .get_mut(dest as usize)
+            .and_then(Option::as_mut)
+        else {
+            return Ok(false);
+        };
+        if !self.out[dest as usize].is_empty() || !ch.can_send() {
+            return Ok(false);
+        }
+        let mut h = Header::new(Kind::Eager);
+        h.context = context;
+        h.source = source;
+        h.tag = tag;
+        h.len = data.len() as u64;
+        ch.send(&mut h, data)?;
+        Ok(true)
     }
 
     /// Starts a receive into `buf` of a message of `context` from `source`
