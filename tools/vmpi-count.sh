@@ -9,12 +9,14 @@
 # in via's CQ wait (poll loop) are reported apart ("spin") and left out
 # of the layer totals: they measure the peer's latency, not work.
 #
-#   tools/vmpi-count.sh [pingpong|allreduce] [rounds]    default pingpong 20000
+#   tools/vmpi-count.sh [pingpong|allreduce] [rounds] [allreduce bytes]
+#                                          default pingpong 20000 (8 bytes)
 #   COUNT_KEEP=dir keeps the callgrind outputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-pingpong}
 rounds=${2:-20000}
+bytes=${3:-8}
 command -v valgrind >/dev/null || { echo "vmpi-count.sh: valgrind is not installed"; exit 1; }
 cargo build --release -q -p vmpi -p vmpi-capi
 lib=${CARGO_TARGET_DIR:-$PWD/target}/release
@@ -24,14 +26,15 @@ else
     out=$(mktemp -d)
     trap "rm -rf $out" EXIT
 fi
-VMPI_LIBDIR=$lib vmpi/vmpicc -O2 -g -o "$out/count" vmpi/bench/count.c
+# COUNT_LIBDIR=dir: count an earlier libvmpi.so kept there (before/after).
+VMPI_LIBDIR=${COUNT_LIBDIR:-$lib} vmpi/vmpicc -O2 -g -o "$out/count" vmpi/bench/count.c
 export VIA_INSTANCE="vmpicount-$$" VIA_VIAD="$lib/viad"
 # valgrind cannot run the daemon's start-up: one plain run starts it.
-"$lib/via-run" -n 2 "$out/count" "$what" 2000 >/dev/null
+"$lib/via-run" -n 2 "$out/count" "$what" 200 "$bytes" >/dev/null
 fn=round_trip
 [ "$what" = allreduce ] && fn=allreduce_call
 "$lib/via-run" -n 2 valgrind --tool=callgrind --toggle-collect=$fn \
-    --callgrind-out-file="$out/cg.%q{VMPI_RANK}" "$out/count" "$what" "$rounds" \
+    --callgrind-out-file="$out/cg.%q{VMPI_RANK}" "$out/count" "$what" "$rounds" "$bytes" \
     >/dev/null 2>"$out/vg.log"
 for r in 0 1; do
     f=$out/cg.$r
