@@ -23,6 +23,14 @@
 //! re-posted unreported, by an RDMA write of the count into the sender's
 //! credit word; an RDMA write consumes no receive descriptor, so credit
 //! returns never need credits themselves and cannot deadlock.
+//!
+//! **Send completions are not on a completion queue.** Nobody waits for
+//! a message or a credit return to complete (the data was copied into a
+//! send slot), so the send queue is reaped lazily, when its descriptor
+//! slots run out ([`Channel::desc_free`]) or when an RDMA read is
+//! outstanding ([`Channel::reap`]): no CQ entry is pushed by the engine,
+//! popped and dispatched per message. Receives go to the process's CQ, or,
+//! with a single peer, are polled and waited for on the VI itself.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -99,6 +107,10 @@ pub struct Channel {
     inflight: VecDeque<SendOp>,
     /// The peer's credit word (address, handle).
     remote_credit: Option<(u64, u32)>,
+    /// RDMA reads completed by a reap and not yet taken by the engine.
+    reads_done: Vec<u64>,
+    /// A send-queue descriptor that failed (seen by a lazy reap).
+    failed: Option<Error>,
 }
 
 impl Channel {
@@ -119,12 +131,20 @@ impl Channel {
     }
 
     /// Creates the VI and region for `peer` and posts every receive slot.
-    pub fn new(nic: &Nic, ptag: Ptag, cq: &Cq, peer: u32, shape: Shape) -> Result<Channel> {
+    /// Receive completions go to `cq` (`None`: polled on the VI); send
+    /// completions are reaped from the VI.
+    pub fn new(
+        nic: &Nic,
+        ptag: Ptag,
+        cq: Option<&Cq>,
+        peer: u32,
+        shape: Shape,
+    ) -> Result<Channel> {
         let mut attrs = ViAttributes::new(Reliability::ReliableDelivery, ptag);
         attrs.max_transfer_size = transfer_limit(nic);
         attrs.enable_rdma_write = true;
         attrs.enable_rdma_read = true;
-        let vi = nic.create_vi(&attrs, Some(cq), Some(cq))?;
+        let vi = nic.create_vi(&attrs, None, cq)?;
         let bytes = (shape.recv + shape.send) * (shape.slot + DESC) + 64 + shape.send * 8;
         let region = Region::new(nic, bytes, ptag, true, false)?;
         let mut ch = Channel {
@@ -141,6 +161,8 @@ impl Channel {
             send_next: 0,
             inflight: VecDeque::new(),
             remote_credit: None,
+            reads_done: Vec::new(),
+            failed: None,
         };
         for i in 0..shape.recv {
             let at = ch.off_rdesc(i);
@@ -211,9 +233,41 @@ impl Channel {
         (self.shape.recv as u32).saturating_sub(self.sent.wrapping_sub(self.peer_freed))
     }
 
-    /// Whether a send descriptor slot is free.
-    pub fn desc_free(&self) -> bool {
+    /// Whether a send descriptor slot is free (reaping completed sends
+    /// when none is).
+    pub fn desc_free(&mut self) -> bool {
+        if self.inflight.len() < self.shape.send {
+            return true;
+        }
+        if let Err(e) = self.reap() {
+            log::debug!("{e}");
+            self.failed.get_or_insert(e);
+        }
         self.inflight.len() < self.shape.send
+    }
+
+    /// Dequeues every completed send-queue descriptor; completed RDMA
+    /// reads are kept for [`Channel::take_read_done`].
+    ///
+    /// # Errors
+    /// `Transport` if one failed (the connection broke).
+    pub fn reap(&mut self) -> Result<()> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        while !self.inflight.is_empty() {
+            match self.send_done()? {
+                Some(SendOp::Read(id)) => self.reads_done.push(id),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// A completed RDMA read's request, reaped earlier.
+    pub fn take_read_done(&mut self) -> Option<u64> {
+        self.reads_done.pop()
     }
 
     /// Whether a message may go now (a credit and a send slot).
@@ -226,6 +280,9 @@ impl Channel {
     /// Call only when [`Channel::can_send`].
     pub fn send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
         debug_assert!(data.len() <= self.shape.eager_room());
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         let j = self.send_next;
         h.freed = self.freed;
         self.reported = self.freed;
@@ -326,11 +383,27 @@ impl Channel {
     /// # Errors
     /// `Transport` if it failed or carries a corrupt header.
     pub fn recv_done(&mut self) -> Result<Option<(usize, Header)>> {
-        let c = match self.vi.recv_done() {
-            Ok(c) => c,
-            Err(e) if e.kind() == via::ErrorKind::NotDone => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
+        match self.vi.recv_done() {
+            Ok(c) => self.received(c).map(Some),
+            Err(e) if e.kind() == via::ErrorKind::NotDone => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Waits up to `timeout` for a receive (a channel whose receives are
+    /// not on a CQ): its slot and header, `None` if none came.
+    ///
+    /// # Errors
+    /// `Transport` if it failed or carries a corrupt header.
+    pub fn recv_wait(&mut self, timeout: Duration) -> Result<Option<(usize, Header)>> {
+        match self.vi.recv_wait(Some(timeout)) {
+            Ok(c) => self.received(c).map(Some),
+            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn received(&mut self, c: via::Completion) -> Result<(usize, Header)> {
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
             return Err(Error::Transport(format!(
                 "connection to rank {} broke (receive status {:#x})",
@@ -352,7 +425,7 @@ impl Channel {
         if (h.freed.wrapping_sub(self.peer_freed) as i32) > 0 {
             self.peer_freed = h.freed;
         }
-        Ok(Some((i, h)))
+        Ok((i, h))
     }
 
     /// Copies the data of slot `i`, whose header is `h` (from byte `off`

@@ -143,9 +143,29 @@ impl Comm {
         source: Option<i32>,
         tag: Option<i32>,
     ) -> Result<Status> {
-        let id = self.irecv_buf(UserBuf::lend_mut(buf), source, tag)?;
-        let (st, _, err) = self.engine().wait(id)?;
+        let (st, err) = self.recv_status(buf, source, tag)?;
         err.map_or(Ok(st), Err)
+    }
+
+    /// Receives bytes (blocking): the status, and the message's error
+    /// (truncation) apart, for `MPI_Recv`'s status.
+    pub(crate) fn recv_status(
+        &self,
+        buf: &mut [u8],
+        source: Option<i32>,
+        tag: Option<i32>,
+    ) -> Result<(Status, Option<Error>)> {
+        if let Some(t) = tag {
+            check_tag(t)?;
+        }
+        let src = match source {
+            Some(s) => {
+                self.world_rank(s)?;
+                Some(s as u32)
+            }
+            None => None,
+        };
+        self.engine().recv(self.context, src, tag, buf)
     }
 
     /// Sends a slice of elements.

@@ -3,8 +3,11 @@
 //!
 //! **Progress runs inline** in the caller (every call that may complete
 //! something drains the completion queue first); no helper thread is on
-//! this path. The one completion queue of the process takes the send and
-//! receive completions of every channel.
+//! this path. The one completion queue of the process takes the receive
+//! completions of every channel; with a single peer (two processes) there
+//! is no CQ and the channel's VI is polled and waited on directly. Send
+//! completions are reaped lazily from each VI (see [`crate::channel`]);
+//! only while RDMA reads are outstanding does progress look at them.
 //!
 //! **Matching** follows MPI: a message matches the earliest posted
 //! receive with its context, a source equal to its own or `ANY_SOURCE`,
@@ -224,12 +227,18 @@ pub struct Engine {
     size: u32,
     nic: Nic,
     ptag: Ptag,
-    cq: Cq,
+    /// Receive completions of every channel; `None` with a single peer
+    /// (its VI is polled and waited on instead).
+    cq: Option<Cq>,
+    /// The one peer when the job has two processes.
+    single: Option<u32>,
     channels: Vec<Option<Channel>>,
     /// Peer of each VI slot (`u32::MAX`: none).
     by_vi: Vec<u32>,
     out: Vec<VecDeque<Out>>,
     queued: usize,
+    /// RDMA reads posted and not yet seen complete.
+    reads_out: usize,
     reqs: Reqs,
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
@@ -265,23 +274,30 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 /// Opens the NIC and connects a set of channels to every other process:
 /// the channel set of the engine, or of the offload context (`kind`).
+/// `with_cq`: the channels' receive completions go to one CQ (else each
+/// VI is polled itself).
 pub(crate) fn connect_all(
     pmi: &mut Pmi,
     kind: &str,
     shape: Shape,
-) -> Result<(Nic, Ptag, Cq, Vec<Option<Channel>>)> {
+    with_cq: bool,
+) -> Result<(Nic, Ptag, Option<Cq>, Vec<Option<Channel>>)> {
     let (rank, size) = (pmi.rank(), pmi.size());
     let nic = Nic::open(None)?;
     nic.set_error_callback(|e| log::debug!("via: {e:?}"));
     let ptag = nic.create_ptag()?;
-    let entries = ((size as usize) * (shape.recv + shape.send) + 64).next_power_of_two() as u32;
-    let cq = nic.create_cq(entries.min(65536))?;
+    let entries = ((size as usize) * shape.recv + 64).next_power_of_two() as u32;
+    let cq = if with_cq {
+        Some(nic.create_cq(entries.min(65536))?)
+    } else {
+        None
+    };
     let mut channels = Vec::new();
     for p in 0..size {
         channels.push(if p == rank {
             None
         } else {
-            Some(Channel::new(&nic, ptag, &cq, p, shape)?)
+            Some(Channel::new(&nic, ptag, cq.as_ref(), p, shape)?)
         });
     }
     for ch in channels.iter().flatten() {
@@ -362,7 +378,8 @@ impl Engine {
             send: cfg.slots,
             slot,
         };
-        let (nic, ptag, cq, channels) = connect_all(pmi, "p2p", shape)?;
+        let single = (pmi.size() == 2).then(|| 1 - pmi.rank());
+        let (nic, ptag, cq, channels) = connect_all(pmi, "p2p", shape, single.is_none())?;
         let mut by_vi = Vec::new();
         for ch in channels.iter().flatten() {
             let v = ch.vi_slot() as usize;
@@ -378,10 +395,12 @@ impl Engine {
             nic,
             ptag,
             cq,
+            single,
             channels,
             by_vi,
             out: (0..size).map(|_| VecDeque::new()).collect(),
             queued: 0,
+            reads_out: 0,
             reqs: Reqs::default(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
@@ -500,24 +519,44 @@ impl Engine {
         tag: i32,
         data: &[u8],
     ) -> Result<()> {
-        if dest != self.rank && data.len() <= self.eager_limit {
-            if let Some(ch) = self
-                .channels
-                .get_mut(dest as usize)
-                .and_then(Option::as_mut)
-            {
-                if self.out[dest as usize].is_empty() && ch.can_send() {
-                    let mut h = Header::new(Kind::Eager);
-                    h.context = context;
-                    h.source = source;
-                    h.tag = tag;
-                    h.len = data.len() as u64;
-                    return ch.send(&mut h, data);
-                }
-            }
+        if self.send_now(context, source, dest, tag, data)? {
+            return Ok(());
         }
         let id = self.isend(context, source, dest, tag, UserBuf::lend(data))?;
         self.wait(id).map(|_| ())
+    }
+
+    /// Sends `data` at once, with no request, if it is an eager message
+    /// that can go now (a credit, a descriptor slot, nothing queued before
+    /// it): whether it went.
+    pub fn send_now(
+        &mut self,
+        context: u32,
+        source: u32,
+        dest: u32,
+        tag: i32,
+        data: &[u8],
+    ) -> Result<bool> {
+        if dest == self.rank || data.len() > self.eager_limit {
+            return Ok(false);
+        }
+        let Some(ch) = self
+            .channels
+            .get_mut(dest as usize)
+            .and_then(Option::as_mut)
+        else {
+            return Ok(false);
+        };
+        if !self.out[dest as usize].is_empty() || !ch.can_send() {
+            return Ok(false);
+        }
+        let mut h = Header::new(Kind::Eager);
+        h.context = context;
+        h.source = source;
+        h.tag = tag;
+        h.len = data.len() as u64;
+        ch.send(&mut h, data)?;
+        Ok(true)
     }
 
     /// Starts a receive into `buf` of a message of `context` from `source`
@@ -552,6 +591,78 @@ impl Engine {
             }),
         }
         Ok(id)
+    }
+
+    /// Receives into `buf` (`MPI_Recv`): its status, and the error of the
+    /// message (truncation). When no receive is posted, nothing waits to
+    /// be sent and no unexpected message matches, it is **direct**: no
+    /// request; the next messages are taken from the channels one by one,
+    /// and the first eager one that matches is copied from its slot into
+    /// `buf` (others are handled as usual). Anything else (a rendezvous
+    /// message for it, queued work) falls back to a request.
+    pub fn recv(
+        &mut self,
+        context: u32,
+        source: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Result<(Status, Option<Error>)> {
+        if let Some(r) = self.recv_direct(context, source, tag, buf)? {
+            return Ok(r);
+        }
+        let id = self.irecv(context, source, tag, UserBuf::lend_mut(buf))?;
+        let (st, _, err) = self.wait(id)?;
+        Ok((st, err))
+    }
+
+    fn recv_direct(
+        &mut self,
+        context: u32,
+        source: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Result<Option<(Status, Option<Error>)>> {
+        let matches = |c: u32, s: u32, t: i32| {
+            c == context && source.is_none_or(|x| x == s) && tag.is_none_or(|x| x == t)
+        };
+        let direct = |e: &Engine| {
+            e.posted.is_empty()
+                && e.queued == 0
+                && e.reads_out == 0
+                && !e.unexpected.iter().any(|u| matches(u.context, u.source, u.tag))
+        };
+        if !direct(self) {
+            return Ok(None);
+        }
+        loop {
+            let m = self.wait_message();
+            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+                continue;
+            };
+            if h.kind == Kind::Eager && matches(h.context, h.source, h.tag) {
+                let n = h.len as usize;
+                let got = n.min(buf.len());
+                let ch = self.ch(peer)?;
+                ch.read_data(slot, &h, 0, &mut buf[..got])?;
+                ch.repost(slot)?;
+                ch.return_credits(false)?;
+                let status = Status {
+                    source: h.source as i32,
+                    tag: h.tag,
+                    bytes: got as u64,
+                };
+                let err = (n > got).then_some(Error::Truncate {
+                    got: h.len,
+                    room: got as u64,
+                });
+                return Ok(Some((status, err)));
+            }
+            let r = self.on_message(peer, slot, h);
+            self.closing_ok(r.map(Some))?;
+            if !direct(self) {
+                return Ok(None);
+            }
+        }
     }
 
     /// Finds a matching unexpected message without receiving it.
@@ -637,7 +748,9 @@ impl Engine {
     /// One blocking step: waits for a completion (or polls while sends
     /// wait for credits) and handles it.
     pub fn wait_step(&mut self) -> Result<()> {
-        if self.queued > 0 {
+        // Credits come by RDMA write and reads complete on send queues,
+        // neither through a receive completion: poll while either is awaited.
+        if self.queued > 0 || self.reads_out > 0 {
             if self.progress()? {
                 return Ok(());
             }
@@ -650,28 +763,65 @@ impl Engine {
             }
             return Ok(());
         }
-        // Poll for up to `spin` (a core per process: the peer is running,
-        // and its answer comes sooner than a sleeping process wakes up).
+        let m = self.wait_message();
+        if let Some((peer, slot, h)) = self.closing_ok(m)? {
+            let r = self.on_message(peer, slot, h);
+            self.closing_ok(r.map(Some))?;
+        }
+        Ok(())
+    }
+
+    /// The next message if one is ready: (peer, slot, header).
+    fn poll_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+        if let Some(peer) = self.single {
+            return Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)));
+        }
+        loop {
+            let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+            match cq.done() {
+                Ok((vi, true)) => {
+                    if let Some(m) = self.on_cq(vi)? {
+                        return Ok(Some(m));
+                    }
+                }
+                // Send queues are not on the CQ.
+                Ok((_, false)) => {}
+                Err(e) if e.kind() == via::ErrorKind::NotDone => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Waits for the next message: polls for up to [`Config::spin`], then
+    /// blocks in the provider's wait (which spins for `VIA_SPIN_US`, then
+    /// sleeps until the peer's engine wakes it); `None` after 500 ms.
+    fn wait_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+        // (The provider's wait polls first: no poll of our own before it.)
+        // A core per process: the peer is running, and its answer comes
+        // sooner than a sleeping process wakes up.
         if !self.spin.is_zero() {
             let end = std::time::Instant::now() + self.spin;
             loop {
                 for _ in 0..32 {
-                    match self.cq.done() {
-                        Ok((slot, recv)) => return self.on_cq(slot, recv),
-                        Err(e) if e.kind() == via::ErrorKind::NotDone => std::hint::spin_loop(),
-                        Err(e) => return Err(e.into()),
+                    if let Some(m) = self.poll_message()? {
+                        return Ok(Some(m));
                     }
+                    std::hint::spin_loop();
                 }
                 if std::time::Instant::now() >= end {
                     break;
                 }
             }
         }
-        // Then block (the provider's wait spins for `VIA_SPIN_US`, then
-        // sleeps until the peer's engine wakes it).
-        match self.cq.wait(Some(Duration::from_millis(500))) {
-            Ok((slot, recv)) => self.on_cq(slot, recv),
-            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(()),
+        let timeout = Duration::from_millis(500);
+        if let Some(peer) = self.single {
+            return Ok(self.ch(peer)?.recv_wait(timeout)?.map(|(i, h)| (peer, i, h)));
+        }
+        let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+        match cq.wait(Some(timeout)) {
+            Ok((vi, true)) => self.on_cq(vi),
+            Ok((_, false)) => Ok(None),
+            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -680,14 +830,16 @@ impl Engine {
     pub fn progress(&mut self) -> Result<bool> {
         let mut did = false;
         loop {
-            match self.cq.done() {
-                Ok((slot, recv)) => {
-                    self.on_cq(slot, recv)?;
-                    did = true;
-                }
-                Err(e) if e.kind() == via::ErrorKind::NotDone => break,
-                Err(e) => return Err(e.into()),
-            }
+            let m = self.poll_message();
+            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+                break;
+            };
+            let r = self.on_message(peer, slot, h);
+            self.closing_ok(r.map(Some))?;
+            did = true;
+        }
+        if self.reads_out > 0 {
+            did |= self.reap_reads()?;
         }
         if self.queued > 0 {
             did |= self.flush()?;
@@ -695,33 +847,46 @@ impl Engine {
         Ok(did)
     }
 
-    fn on_cq(&mut self, vi: u32, recv: bool) -> Result<()> {
-        let peer = match self.by_vi.get(vi as usize) {
-            Some(&p) if p != u32::MAX => p,
-            _ => return Ok(()),
-        };
-        let closing = self.closing;
-        let r = if recv {
-            match self.ch(peer)?.recv_done() {
-                Ok(Some((i, h))) => self.on_message(peer, i, h),
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
+    /// Reaps the send queues for completed RDMA reads and handles them.
+    fn reap_reads(&mut self) -> Result<bool> {
+        let mut did = false;
+        for peer in 0..self.size {
+            let Some(ch) = self.channels[peer as usize].as_mut() else {
+                continue;
+            };
+            let r = ch.reap();
+            self.closing_ok(r.map(Some))?;
+            while let Some(id) = self.channels[peer as usize]
+                .as_mut()
+                .and_then(Channel::take_read_done)
+            {
+                self.reads_out -= 1;
+                self.on_send_done(peer, SendOp::Read(id))?;
+                did = true;
             }
-        } else {
-            match self.ch(peer)?.send_done() {
-                Ok(Some(op)) => self.on_send_done(peer, op),
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
-            }
-        };
+        }
+        Ok(did)
+    }
+
+    /// A transport error is a peer leaving once the job is finishing
+    /// (peers disconnect in any order then): nothing.
+    fn closing_ok<T>(&self, r: Result<Option<T>>) -> Result<Option<T>> {
         match r {
-            // Peers disconnect in any order once the job is finishing.
-            Err(Error::Transport(m)) if closing => {
+            Err(Error::Transport(m)) if self.closing => {
                 log::debug!("while finishing: {m}");
-                Ok(())
+                Ok(None)
             }
             r => r,
         }
+    }
+
+    /// The message whose receive completion the CQ reported on VI `vi`.
+    fn on_cq(&mut self, vi: u32) -> Result<Option<(u32, usize, Header)>> {
+        let peer = match self.by_vi.get(vi as usize) {
+            Some(&p) if p != u32::MAX => p,
+            _ => return Ok(None),
+        };
+        Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)))
     }
 
     fn on_send_done(&mut self, peer: u32, op: SendOp) -> Result<()> {
@@ -990,6 +1155,7 @@ impl Engine {
                     .as_ref()
                     .ok_or_else(|| Error::Intern("read without a region".into()))?;
                 ch.read(*remote, region, *off, *len, *req)?;
+                self.reads_out += 1;
                 Ok(true)
             }
         }

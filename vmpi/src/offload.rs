@@ -87,7 +87,8 @@ impl Offload {
             send: 16,
             slot: MAX_BCAST + HEADER,
         };
-        let (nic, _ptag, cq, channels) = crate::engine::connect_all(pmi, "off", shape)?;
+        let (nic, _ptag, cq, channels) = crate::engine::connect_all(pmi, "off", shape, true)?;
+        let cq = cq.ok_or_else(|| Error::Intern("offload channels without a CQ".into()))?;
         let mut by_vi = HashMap::new();
         for ch in channels.iter().flatten() {
             by_vi.insert(ch.vi_slot(), ch.peer());
@@ -365,7 +366,8 @@ fn on_cq(st: &mut State, vi: u32, recv: bool) -> Result<()> {
             handle(st, h, data);
         }
     } else {
-        ch.send_done()?;
+        // Send queues are not on the CQ (reaped when their slots run out).
+        ch.reap()?;
     }
     Ok(())
 }

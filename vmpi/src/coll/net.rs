@@ -98,10 +98,14 @@ impl<'a> Net<'a> {
         self.e.send(self.context, self.rank, to, tag, buf)
     }
 
-    /// Receives (blocking); the bytes received.
+    /// Receives (blocking); the bytes received. Direct (no request) when
+    /// nothing else is posted ([`Engine::recv`]).
     pub fn recv(&mut self, buf: &mut [u8], from: u32, tag: i32) -> Result<u64> {
-        let id = self.irecv(buf, from, tag)?;
-        self.wait(id)
+        let (st, err) = self.e.recv(self.context, Some(from), Some(tag), buf)?;
+        if let Some(e) = err {
+            self.err.get_or_insert(e);
+        }
+        Ok(st.bytes)
     }
 
     /// Exchanges with two members at once.
@@ -113,8 +117,15 @@ impl<'a> Net<'a> {
         from: u32,
         tag: i32,
     ) -> Result<()> {
-        // The receive is posted first, so the blocking send (a request only
-        // when it cannot go at once) never waits on a peer that waits on us.
+        // An eager message that can go at once goes first, with no request;
+        // then the receive, direct when nothing else is posted.
+        let world = self.group[to as usize];
+        if self.e.send_now(self.context, self.rank, world, tag, sbuf)? {
+            self.recv(rbuf, from, tag)?;
+            return Ok(());
+        }
+        // Otherwise the receive is posted first, so the blocking send (a
+        // request) never waits on a peer that waits on us.
         let r = self.irecv(rbuf, from, tag)?;
         self.send(sbuf, to, tag)?;
         self.wait(r)?;

@@ -90,13 +90,13 @@ pub unsafe extern "C" fn MPI_Recv(
             unsafe { put_status(status, &null_status(), 0) };
             return Ok(());
         }
-        // SAFETY: the caller's contract; checked for NULL.
-        unsafe { state::slice_mut(buf, n) }?;
-        // SAFETY: valid for `n` bytes (above); the call waits for completion.
-        let ub = unsafe { UserBuf::raw(buf as usize, n) };
-        let id = c.irecv_buf(ub, source_of(source), tag_of(tag))?;
+        // SAFETY: the caller's contract; checked for NULL; the call waits
+        // for completion.
+        let b = unsafe { state::slice_mut(buf, n) }?;
+        let (st, err) = c.recv_status(b, source_of(source), tag_of(tag))?;
         // SAFETY: the caller's contract.
-        unsafe { finish_req(&c, id, status) }
+        unsafe { put_status(status, &st, err.as_ref().map_or(0, Error::code)) };
+        err.map_or(Ok(()), Err)
     })
 }
 
