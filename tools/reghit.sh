@@ -14,6 +14,10 @@ ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so.1"
 ln -s "$PWD/target/release/libvipl.so" "$out/libvipl.so"
 cc -O2 -g -Wall -Wextra -Iinclude -o "$out/vipl_reghit" benches/c/vipl_reghit.c -L"$out" -lvipl -Wl,-rpath,"$out"
 export VIA_INSTANCE="reghit-$$" VIA_VIAD="$PWD/target/release/viad" VIA_PARKED="${VIA_PARKED:-on}"
-for b in 1 32; do
-    "$out/vipl_reghit" "$rounds" 65536 "$b"
+# Without and with RDMA enabled (a rendezvous message layer enables both).
+for rdma in 0 1; do
+    for b in 1 32; do
+        echo -n "rdma $rdma: "
+        "$out/vipl_reghit" "$rounds" 65536 "$b" "$rdma"
+    done
 done

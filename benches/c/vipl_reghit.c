@@ -10,7 +10,10 @@
  * 30-50 ns in a VM) is subtracted: with one buffer it would otherwise be a
  * third of the figure. The whole loop without clock reads is reported too.
  *
- *   vipl_reghit [rounds] [bytes] [buffers]     (default 20000 65536 32)
+ *   vipl_reghit [rounds] [bytes] [buffers] [rdma]   (default 20000 65536 32 0)
+ *
+ * `rdma` 1 registers with RDMA write and read enabled (what a message layer
+ * with a rendezvous protocol asks for).
  *
  * Built and run by tools/reghit.sh against include/vipl.h and libvipl.
  */
@@ -52,8 +55,8 @@ int main(int argc, char **argv)
         clk = now();
     clk = (clk - c0) / 100000;
     a.Ptag = tag;
-    a.EnableRdmaWrite = VIP_FALSE;
-    a.EnableRdmaRead = VIP_FALSE;
+    a.EnableRdmaWrite = argc > 4 && atoi(argv[4]) ? VIP_TRUE : VIP_FALSE;
+    a.EnableRdmaRead = a.EnableRdmaWrite;
     for (r = 0; r < n + 100; r++) {
         double t0 = now(), t1, t2;
         for (i = 0; i < b; i++)

@@ -21,7 +21,9 @@ fn mem_attrs_in(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttrib
 /// a parked registration of that tag comes back).
 fn mem_attrs_named(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttributes> {
     let ptag = ptag_named_by(nic, a.Ptag).ok_or(Error::InvalidPtag)?;
-    if boolean(a.EnableRdmaRead) && nic.attributes().rdma_read_support == 0 {
+    // The limit itself: `attributes()` builds the whole set (a name, the
+    // memory size) on a path every message may take.
+    if boolean(a.EnableRdmaRead) && nic.limits.rdma_read == 0 {
         return Err(Error::InvalidRdmaRead);
     }
     Ok(MemAttributes {
