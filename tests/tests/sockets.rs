@@ -745,10 +745,12 @@ fn reliable_reception_acknowledges_within_the_delay_without_replies() {
             );
             worst = worst.max(v[0]);
         }
-        // The bound: the delay plus scheduling on a loaded 2-core machine;
-        // far below the 15 s of a heartbeat.
+        // The bound: the delay plus scheduling on a loaded 2-core machine
+        // (669 ms seen once with two builds and a test suite beside it);
+        // still a third of the 15 s of a heartbeat, which is what a send
+        // waits for when the delay bound does not work.
         assert!(
-            worst < 500_000,
+            worst < 5_000_000,
             "phase {phase} ({how}): a send completed after {worst} µs"
         );
         if *how == "idle" {
