@@ -107,9 +107,10 @@ pub(crate) struct RegionSlot {
 }
 
 /// A region's device entry kept while its registration is parked (see
-/// [`Device::retire_region`]): device-private (the soft NIC's table index).
+/// [`Device::retire_region`]): device-private (the soft NIC's table index
+/// and the handle it had).
 #[derive(Debug)]
-pub(crate) struct RetiredEntry(pub u32);
+pub(crate) struct RetiredEntry(pub u64);
 
 /// A registration to make reachable.
 pub(crate) struct RegionSpec<'a> {

@@ -416,12 +416,16 @@ impl TranslationTable {
 
     /// Invalidates a handle like [`TranslationTable::remove`] but keeps its
     /// entry (with the region's fields) out of the free list; returns the
-    /// entry's index, for [`TranslationTable::revive`] or
-    /// [`TranslationTable::release`].
+    /// retired entry (its index, and the handle it had), for
+    /// [`TranslationTable::revive`] or [`TranslationTable::release`].
+    ///
+    /// Takes no lock: the old handle's slot stays busy until the entry is
+    /// revived or released (which take the allocation lock anyway), so
+    /// deregistering a parked registration changes no shared counter.
     ///
     /// # Errors
     /// `InvalidParameter` if the handle is not live.
-    pub fn retire(&self, handle: u32) -> Result<u32> {
+    pub fn retire(&self, handle: u32) -> Result<u64> {
         let view = self.view();
         if !is_live(&view, handle) {
             return Err(Error::InvalidParameter);
@@ -434,22 +438,22 @@ impl TranslationTable {
         });
         // Release: readers that find the slot empty see the entry dead too.
         slot.store(0, Ordering::Release);
-        self.alloc.lock().unwrap().free_handle(handle);
-        Ok(index)
+        Ok(u64::from(handle) << 32 | u64::from(index))
     }
 
     /// A retired entry live again under a fresh handle (the region's fields
-    /// are still there); returns the handle.
+    /// are still there); returns the handle. The old handle's slot is freed.
     ///
     /// # Errors
-    /// `Resource` if no handle slot is free.
-    pub fn revive(&self, index: u32) -> Result<u32> {
-        let handle = self
-            .alloc
-            .lock()
-            .unwrap()
-            .next_handle()
-            .ok_or(Error::Resource)?;
+    /// `Resource` if no handle slot is free (the entry stays retired).
+    pub fn revive(&self, retired: u64) -> Result<u32> {
+        let (old, index) = ((retired >> 32) as u32, retired as u32);
+        let handle = {
+            let mut a = self.alloc.lock().unwrap();
+            let h = a.next_handle().ok_or(Error::Resource)?;
+            a.free_handle(old);
+            h
+        };
         let view = self.view();
         Self::write(view.tpt(index).expect("a retired index"), |e| {
             e.handle.store(handle, Ordering::Relaxed);
@@ -459,9 +463,12 @@ impl TranslationTable {
         Ok(handle)
     }
 
-    /// Frees a retired entry.
-    pub fn release(&self, index: u32) {
-        self.alloc.lock().unwrap().free_index(index);
+    /// Frees a retired entry, and the slot of the handle it had.
+    pub fn release(&self, retired: u64) {
+        let (old, index) = ((retired >> 32) as u32, retired as u32);
+        let mut a = self.alloc.lock().unwrap();
+        a.free_handle(old);
+        a.free_index(index);
     }
 
     /// Changes the protection attributes of a live region.
@@ -553,25 +560,30 @@ mod tests {
         let h0 = t.insert(nr(0x1100, 0x1800, 3, 1, &x)).unwrap();
         let want = t.lookup(h0).unwrap();
         let mut seen = std::collections::HashSet::from([h0]);
-        let index = t.retire(h0).unwrap();
+        let mut retired = t.retire(h0).unwrap();
+        let index = retired as u32;
         assert_eq!(t.lookup(h0), None, "a retired handle is dead");
         assert_eq!(t.retire(h0), Err(Error::InvalidParameter));
         assert_eq!(t.remove(h0), Err(Error::InvalidParameter));
         for _ in 0..1000 {
-            let h = t.revive(index).unwrap();
+            let h = t.revive(retired).unwrap();
             assert!(seen.insert(h), "handle {h:#x} came back");
             let got = t.lookup(h).unwrap();
             assert_eq!(got, Snapshot { handle: h, ..want }, "the region is intact");
-            assert_eq!(t.retire(h), Ok(index));
+            retired = t.retire(h).unwrap();
+            assert_eq!(retired as u32, index, "the same entry");
             assert_eq!(t.lookup(h), None);
         }
+        // A retired handle's slot stays taken (retiring takes no lock);
+        // reviving frees it: a thousand revivals left one slot busy.
+        assert_eq!(t.alloc.lock().unwrap().busy_slots, 1);
         // Kept entries count against the table: MAX_REGIONS - 2 more fit.
         let all: Vec<u32> = (0..MAX_REGIONS - 2)
             .map(|_| t.insert(nr(0, 1, 1, 0, &[])).unwrap())
             .collect();
         assert_eq!(t.insert(nr(0, 1, 1, 0, &[])), Err(Error::Resource));
         // Released, the entry is free for another region.
-        t.release(index);
+        t.release(retired);
         let h = t.insert(nr(0x5000, 1, 1, 0, &[])).unwrap();
         assert_eq!(t.lookup(h).unwrap().va, 0x5000);
         for h in all {
