@@ -288,8 +288,13 @@ impl Channel {
         self.reported = self.freed;
         let at = self.off_send(j);
         let hl = h.wire_len();
-        self.region.write(at, &h.encode()[..hl])?;
-        if !data.is_empty() {
+        let mut head = h.encode();
+        if hl + data.len() <= HEADER {
+            // Data that fits in the rest of the header's bytes: one write.
+            head[hl..hl + data.len()].copy_from_slice(data);
+            self.region.write(at, &head[..hl + data.len()])?;
+        } else {
+            self.region.write(at, &head[..hl])?;
             self.region.write(at + hl, data)?;
         }
         let total = (hl + data.len()) as u32;
