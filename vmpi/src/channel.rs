@@ -133,13 +133,7 @@ impl Channel {
     /// Creates the VI and region for `peer` and posts every receive slot.
     /// Receive completions go to `cq` (`None`: polled on the VI); send
     /// completions are reaped from the VI.
-    pub fn new(
-        nic: &Nic,
-        ptag: Ptag,
-        cq: Option<&Cq>,
-        peer: u32,
-        shape: Shape,
-    ) -> Result<Channel> {
+    pub fn new(nic: &Nic, ptag: Ptag, cq: Option<&Cq>, peer: u32, shape: Shape) -> Result<Channel> {
         let mut attrs = ViAttributes::new(Reliability::ReliableDelivery, ptag);
         attrs.max_transfer_size = transfer_limit(nic);
         attrs.enable_rdma_write = true;

@@ -629,7 +629,10 @@ impl Engine {
             e.posted.is_empty()
                 && e.queued == 0
                 && e.reads_out == 0
-                && !e.unexpected.iter().any(|u| matches(u.context, u.source, u.tag))
+                && !e
+                    .unexpected
+                    .iter()
+                    .any(|u| matches(u.context, u.source, u.tag))
         };
         if !direct(self) {
             return Ok(None);
@@ -815,7 +818,10 @@ impl Engine {
         }
         let timeout = Duration::from_millis(500);
         if let Some(peer) = self.single {
-            return Ok(self.ch(peer)?.recv_wait(timeout)?.map(|(i, h)| (peer, i, h)));
+            return Ok(self
+                .ch(peer)?
+                .recv_wait(timeout)?
+                .map(|(i, h)| (peer, i, h)));
         }
         let cq = self.cq.as_ref().expect("a CQ with more than one peer");
         match cq.wait(Some(timeout)) {
