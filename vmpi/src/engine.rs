@@ -272,6 +272,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .flatten()
 }
 
+/// What [`connect_all`] opens: the NIC, the protection tag, the receive
+/// CQ (if any), a channel per other process (`None` for this one).
+pub(crate) type Connected = (Nic, Ptag, Option<Cq>, Vec<Option<Channel>>);
+
 /// Opens the NIC and connects a set of channels to every other process:
 /// the channel set of the engine, or of the offload context (`kind`).
 /// `with_cq`: the channels' receive completions go to one CQ (else each
@@ -281,7 +285,7 @@ pub(crate) fn connect_all(
     kind: &str,
     shape: Shape,
     with_cq: bool,
-) -> Result<(Nic, Ptag, Option<Cq>, Vec<Option<Channel>>)> {
+) -> Result<Connected> {
     let (rank, size) = (pmi.rank(), pmi.size());
     let nic = Nic::open(None)?;
     nic.set_error_callback(|e| log::debug!("via: {e:?}"));
