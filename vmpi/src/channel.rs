@@ -227,6 +227,12 @@ impl Channel {
         (self.shape.recv as u32).saturating_sub(self.sent.wrapping_sub(self.peer_freed))
     }
 
+    /// Whether half the send descriptor slots or more are in flight (worth
+    /// reaping while nothing else is to be done).
+    pub fn half_in_flight(&self) -> bool {
+        self.inflight.len() * 2 >= self.shape.send
+    }
+
     /// Whether a send descriptor slot is free (reaping completed sends
     /// when none is).
     pub fn desc_free(&mut self) -> bool {
