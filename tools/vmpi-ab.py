@@ -35,7 +35,10 @@ def parse(out):
 
 
 def run_vmpi(exe, env=None):
-    e = dict(os.environ, **(env or {}))
+    # Its own daemon instance, found beside the build (the programs are
+    # elsewhere).
+    e = dict(os.environ, VIA_VIAD=os.path.join(rel, "viad"),
+             VIA_INSTANCE=f"vmpi-ab-{os.getpid()}", **(env or {}))
     p = subprocess.run([os.path.join(rel, "via-run"), "-n", "2", exe, "pingpong", "allreduce"],
                        capture_output=True, text=True, env=e)
     if p.returncode:
@@ -70,13 +73,17 @@ def main():
     if a.before:
         variants.append(("before", lambda: run_vmpi(os.path.join(a.before, "mpibench-vmpi"))))
     print("load before:", open("/proc/loadavg").read().split()[:3])
+    failed = {v: 0 for v, _ in variants}
     res = {v: [] for v, _ in variants}
     for i in range(a.rounds):
         order = variants if i % 2 == 0 else variants[::-1]
         for v, f in order:
-            res[v].append(f())
+            r = f()
+            failed[v] += not r
+            res[v].append(r)
         print(f"round {i + 1}: load {open('/proc/loadavg').read().split()[0]}", file=sys.stderr)
     print("load after:", open("/proc/loadavg").read().split()[:3])
+    print("failed runs:", failed, f"of {a.rounds} each")
     print(f"{'test':<16} {'variant':<7} {'median us':>10} {'min':>9} {'max':>9} {'ratio to ompi (median of rounds, range)':>42}")
     for k in KEYS:
         for v, _ in variants:

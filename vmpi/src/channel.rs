@@ -133,13 +133,7 @@ impl Channel {
     /// Creates the VI and region for `peer` and posts every receive slot.
     /// Receive completions go to `cq` (`None`: polled on the VI); send
     /// completions are reaped from the VI.
-    pub fn new(
-        nic: &Nic,
-        ptag: Ptag,
-        cq: Option<&Cq>,
-        peer: u32,
-        shape: Shape,
-    ) -> Result<Channel> {
+    pub fn new(nic: &Nic, ptag: Ptag, cq: Option<&Cq>, peer: u32, shape: Shape) -> Result<Channel> {
         let mut attrs = ViAttributes::new(Reliability::ReliableDelivery, ptag);
         attrs.max_transfer_size = transfer_limit(nic);
         attrs.enable_rdma_write = true;
@@ -233,6 +227,12 @@ impl Channel {
         (self.shape.recv as u32).saturating_sub(self.sent.wrapping_sub(self.peer_freed))
     }
 
+    /// Whether half the send descriptor slots or more are in flight (worth
+    /// reaping while nothing else is to be done).
+    pub fn half_in_flight(&self) -> bool {
+        self.inflight.len() * 2 >= self.shape.send
+    }
+
     /// Whether a send descriptor slot is free (reaping completed sends
     /// when none is).
     pub fn desc_free(&mut self) -> bool {
@@ -288,8 +288,13 @@ impl Channel {
         self.reported = self.freed;
         let at = self.off_send(j);
         let hl = h.wire_len();
-        self.region.write(at, &h.encode()[..hl])?;
-        if !data.is_empty() {
+        let mut head = h.encode();
+        if hl + data.len() <= HEADER {
+            // Data that fits in the rest of the header's bytes: one write.
+            head[hl..hl + data.len()].copy_from_slice(data);
+            self.region.write(at, &head[..hl + data.len()])?;
+        } else {
+            self.region.write(at, &head[..hl])?;
             self.region.write(at + hl, data)?;
         }
         let total = (hl + data.len()) as u32;

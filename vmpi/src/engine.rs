@@ -245,6 +245,10 @@ pub struct Engine {
     eager_limit: usize,
     spin: Duration,
     closing: bool,
+    /// A receive slot copied out by a direct receive and not yet re-posted
+    /// (peer, slot): re-posted off the critical path, once the caller has
+    /// had its data (see [`Engine::settle`]).
+    deferred: Option<(u32, usize)>,
     /// A list of request ids lent to each collective call (no allocation
     /// per call).
     pub(crate) spare_ids: Vec<ReqId>,
@@ -272,6 +276,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .flatten()
 }
 
+/// What [`connect_all`] opens: the NIC, the protection tag, the receive
+/// CQ (if any), a channel per other process (`None` for this one).
+pub(crate) type Connected = (Nic, Ptag, Option<Cq>, Vec<Option<Channel>>);
+
 /// Opens the NIC and connects a set of channels to every other process:
 /// the channel set of the engine, or of the offload context (`kind`).
 /// `with_cq`: the channels' receive completions go to one CQ (else each
@@ -281,7 +289,7 @@ pub(crate) fn connect_all(
     kind: &str,
     shape: Shape,
     with_cq: bool,
-) -> Result<(Nic, Ptag, Option<Cq>, Vec<Option<Channel>>)> {
+) -> Result<Connected> {
     let (rank, size) = (pmi.rank(), pmi.size());
     let nic = Nic::open(None)?;
     nic.set_error_callback(|e| log::debug!("via: {e:?}"));
@@ -407,6 +415,7 @@ impl Engine {
             eager_limit: cfg.eager_limit,
             spin: cfg.spin,
             closing: false,
+            deferred: None,
             spare_ids: Vec::new(),
         })
     }
@@ -460,6 +469,7 @@ impl Engine {
         tag: i32,
         buf: UserBuf,
     ) -> Result<ReqId> {
+        self.settle()?;
         let len = buf.len();
         let id = self.new_req(buf);
         if dest == self.rank {
@@ -556,6 +566,7 @@ impl Engine {
         h.tag = tag;
         h.len = data.len() as u64;
         ch.send(&mut h, data)?;
+        self.settle()?;
         Ok(true)
     }
 
@@ -568,6 +579,7 @@ impl Engine {
         tag: Option<i32>,
         buf: UserBuf,
     ) -> Result<ReqId> {
+        self.settle()?;
         let id = self.new_req(buf);
         // No progress first: a message still in the completion queue
         // matches this receive when it is handled (it came after the ones
@@ -615,6 +627,21 @@ impl Engine {
         Ok((st, err))
     }
 
+    /// Work kept off the critical path of a message: re-posts the slot a
+    /// direct receive left, returns credits, and reaps a send queue that
+    /// is half full. Runs after a send has gone and before any wait.
+    fn settle(&mut self) -> Result<()> {
+        if let Some((peer, slot)) = self.deferred.take() {
+            let ch = self.ch(peer)?;
+            ch.repost(slot)?;
+            ch.return_credits(false)?;
+            if ch.half_in_flight() {
+                ch.reap()?;
+            }
+        }
+        Ok(())
+    }
+
     fn recv_direct(
         &mut self,
         context: u32,
@@ -629,7 +656,10 @@ impl Engine {
             e.posted.is_empty()
                 && e.queued == 0
                 && e.reads_out == 0
-                && !e.unexpected.iter().any(|u| matches(u.context, u.source, u.tag))
+                && !e
+                    .unexpected
+                    .iter()
+                    .any(|u| matches(u.context, u.source, u.tag))
         };
         if !direct(self) {
             return Ok(None);
@@ -642,10 +672,11 @@ impl Engine {
             if h.kind == Kind::Eager && matches(h.context, h.source, h.tag) {
                 let n = h.len as usize;
                 let got = n.min(buf.len());
-                let ch = self.ch(peer)?;
-                ch.read_data(slot, &h, 0, &mut buf[..got])?;
-                ch.repost(slot)?;
-                ch.return_credits(false)?;
+                self.ch(peer)?.read_data(slot, &h, 0, &mut buf[..got])?;
+                // The slot is re-posted later, off the critical path (the
+                // caller's next call, or before any wait).
+                self.settle()?;
+                self.deferred = Some((peer, slot));
                 let status = Status {
                     source: h.source as i32,
                     tag: h.tag,
@@ -796,6 +827,7 @@ impl Engine {
     /// blocks in the provider's wait (which spins for `VIA_SPIN_US`, then
     /// sleeps until the peer's engine wakes it); `None` after 500 ms.
     fn wait_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+        self.settle()?;
         // (The provider's wait polls first: no poll of our own before it.)
         // A core per process: the peer is running, and its answer comes
         // sooner than a sleeping process wakes up.
@@ -815,7 +847,10 @@ impl Engine {
         }
         let timeout = Duration::from_millis(500);
         if let Some(peer) = self.single {
-            return Ok(self.ch(peer)?.recv_wait(timeout)?.map(|(i, h)| (peer, i, h)));
+            return Ok(self
+                .ch(peer)?
+                .recv_wait(timeout)?
+                .map(|(i, h)| (peer, i, h)));
         }
         let cq = self.cq.as_ref().expect("a CQ with more than one peer");
         match cq.wait(Some(timeout)) {
@@ -828,6 +863,7 @@ impl Engine {
 
     /// Handles every completion that is ready and sends what waited.
     pub fn progress(&mut self) -> Result<bool> {
+        self.settle()?;
         let mut did = false;
         loop {
             let m = self.poll_message();
@@ -1175,6 +1211,7 @@ impl Engine {
     /// forever (a program that finalizes with sends nobody receives is
     /// erroneous anyway).
     pub fn drain(&mut self) -> Result<()> {
+        self.settle()?;
         let mut last = (self.queued, std::time::Instant::now());
         while self.queued > 0 {
             self.wait_step()?;
