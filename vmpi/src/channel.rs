@@ -111,9 +111,15 @@ pub struct Channel {
     reads_done: Vec<u64>,
     /// A send-queue descriptor that failed (seen by a lazy reap).
     failed: Option<Error>,
+    /// Address of the first receive descriptor (completions give addresses).
+    rdesc_base: u64,
 }
 
 impl Channel {
+    /// The send descriptor slot after `j` (no division on the send path).
+    fn next_slot(&self, j: usize) -> usize {
+        if j + 1 == self.shape.send { 0 } else { j + 1 }
+    }
     fn off_send(&self, j: usize) -> usize {
         (self.shape.recv + j) * self.shape.slot
     }
@@ -157,7 +163,9 @@ impl Channel {
             remote_credit: None,
             reads_done: Vec::new(),
             failed: None,
+            rdesc_base: 0,
         };
+        ch.rdesc_base = ch.region.addr(ch.off_rdesc(0))?;
         for i in 0..shape.recv {
             let at = ch.off_rdesc(i);
             DescBuilder::recv()
@@ -308,7 +316,7 @@ impl Channel {
         self.vi
             .post_send(&self.region, d)
             .map_err(|e| via_err("post a message", self.peer, e))?;
-        self.send_next = (j + 1) % self.shape.send;
+        self.send_next = self.next_slot(j);
         self.sent = self.sent.wrapping_add(1);
         self.inflight.push_back(SendOp::Message);
         Ok(())
@@ -332,7 +340,7 @@ impl Channel {
         self.vi
             .post_send(&self.region, d)
             .map_err(|e| via_err("post an RDMA read", self.peer, e))?;
-        self.send_next = (j + 1) % self.shape.send;
+        self.send_next = self.next_slot(j);
         self.inflight.push_back(SendOp::Read(req));
         Ok(())
     }
@@ -358,7 +366,7 @@ impl Channel {
             .write(&self.region, d)?;
         self.vi.post_send(&self.region, d)?;
         self.reported = self.freed;
-        self.send_next = (j + 1) % self.shape.send;
+        self.send_next = self.next_slot(j);
         self.inflight.push_back(SendOp::Credit);
         Ok(())
     }
@@ -415,7 +423,7 @@ impl Channel {
                 self.peer, c.status
             )));
         }
-        let base = self.region.addr(self.off_rdesc(0))?;
+        let base = self.rdesc_base;
         let i = (c.desc.wrapping_sub(base) as usize) / DESC;
         if i >= self.shape.recv {
             return Err(Error::Intern(format!(
