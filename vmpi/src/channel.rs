@@ -113,6 +113,8 @@ pub struct Channel {
     failed: Option<Error>,
     /// Address of the first receive descriptor (completions give addresses).
     rdesc_base: u64,
+    /// RDMA reads in `inflight`.
+    reads_inflight: u32,
 }
 
 impl Channel {
@@ -164,6 +166,7 @@ impl Channel {
             reads_done: Vec::new(),
             failed: None,
             rdesc_base: 0,
+            reads_inflight: 0,
         };
         ch.rdesc_base = ch.region.addr(ch.off_rdesc(0))?;
         for i in 0..shape.recv {
@@ -288,9 +291,6 @@ impl Channel {
     /// Call only when [`Channel::can_send`].
     pub fn send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
         debug_assert!(data.len() <= self.shape.eager_room());
-        if let Some(e) = self.failed.take() {
-            return Err(e);
-        }
         let j = self.send_next;
         h.freed = self.freed;
         self.reported = self.freed;
@@ -342,6 +342,7 @@ impl Channel {
             .map_err(|e| via_err("post an RDMA read", self.peer, e))?;
         self.send_next = self.next_slot(j);
         self.inflight.push_back(SendOp::Read(req));
+        self.reads_inflight += 1;
         Ok(())
     }
 
@@ -381,7 +382,38 @@ impl Channel {
             Err(e) if e.kind() == via::ErrorKind::NotDone => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        self.sent_done(c)
+    }
+
+    /// Waits up to `timeout` for the send queue's next completion and
+    /// dequeues it (completed RDMA reads are kept for
+    /// [`Channel::take_read_done`]); whether one came.
+    ///
+    /// # Errors
+    /// `Transport` if it failed (the connection broke).
+    pub fn wait_send(&mut self, timeout: Duration) -> Result<bool> {
+        match self.vi.send_wait(Some(timeout)) {
+            Ok(c) => {
+                if let Some(SendOp::Read(id)) = self.sent_done(c)? {
+                    self.reads_done.push(id);
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// RDMA reads posted and not yet dequeued.
+    pub fn reads_in_flight(&self) -> bool {
+        self.reads_inflight > 0
+    }
+
+    fn sent_done(&mut self, c: via::Completion) -> Result<Option<SendOp>> {
         let op = self.inflight.pop_front();
+        if let Some(SendOp::Read(_)) = op {
+            self.reads_inflight -= 1;
+        }
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
             return Err(Error::Transport(format!(
                 "send to rank {} failed (status {:#x})",

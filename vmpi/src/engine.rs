@@ -633,11 +633,19 @@ impl Engine {
     fn settle(&mut self) -> Result<()> {
         if let Some((peer, slot)) = self.deferred.take() {
             let ch = self.ch(peer)?;
-            ch.repost(slot)?;
-            ch.return_credits(false)?;
-            if ch.half_in_flight() {
-                ch.reap()?;
-            }
+            let r = ch
+                .repost(slot)
+                .and_then(|_| ch.return_credits(false))
+                .and_then(|_| {
+                    if ch.half_in_flight() {
+                        ch.reap()
+                    } else {
+                        Ok(())
+                    }
+                });
+            // A send that failed is seen here, by the reap: a peer leaving
+            // once the job is finishing.
+            self.closing_ok(r.map(Some))?;
         }
         Ok(())
     }
@@ -779,6 +787,25 @@ impl Engine {
     /// One blocking step: waits for a completion (or polls while sends
     /// wait for credits) and handles it.
     pub fn wait_step(&mut self) -> Result<()> {
+        // A read completes on a send queue, which is on no CQ: block on the
+        // send queue of a channel whose read is outstanding (its completion
+        // wakes this process at once), briefly, so that receives on other
+        // channels are polled again soon.
+        if self.reads_out > 0 && self.queued == 0 {
+            if self.progress()? {
+                return Ok(());
+            }
+            let busy = self
+                .channels
+                .iter()
+                .position(|c| c.as_ref().is_some_and(Channel::reads_in_flight));
+            if let Some(p) = busy {
+                let r = self.ch(p as u32)?.wait_send(Duration::from_micros(50));
+                self.closing_ok(r.map(Some))?;
+                self.progress()?;
+                return Ok(());
+            }
+        }
         // Credits come by RDMA write and reads complete on send queues,
         // neither through a receive completion: poll while either is awaited.
         if self.queued > 0 || self.reads_out > 0 {
