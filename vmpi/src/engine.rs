@@ -24,12 +24,18 @@
 //! straight into it (one copy, no intermediate buffer), then sends FIN,
 //! which completes the send.
 //!
-//! **Waiting.** A wait polls the completion queue for [`Config::spin`]
-//! (none by default), then blocks in the provider's CQ wait (spin for
-//! `VIA_SPIN_US`, then a futex sleep), unless a send waits for credits, which arrive by RDMA
-//! write without a completion: then it polls with a backoff that yields
-//! and sleeps. Nothing spins for long when processes outnumber cores, so
-//! those jobs progress.
+//! **Waiting.** A wait polls for [`Config::spin`] (none by default), then
+//! blocks in the provider's CQ wait, or the single peer's VI receive wait
+//! (spin for `VIA_SPIN_US`, then a futex sleep), unless a send waits for
+//! credits, which arrive by RDMA write without a completion: then it polls
+//! with a backoff that yields and sleeps. While an RDMA read is
+//! outstanding it blocks briefly on that channel's send queue. Nothing
+//! spins for long when processes outnumber cores, so those jobs progress.
+//!
+//! **Direct receive.** A blocking receive with nothing posted, queued or
+//! unexpectedly matching makes no request ([`Engine::recv`]); the slot it
+//! copied from is re-posted off the critical path (`Engine::settle`'s
+//! deferred work: after the next send, or before any wait).
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
