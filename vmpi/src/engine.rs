@@ -841,7 +841,10 @@ impl Engine {
             return Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)));
         }
         loop {
-            let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+            let cq = self
+                .cq
+                .as_ref()
+                .ok_or_else(|| Error::Intern("no CQ with more than one peer".into()))?;
             match cq.done() {
                 Ok((vi, true)) => {
                     if let Some(m) = self.on_cq(vi)? {
@@ -885,7 +888,10 @@ impl Engine {
                 .recv_wait(timeout)?
                 .map(|(i, h)| (peer, i, h)));
         }
-        let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+        let cq = self
+            .cq
+            .as_ref()
+            .ok_or_else(|| Error::Intern("no CQ with more than one peer".into()))?;
         match cq.wait(Some(timeout)) {
             Ok((vi, true)) => self.on_cq(vi),
             Ok((_, false)) => Ok(None),
