@@ -111,9 +111,17 @@ pub struct Channel {
     reads_done: Vec<u64>,
     /// A send-queue descriptor that failed (seen by a lazy reap).
     failed: Option<Error>,
+    /// Address of the first receive descriptor (completions give addresses).
+    rdesc_base: u64,
+    /// RDMA reads in `inflight`.
+    reads_inflight: u32,
 }
 
 impl Channel {
+    /// The send descriptor slot after `j` (no division on the send path).
+    fn next_slot(&self, j: usize) -> usize {
+        if j + 1 == self.shape.send { 0 } else { j + 1 }
+    }
     fn off_send(&self, j: usize) -> usize {
         (self.shape.recv + j) * self.shape.slot
     }
@@ -157,7 +165,10 @@ impl Channel {
             remote_credit: None,
             reads_done: Vec::new(),
             failed: None,
+            rdesc_base: 0,
+            reads_inflight: 0,
         };
+        ch.rdesc_base = ch.region.addr(ch.off_rdesc(0))?;
         for i in 0..shape.recv {
             let at = ch.off_rdesc(i);
             DescBuilder::recv()
@@ -280,9 +291,6 @@ impl Channel {
     /// Call only when [`Channel::can_send`].
     pub fn send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
         debug_assert!(data.len() <= self.shape.eager_room());
-        if let Some(e) = self.failed.take() {
-            return Err(e);
-        }
         let j = self.send_next;
         h.freed = self.freed;
         self.reported = self.freed;
@@ -308,7 +316,7 @@ impl Channel {
         self.vi
             .post_send(&self.region, d)
             .map_err(|e| via_err("post a message", self.peer, e))?;
-        self.send_next = (j + 1) % self.shape.send;
+        self.send_next = self.next_slot(j);
         self.sent = self.sent.wrapping_add(1);
         self.inflight.push_back(SendOp::Message);
         Ok(())
@@ -332,8 +340,9 @@ impl Channel {
         self.vi
             .post_send(&self.region, d)
             .map_err(|e| via_err("post an RDMA read", self.peer, e))?;
-        self.send_next = (j + 1) % self.shape.send;
+        self.send_next = self.next_slot(j);
         self.inflight.push_back(SendOp::Read(req));
+        self.reads_inflight += 1;
         Ok(())
     }
 
@@ -358,7 +367,7 @@ impl Channel {
             .write(&self.region, d)?;
         self.vi.post_send(&self.region, d)?;
         self.reported = self.freed;
-        self.send_next = (j + 1) % self.shape.send;
+        self.send_next = self.next_slot(j);
         self.inflight.push_back(SendOp::Credit);
         Ok(())
     }
@@ -373,7 +382,38 @@ impl Channel {
             Err(e) if e.kind() == via::ErrorKind::NotDone => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        self.sent_done(c)
+    }
+
+    /// Waits up to `timeout` for the send queue's next completion and
+    /// dequeues it (completed RDMA reads are kept for
+    /// [`Channel::take_read_done`]); whether one came.
+    ///
+    /// # Errors
+    /// `Transport` if it failed (the connection broke).
+    pub fn wait_send(&mut self, timeout: Duration) -> Result<bool> {
+        match self.vi.send_wait(Some(timeout)) {
+            Ok(c) => {
+                if let Some(SendOp::Read(id)) = self.sent_done(c)? {
+                    self.reads_done.push(id);
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// RDMA reads posted and not yet dequeued.
+    pub fn reads_in_flight(&self) -> bool {
+        self.reads_inflight > 0
+    }
+
+    fn sent_done(&mut self, c: via::Completion) -> Result<Option<SendOp>> {
         let op = self.inflight.pop_front();
+        if let Some(SendOp::Read(_)) = op {
+            self.reads_inflight -= 1;
+        }
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
             return Err(Error::Transport(format!(
                 "send to rank {} failed (status {:#x})",
@@ -415,7 +455,7 @@ impl Channel {
                 self.peer, c.status
             )));
         }
-        let base = self.region.addr(self.off_rdesc(0))?;
+        let base = self.rdesc_base;
         let i = (c.desc.wrapping_sub(base) as usize) / DESC;
         if i >= self.shape.recv {
             return Err(Error::Intern(format!(

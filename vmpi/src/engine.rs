@@ -24,12 +24,18 @@
 //! straight into it (one copy, no intermediate buffer), then sends FIN,
 //! which completes the send.
 //!
-//! **Waiting.** A wait polls the completion queue for [`Config::spin`]
-//! (none by default), then blocks in the provider's CQ wait (spin for
-//! `VIA_SPIN_US`, then a futex sleep), unless a send waits for credits, which arrive by RDMA
-//! write without a completion: then it polls with a backoff that yields
-//! and sleeps. Nothing spins for long when processes outnumber cores, so
-//! those jobs progress.
+//! **Waiting.** A wait polls for [`Config::spin`] (none by default), then
+//! blocks in the provider's CQ wait, or the single peer's VI receive wait
+//! (spin for `VIA_SPIN_US`, then a futex sleep), unless a send waits for
+//! credits, which arrive by RDMA write without a completion: then it polls
+//! with a backoff that yields and sleeps. While an RDMA read is
+//! outstanding it blocks briefly on that channel's send queue. Nothing
+//! spins for long when processes outnumber cores, so those jobs progress.
+//!
+//! **Direct receive.** A blocking receive with nothing posted, queued or
+//! unexpectedly matching makes no request ([`Engine::recv`]); the slot it
+//! copied from is re-posted off the critical path (`Engine::settle`'s
+//! deferred work: after the next send, or before any wait).
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -633,11 +639,19 @@ impl Engine {
     fn settle(&mut self) -> Result<()> {
         if let Some((peer, slot)) = self.deferred.take() {
             let ch = self.ch(peer)?;
-            ch.repost(slot)?;
-            ch.return_credits(false)?;
-            if ch.half_in_flight() {
-                ch.reap()?;
-            }
+            let r = ch
+                .repost(slot)
+                .and_then(|_| ch.return_credits(false))
+                .and_then(|_| {
+                    if ch.half_in_flight() {
+                        ch.reap()
+                    } else {
+                        Ok(())
+                    }
+                });
+            // A send that failed is seen here, by the reap: a peer leaving
+            // once the job is finishing.
+            self.closing_ok(r.map(Some))?;
         }
         Ok(())
     }
@@ -779,6 +793,25 @@ impl Engine {
     /// One blocking step: waits for a completion (or polls while sends
     /// wait for credits) and handles it.
     pub fn wait_step(&mut self) -> Result<()> {
+        // A read completes on a send queue, which is on no CQ: block on the
+        // send queue of a channel whose read is outstanding (its completion
+        // wakes this process at once), briefly, so that receives on other
+        // channels are polled again soon.
+        if self.reads_out > 0 && self.queued == 0 {
+            if self.progress()? {
+                return Ok(());
+            }
+            let busy = self
+                .channels
+                .iter()
+                .position(|c| c.as_ref().is_some_and(Channel::reads_in_flight));
+            if let Some(p) = busy {
+                let r = self.ch(p as u32)?.wait_send(Duration::from_micros(50));
+                self.closing_ok(r.map(Some))?;
+                self.progress()?;
+                return Ok(());
+            }
+        }
         // Credits come by RDMA write and reads complete on send queues,
         // neither through a receive completion: poll while either is awaited.
         if self.queued > 0 || self.reads_out > 0 {
@@ -808,7 +841,10 @@ impl Engine {
             return Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)));
         }
         loop {
-            let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+            let cq = self
+                .cq
+                .as_ref()
+                .ok_or_else(|| Error::Intern("no CQ with more than one peer".into()))?;
             match cq.done() {
                 Ok((vi, true)) => {
                     if let Some(m) = self.on_cq(vi)? {
@@ -852,7 +888,10 @@ impl Engine {
                 .recv_wait(timeout)?
                 .map(|(i, h)| (peer, i, h)));
         }
-        let cq = self.cq.as_ref().expect("a CQ with more than one peer");
+        let cq = self
+            .cq
+            .as_ref()
+            .ok_or_else(|| Error::Intern("no CQ with more than one peer".into()))?;
         match cq.wait(Some(timeout)) {
             Ok((vi, true)) => self.on_cq(vi),
             Ok((_, false)) => Ok(None),

@@ -12,8 +12,10 @@ use common::check;
 fn point_to_point() {
     check("p2p2", 2, &[], &["p2p"]);
     check("p2p3", 3, &[], &["p2p"]);
-    // A tiny eager limit: most messages take the rendezvous path.
+    // A tiny eager limit: most messages take the rendezvous path (two
+    // processes: one peer, no CQ, reads waited for on the send queue).
     check("p2p-rndv", 3, &[("VMPI_EAGER_LIMIT", "64")], &["p2p"]);
+    check("p2p2-rndv", 2, &[("VMPI_EAGER_LIMIT", "64")], &["p2p"]);
 }
 
 #[test]
@@ -33,6 +35,14 @@ fn randomised_matching_with_wildcards() {
         4,
         &[("VMPI_SLOTS", "2"), ("VMPI_EAGER_LIMIT", "256")],
         &["matching", "4"],
+    );
+    // The same with one peer: direct receives, their deferred re-posts
+    // and credit waits on the single VI.
+    check(
+        "match2-credits",
+        2,
+        &[("VMPI_SLOTS", "2"), ("VMPI_EAGER_LIMIT", "256")],
+        &["matching", "5"],
     );
 }
 
