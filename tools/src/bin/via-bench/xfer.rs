@@ -1198,8 +1198,22 @@ pub fn run_point(mut spec: Spec, peer: &Peer) -> Measure {
     // Control phase.
     let cvi = side.ctl_vi();
     side.ctl_post_recv(&cvi);
-    cvi.connect(&local, &remote, Some(TIMEOUT))
-        .expect("connect to the server");
+    // A server started at the same time may not listen yet: no listener
+    // is `NoMatch` at once, and a client tries again (as legacy VIA
+    // clients do) until its time is up.
+    let start = std::time::Instant::now();
+    loop {
+        match cvi.connect(&local, &remote, Some(TIMEOUT)) {
+            Err(e) if e.kind() == via::ErrorKind::NoMatch && start.elapsed() < TIMEOUT => {
+                log::debug!("no listener on the server's discriminator yet; trying again");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => {
+                r.expect("connect to the server");
+                break;
+            }
+        }
+    }
     side.ctl_send(&cvi, serde_json::to_string(&spec).unwrap().as_bytes());
     let answer: Value =
         serde_json::from_slice(&side.ctl_recv(&cvi).expect("the server's answer")).unwrap();
