@@ -293,9 +293,17 @@ impl<'a> WrRegions<'a> {
     /// The regions of `wr` in `cache` (just filled by translating it), and
     /// its descriptor's status location.
     pub fn of(wr: &SendWr, cache: &'a RegionCache, status: &'a StatusLoc) -> WrRegions<'a> {
+        let desc = cache.peek(wr.desc_handle);
+        // The common layout: the data in the descriptor's own region (one
+        // lookup, not two).
+        let seg = match wr.local().first() {
+            Some(s) if s.handle == wr.desc_handle => desc,
+            Some(s) => cache.peek(s.handle),
+            None => None,
+        };
         WrRegions {
-            desc: cache.peek(wr.desc_handle),
-            seg: wr.local().first().and_then(|s| cache.peek(s.handle)),
+            desc,
+            seg,
             status: Some(status),
         }
     }

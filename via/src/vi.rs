@@ -41,7 +41,9 @@ pub(crate) struct Posted {
 /// grown by doubling while the queue deepens, so a post or a dequeue in
 /// the steady state allocates nothing). A dequeued slot keeps its status
 /// location: the next post through the same mapping only changes the
-/// offset, not the mapping's reference count.
+/// offset, not the mapping's reference count. (So a shadow mapping stays
+/// until its slots are reused or the VI destroyed, as one held by the
+/// queue's region cache stays until the cache refills.)
 pub(crate) struct Ring {
     slots: Vec<Posted>,
     head: u64,

@@ -709,3 +709,55 @@ fn registrations_check_their_tag_parked_or_not() {
         assert_eq!(VipCloseNic(a), VIP_SUCCESS);
     }
 }
+
+/// Handles do not survive `fork`: in the child, the VI cells of the
+/// forking thread are empty (the fork handler of `last_vi`), so a handle
+/// the parent used goes through the checked lookup, which refuses it.
+/// The child only looks at its cells (thread-local, no lock another test
+/// thread could have held at the fork) and leaves with `_exit`.
+#[test]
+fn a_forked_child_finds_no_vi_in_its_cells() {
+    if !viad_available() {
+        return;
+    }
+    let nic = open();
+    let p = ptag(nic);
+    let v = vi(nic, p, null_mut());
+    let bits = super::boundary::opaque_value(v);
+    let mut d: *mut VIP_DESCRIPTOR = null_mut();
+    // SAFETY: valid pointers. The lookup puts the VI in one of this
+    // thread's cells.
+    assert_eq!(unsafe { VipSendDone(v, &mut d) }, VIP_NOT_DONE);
+    assert!(super::last_vi::with(bits, |_, _| ()).is_ok(), "in a cell");
+    // SAFETY: the child runs thread-local code only, then `_exit` (no
+    // destructors, no harness).
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let found = super::last_vi::with(bits, |_, _| ()).is_ok();
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(if found { 1 } else { 0 }) };
+    }
+    let mut st = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        // SAFETY: our child, a valid status pointer.
+        let r = unsafe { libc::waitpid(child, &mut st, libc::WNOHANG) };
+        if r == child {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the child hangs");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "the child found its parent's VI in a cell (status {st:#x})"
+    );
+    // The parent's cell still answers.
+    assert!(super::last_vi::with(bits, |_, _| ()).is_ok());
+    // SAFETY: checked handles.
+    unsafe {
+        assert_eq!(VipDestroyVi(v), VIP_SUCCESS);
+        assert_eq!(VipCloseNic(nic), VIP_SUCCESS);
+    }
+}
