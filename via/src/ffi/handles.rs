@@ -119,7 +119,9 @@ fn decode(h: *mut core::ffi::c_void, kind: Kind) -> Result<(Arc<NicInner>, u32, 
 pub(crate) fn nic_from(h: VIP_NIC_HANDLE) -> Result<Arc<NicInner>> {
     let bits = opaque_value(h);
     let pid = crate::sys::getpid();
-    if let Some((nic, _)) = RECENT_NICS.with(|c| c.borrow().find(bits, pid, |_| true)) {
+    // One reference taken (a NIC's entry names it twice, as NIC and object).
+    let found = RECENT_NICS.with(|c| c.borrow().hit(bits, pid, |_| true).map(|e| e.nic.clone()));
+    if let Some(nic) = found {
         return Ok(nic);
     }
     let (nic, _, _) = decode(h, Kind::Nic)?;
