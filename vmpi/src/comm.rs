@@ -102,6 +102,21 @@ impl Comm {
         self.engine().isend(self.context, self.rank, to, tag, buf)
     }
 
+    /// A receive's source and tag checked (`None`: any); the source as the
+    /// engine matches it.
+    fn recv_filter(&self, source: Option<i32>, tag: Option<i32>) -> Result<Option<u32>> {
+        if let Some(t) = tag {
+            check_tag(t)?;
+        }
+        match source {
+            Some(s) => {
+                self.world_rank(s)?;
+                Ok(Some(s as u32))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Starts a receive into `buf` (`None`: any source / any tag).
     pub(crate) fn irecv_buf(
         &self,
@@ -109,16 +124,7 @@ impl Comm {
         source: Option<i32>,
         tag: Option<i32>,
     ) -> Result<ReqId> {
-        if let Some(t) = tag {
-            check_tag(t)?;
-        }
-        let src = match source {
-            Some(s) => {
-                self.world_rank(s)?;
-                Some(s as u32)
-            }
-            None => None,
-        };
+        let src = self.recv_filter(source, tag)?;
         self.engine().irecv(self.context, src, tag, buf)
     }
 
@@ -155,16 +161,7 @@ impl Comm {
         source: Option<i32>,
         tag: Option<i32>,
     ) -> Result<(Status, Option<Error>)> {
-        if let Some(t) = tag {
-            check_tag(t)?;
-        }
-        let src = match source {
-            Some(s) => {
-                self.world_rank(s)?;
-                Some(s as u32)
-            }
-            None => None,
-        };
+        let src = self.recv_filter(source, tag)?;
         self.engine().recv(self.context, src, tag, buf)
     }
 
