@@ -297,13 +297,12 @@ struct RevivedRec {
 }
 
 impl Revived {
-    /// Resolves `handle` of peer `r`: from a region resolved before with
-    /// the same table contents, else by mapping its extents.
+    /// Resolves `handle` of peer `r` by mapping its extents (after
+    /// [`Revived::reuse`] found no record), and records it.
     fn resolve(&mut self, r: &RemoteNic, handle: u32) -> Option<(Arc<Resolved>, u32)> {
         let (mut snap, seq) = tpt::read(&r.view(), handle)?;
         let owner = (r.session, r.nic);
         let retired = r.retired();
-        snap.handle = 0;
         // Records from before the owner retired an arena go now, so that
         // they do not keep a retired arena mapped.
         for x in &mut self.recs {
@@ -313,17 +312,6 @@ impl Revived {
                 *x = None;
             }
         }
-        let found = self
-            .recs
-            .iter()
-            .flatten()
-            .find(|x| x.owner == owner && x.snap == snap);
-        if let Some(x) = found {
-            let mut region = (*x.region).clone();
-            region.handle = handle;
-            return Some((Arc::new(region), seq));
-        }
-        snap.handle = handle;
         let region = r.build(&snap)?;
         snap.handle = 0;
         self.recs[self.next] = Some(RevivedRec {
@@ -334,6 +322,25 @@ impl Revived {
         });
         self.next = (self.next + 1) % REVIVED;
         Some((region, seq))
+    }
+
+    /// `handle` of peer `r` if its table entry holds what a recorded one
+    /// held: that region under the new handle. Compares the entry in place
+    /// ([`tpt::holds`]), so it costs a few loads and one allocation; `None`
+    /// leaves the work to [`Revived::resolve`].
+    fn reuse(&self, r: &RemoteNic, handle: u32) -> Option<(Arc<Resolved>, u32)> {
+        let owner = (r.session, r.nic);
+        let retired = r.retired();
+        let view = r.view();
+        self.recs.iter().flatten().find_map(|x| {
+            if x.owner != owner || x.retired != retired {
+                return None;
+            }
+            let seq = tpt::holds(&view, handle, &x.snap)?;
+            let mut region = (*x.region).clone();
+            region.handle = handle;
+            Some((Arc::new(region), seq))
+        })
     }
 
     /// Forgets the regions of a peer session (it died).
@@ -456,6 +463,14 @@ impl Regions {
             None => {
                 self.missed = true;
                 self.cache.sweep_retired(r);
+                // A registration that came back under a fresh handle: the
+                // region resolved before, without entering the cache (such a
+                // handle usually serves one message; the kept regions hold
+                // it for the next descriptors). A new handle: compulsory.
+                if let Some((region, stamp)) = self.revived.reuse(r, handle) {
+                    self.cache.counts(u).compulsory += 1;
+                    return Some(self.push(owner, handle, stamp as u64, region));
+                }
                 let mut stamp = now;
                 let revived = &mut self.revived;
                 let region =

@@ -93,6 +93,42 @@ pub fn read(view: &NicView<'_>, handle: u32) -> Option<(Snapshot, u32)> {
     snapshot(e).filter(|(s, _)| s.handle == handle)
 }
 
+/// Whether the entry of `handle` holds, apart from the handle, what `snap`
+/// says (bounds, tag, enables, the same extents); its sequence value if so.
+/// Compares in place under the entry's seqlock: no snapshot is built, so a
+/// registration that comes back costs its peer a few loads.
+pub fn holds(view: &NicView<'_>, handle: u32, snap: &Snapshot) -> Option<u32> {
+    let e = entry_of(view, handle)?;
+    for _ in 0..64 {
+        // Acquire: as in `snapshot`.
+        let s1 = e.seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let n = snap.n_extents;
+        let same = e.handle.load(Ordering::Relaxed) == handle
+            && e.check.load(Ordering::Relaxed) & VALID != 0
+            && e.va.load(Ordering::Relaxed) == snap.va
+            && e.len.load(Ordering::Relaxed) == snap.len
+            && e.ptag.load(Ordering::Relaxed) == snap.ptag
+            && e.flags.load(Ordering::Relaxed) == snap.flags
+            && e.n_extents.load(Ordering::Relaxed) as usize == n
+            && e.extents[..n].iter().zip(&snap.extents[..n]).all(|(x, y)| {
+                x.va.load(Ordering::Relaxed) == y.va
+                    && x.len.load(Ordering::Relaxed) == y.len
+                    && x.arena.load(Ordering::Relaxed) == y.arena
+                    && x.arena_off.load(Ordering::Relaxed) == y.arena_off
+            });
+        // Acquire fence: the loads above happen before the re-check.
+        fence(Ordering::Acquire);
+        if e.seq.load(Ordering::Relaxed) == s1 {
+            return same.then_some(s1);
+        }
+    }
+    None
+}
+
 /// Whether `handle` is still registered in a (possibly remote) table: a few
 /// loads, for checks in the middle of a transfer. Handles never repeat, so
 /// a live handle is the same registration.
