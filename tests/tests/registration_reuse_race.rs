@@ -185,3 +185,69 @@ fn new_memory_where_another_thread_unmapped_freed_or_moved() {
     race(GoesAway::Free);
     race(GoesAway::Mremap);
 }
+
+/// An unmap whose event is applied late — after new memory was mapped at
+/// the address and registered, as when the unmapping thread is held past
+/// the registration path's wait on a loaded machine — must leave the new
+/// registration its translation: only the old memory's registration loses
+/// it. (C suite `regreuse` failed so with `RDMAW_PROT` under load.)
+/// Discarded contents (`madvise`) still take every registration over them.
+#[test]
+fn an_unmap_applied_late_spares_memory_registered_since() {
+    use via::descriptor::status;
+    use via::mem::monitor::MemEvent;
+    use via::{DescBuilder, Reliability, ViAttributes};
+
+    let nic = Nic::open(None).unwrap();
+    let ptag = nic.create_ptag().unwrap();
+    let ctl = Region::new(&nic, 4096, ptag, false, false).unwrap();
+    let vi = nic
+        .create_vi(
+            &ViAttributes::new(Reliability::ReliableDelivery, ptag),
+            None,
+            None,
+        )
+        .unwrap();
+    // A receive into `r` posted with its descriptor at `desc`: its status
+    // right after (0 while it waits; DONE with an error if `r` does not
+    // translate).
+    let posted = |r: &Region, desc: usize| {
+        let d = DescBuilder::recv()
+            .segment(r, 0, 4096)
+            .write(&ctl, desc)
+            .unwrap();
+        vi.post_recv(&ctl, d).unwrap();
+        ctl.status(desc)
+    };
+    // Another thread of the process may map something at the freed
+    // address first: then again elsewhere.
+    let (a, old) = (0..100)
+        .find_map(|_| {
+            let a = map(0, LEN, false).unwrap();
+            let old = register(&nic, ptag, a);
+            unmap(a, LEN);
+            map(a, LEN, true).map(|_| (a, old))
+        })
+        .expect("a freed address came free for this thread");
+    let new = register(&nic, ptag, a);
+    // The unmap's event once more, as if it were read only now.
+    via::apply_memory_event(MemEvent::Unmap(a..a + LEN));
+    assert_eq!(
+        posted(&new, 0),
+        0,
+        "the registration of the new memory keeps its translation"
+    );
+    let st = posted(&old, 256);
+    assert_ne!(
+        st & status::DONE,
+        0,
+        "the old memory's registration has none"
+    );
+    assert_ne!(st & status::PROTECTION_ERROR, 0, "status {st:#x}");
+    // Discarded: the mapping stays, the translation goes.
+    via::apply_memory_event(MemEvent::Remove(a..a + LEN));
+    let st = posted(&new, 512);
+    assert_ne!(st & status::PROTECTION_ERROR, 0, "status {st:#x}");
+    drop((new, old));
+    unmap(a, LEN);
+}

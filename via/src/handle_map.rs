@@ -138,12 +138,12 @@ impl<V> HandleMap<V> {
         self.values.iter().filter_map(Option::as_ref)
     }
 
-    /// The entries, values changeable, in no particular order.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut V)> {
+    /// The entries, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &V)> {
         self.keys
             .iter()
-            .zip(self.values.iter_mut())
-            .filter_map(|(&k, v)| v.as_mut().map(|v| (k, v)))
+            .zip(self.values.iter())
+            .filter_map(|(&k, v)| v.as_ref().map(|v| (k, v)))
     }
 
     /// Takes every entry out.

@@ -48,6 +48,11 @@ pub use backend::{CacheCounts, TranslationStats};
 pub use error::{Error, ErrorKind, Result};
 pub use nic::{AsyncError, ErrorCode, ResourceCode};
 pub use proto::NetAddr;
+
+/// Applies a memory event now, as the memory monitor does when it reads
+/// one (tests of an event applied late).
+#[doc(hidden)]
+pub use process::apply_memory_event;
 pub use vi::{Completion, Which};
 
 /// The RDMA devices the verbs kind of NIC can open (empty: none, or no

@@ -17,10 +17,10 @@ use crate::handle::Slab;
 use crate::mem::arena::{Extent, UserRange};
 use crate::mem::region::{Resolved, ResolvedExtent};
 use crate::notify::Provider;
-use crate::parked::{Key, Parked};
+use crate::parked::Key;
 use crate::process::Process;
 use crate::proto::Endpoint;
-use crate::regions::RegionTable;
+use crate::regions::{RegionTable, TableWriter};
 use crate::vi::ViCore;
 
 /// RDMA enable bits of a region or VI, as devices store them.
@@ -174,9 +174,6 @@ pub(crate) struct RegionRec {
     len: u64,
     /// Arena pages it holds (kept out of a child after `fork`).
     held: Vec<std::ops::Range<usize>>,
-    /// The memory went away under it (unmapped, moved, discarded): the
-    /// translation is gone, only `VipDeregisterMem` remains to be called.
-    revoked: bool,
 }
 
 /// A deregistered registration kept whole (`parked`): what undoes it, and
@@ -188,14 +185,6 @@ pub(crate) struct ParkedReg {
     entry: Option<crate::backend::RetiredEntry>,
 }
 
-/// The registrations of a NIC.
-pub(crate) struct Registrations {
-    /// Boxed: records move between the live and the parked on every
-    /// repeated registration, and a pointer moves cheaper than the record.
-    live: crate::handle_map::HandleMap<Box<RegionRec>>,
-    parked: Parked<ParkedReg>,
-}
-
 /// One open NIC.
 pub(crate) struct NicInner {
     pub process: Arc<Process>,
@@ -205,12 +194,12 @@ pub(crate) struct NicInner {
     pub name: String,
     /// What the device supports.
     pub limits: Limits,
-    /// Registered regions as this process reaches them.
+    /// Registered regions as this process reaches them, with what undoes
+    /// each registration (boxed: records move between the live and the
+    /// parked on every repeated registration), and deregistered ones kept
+    /// whole for the same bytes again: all under one lock.
     pub regions: RegionTable,
     pub ptags: Mutex<Slab<u32>>,
-    /// Registrations: live ones by handle (what undoes each), and
-    /// deregistered ones kept whole for the same bytes again.
-    registered: Mutex<Registrations>,
     /// Whether deregistered registrations are parked.
     parking: bool,
     pub vis: RwLock<Slab<Arc<ViCore>>>,
@@ -228,7 +217,7 @@ pub(crate) struct NicInner {
 
 impl crate::mem::fork::HoldsPages for NicInner {
     fn held_pages(&self, out: &mut Vec<std::ops::Range<usize>>) {
-        for r in self.registered.lock().unwrap().live.values() {
+        for r in self.regions.read().records() {
             out.extend(r.held.iter().cloned());
         }
     }
@@ -301,12 +290,8 @@ impl NicInner {
                     id,
                     name: name.to_string(),
                     limits,
-                    regions: RegionTable::default(),
+                    regions: RegionTable::new(if parking { crate::parked::CAPACITY } else { 0 }),
                     ptags: Mutex::new(Slab::new(MAX_PTAGS + 1, 1)),
-                    registered: Mutex::new(Registrations {
-                        live: Default::default(),
-                        parked: Parked::new(if parking { crate::parked::CAPACITY } else { 0 }),
-                    }),
                     parking,
                     vis: RwLock::new(Slab::new(limits.max_vi, 0)),
                     cqs: RwLock::new(Slab::new(limits.max_cq, 0)),
@@ -413,12 +398,7 @@ impl NicInner {
     /// `VipDestroyPtag`: refused while a VI or region uses the tag.
     pub fn destroy_ptag(&self, p: Ptag) -> Result<()> {
         // Parked registrations count as the tag's users; they go first.
-        let parked = self
-            .registered
-            .lock()
-            .unwrap()
-            .parked
-            .take_if(|k| k.ptag == p.0);
+        let parked = self.regions.write().parked().take_if(|k| k.ptag == p.0);
         for parked in parked {
             self.unpark_for_good(parked);
         }
@@ -487,9 +467,9 @@ impl NicInner {
             if self.process.monitor.as_ref().is_some_and(|m| m.sync()) {
                 // A parked registration still counts as its tag's user, so
                 // the tag is alive (`destroy_ptag` drops parked ones first).
-                let mut g = self.registered.lock().unwrap();
-                if let Some(p) = g.parked.take(&key) {
-                    return self.unpark(&mut g, key, p);
+                let mut w = self.regions.write();
+                if let Some(p) = w.parked().take(&key) {
+                    return self.unpark(w, key, p);
                 }
             }
         }
@@ -505,9 +485,11 @@ impl NicInner {
     /// A parked registration of the same bytes back in use: a fresh handle
     /// and device entry over the pages and mappings it kept.
     ///
-    /// Runs under the registrations' lock (`g`): taken from the parked and
-    /// made live in one critical section.
-    fn unpark(&self, g: &mut Registrations, key: Key, p: ParkedReg) -> Result<u32> {
+    /// Called with the table's lock (`w`): taken from the parked and made
+    /// live in one critical section when the device kept its entry (a few
+    /// stores); a device that adds the region anew (a system call, for a
+    /// verbs memory region) does it with the lock released.
+    fn unpark<'a>(&'a self, mut w: TableWriter<'a>, key: Key, p: ParkedReg) -> Result<u32> {
         let ParkedReg {
             rec,
             resolved,
@@ -515,23 +497,29 @@ impl NicInner {
         } = p;
         let added = match entry {
             Some(entry) => self.dev.revive_region(self, entry),
-            None => self.dev.reserve_region().and_then(|slot| {
-                self.dev.add_region(
-                    self,
-                    slot,
-                    &RegionSpec {
-                        va: key.va,
-                        len: key.len,
-                        ptag: key.ptag,
-                        flags: key.flags,
-                        extents: rec.pinned.pinned(),
-                    },
-                )
-            }),
+            None => {
+                drop(w);
+                let added = self.dev.reserve_region().and_then(|slot| {
+                    self.dev.add_region(
+                        self,
+                        slot,
+                        &RegionSpec {
+                            va: key.va,
+                            len: key.len,
+                            ptag: key.ptag,
+                            flags: key.flags,
+                            extents: rec.pinned.pinned(),
+                        },
+                    )
+                });
+                w = self.regions.write();
+                added
+            }
         };
         let handle = match added {
             Ok(h) => h,
             Err(e) => {
+                drop(w);
                 // A failed revival has released the entry already.
                 self.release(*rec);
                 return Err(e);
@@ -539,12 +527,11 @@ impl NicInner {
         };
         let mut resolved = resolved;
         Arc::make_mut(&mut resolved).handle = handle;
-        self.regions.insert_shared(resolved);
         // No fork lock: nothing moves (the pages stayed where the first
         // registration put them), so a fork that does not see this
         // registration yet copies them into the child as deregistered
         // memory, which they were until now.
-        g.live.insert(handle, rec);
+        w.insert(handle, resolved, rec);
         Ok(handle)
     }
 
@@ -638,7 +625,7 @@ impl NicInner {
                 return Err(e);
             }
         };
-        self.regions.insert(Resolved {
+        let resolved = Arc::new(Resolved {
             handle,
             va,
             len,
@@ -654,18 +641,11 @@ impl NicInner {
             va,
             len,
             held,
-            revoked: false,
         });
         // Under the fork lock: a fork sees the registration and its pages whole.
         let _fork = crate::mem::fork::enter();
-        self.registered.lock().unwrap().live.insert(handle, rec);
+        self.regions.write().insert(handle, resolved, rec);
         Ok(handle)
-    }
-
-    /// Makes `handle` unreachable, for this process and the device.
-    fn unmap(&self, handle: u32) {
-        self.regions.remove(handle);
-        self.dev.remove_region(self, handle);
     }
 
     /// `VipDeregisterMem`. `addr` must be the address the region was
@@ -673,49 +653,54 @@ impl NicInner {
     /// peer reads or writes the region any more
     /// (`Device::quiesce_region_users`).
     pub fn deregister(&self, addr: u64, handle: u32) -> Result<()> {
-        let rec = {
+        // One critical section: the handle dies for this process and the
+        // device, and a parked registration is parked at once. Parking
+        // before the peers are quiesced is sound: the dead handle is what
+        // they must stop using, and a registration that takes the parked
+        // one back meanwhile makes the bytes registered again anyway.
+        let (rec, evicted) = {
             let _fork = crate::mem::fork::enter();
-            let live = &mut self.registered.lock().unwrap().live;
-            match live.get(handle) {
-                Some(r) if r.va == addr => live.remove(handle).expect("present"),
+            let mut w = self.regions.write();
+            let live = match w.get(handle) {
+                Some(l) if l.rec.va == addr => w.remove(handle).expect("present"),
                 _ => return Err(Error::InvalidParameter),
-            }
-        };
-        if rec.revoked {
-            self.release(*rec);
-            return Ok(());
-        }
-        let resolved = self.regions.remove(handle);
-        // Parked, it may keep its device entry (the handle dies either way).
-        let entry = if self.parking && resolved.is_some() {
-            self.dev.retire_region(self, handle)
-        } else {
-            self.dev.remove_region(self, handle);
-            None
-        };
-        self.dev.quiesce_region_users(self);
-        match resolved {
-            // Parked, it stays its tag's user.
-            Some(resolved) if self.parking => {
-                let key = Key {
-                    va: rec.va,
-                    len: rec.len,
-                    ptag: rec.ptag,
-                    flags: rec.flags,
-                };
-                let old = self.registered.lock().unwrap().parked.put(
-                    key,
-                    ParkedReg {
-                        rec,
-                        resolved,
-                        entry,
-                    },
-                );
-                if let Some(old) = old {
-                    self.unpark_for_good(old);
+            };
+            match live.region {
+                // Revoked (the memory went away): nothing is reachable.
+                None => (Some(live.rec), None),
+                // Parked, it keeps its device entry (the handle dies either
+                // way) and stays its tag's user.
+                Some(resolved) if self.parking => {
+                    let rec = live.rec;
+                    let entry = self.dev.retire_region(self, handle);
+                    let key = Key {
+                        va: rec.va,
+                        len: rec.len,
+                        ptag: rec.ptag,
+                        flags: rec.flags,
+                    };
+                    let old = w.parked().put(
+                        key,
+                        ParkedReg {
+                            rec,
+                            resolved,
+                            entry,
+                        },
+                    );
+                    (None, old)
+                }
+                Some(_) => {
+                    self.dev.remove_region(self, handle);
+                    (Some(live.rec), None)
                 }
             }
-            _ => self.release(*rec),
+        };
+        self.dev.quiesce_region_users(self);
+        if let Some(rec) = rec {
+            self.release(*rec);
+        }
+        if let Some(old) = evicted {
+            self.unpark_for_good(old);
         }
         Ok(())
     }
@@ -736,12 +721,12 @@ impl NicInner {
 
     /// Registrations served by a parked registration of this NIC.
     pub fn parked_hits(&self) -> u64 {
-        self.registered.lock().unwrap().parked.hits()
+        self.regions.read().parked.hits()
     }
 
     /// Drops every parked registration; returns how many.
     pub fn drop_parked(&self) -> usize {
-        let all = self.registered.lock().unwrap().parked.drain();
+        let all = self.regions.write().parked().drain();
         let n = all.len();
         for p in all {
             self.unpark_for_good(p);
@@ -753,19 +738,55 @@ impl NicInner {
     /// events): registrations over it lose their translation at once (peers
     /// then get `RDMA_PROT_ERROR`, local posts `PROTECTION_ERROR`); the
     /// handles stay until `VipDeregisterMem`.
-    pub fn revoke_overlapping(&self, range: &std::ops::Range<usize>) {
+    ///
+    /// With `mapping_gone` (an unmap or a move) a registration whose arena
+    /// pages are all still mapped where it registered them keeps its
+    /// translation: it was made after the event's unmap, over new memory
+    /// mapped at the address since (the event came late: its thread was
+    /// held past the registration path's wait). Its old memory's
+    /// registrations no longer find their arenas there. Extents that are not
+    /// arena pages cannot be told apart by their mapping, so those go.
+    pub fn revoke_overlapping(&self, range: &std::ops::Range<usize>, mapping_gone: bool) {
+        let overlaps = |r: &RegionRec| {
+            let (a, b) = (r.va as usize, (r.va + r.len.max(1)) as usize);
+            a < range.end && range.start < b
+        };
+        // Registrations made since, found outside the lock (the check reads
+        // the mappings).
+        let mut kept: Vec<(u32, Vec<Extent>)> = Vec::new();
+        if mapping_gone {
+            let w = self.regions.write();
+            for h in w.handles_where(|r| overlaps(r)) {
+                let extents = w
+                    .get(h)
+                    .filter(|l| l.region.is_some())
+                    .map(|l| l.rec.pinned.pinned());
+                if let Some(x) =
+                    extents.filter(|x| x.iter().all(|e| e.arena != crate::mem::arena::CMA))
+                {
+                    kept.push((h, x.clone()));
+                }
+            }
+            drop(w);
+            kept.retain(|(_, x)| self.process.arenas.is_current(x));
+        }
         let mut revoked = 0;
         let parked = {
-            let mut g = self.registered.lock().unwrap();
-            for (h, r) in g.live.iter_mut() {
-                let (a, b) = (r.va as usize, (r.va + r.len.max(1)) as usize);
-                if !r.revoked && a < range.end && range.start < b {
-                    r.revoked = true;
-                    self.unmap(h);
+            let mut w = self.regions.write();
+            for h in w.handles_where(|r| overlaps(r)) {
+                if kept.iter().any(|(k, _)| *k == h) {
+                    log::debug!(
+                        "{}: region {h:#x} over {range:#x?} is new memory mapped since: kept",
+                        self.name
+                    );
+                    continue;
+                }
+                if w.revoke(h) {
+                    self.dev.remove_region(self, h);
                     revoked += 1;
                 }
             }
-            g.parked.take_overlapping(range)
+            w.parked().take_overlapping(range)
         };
         for p in parked {
             self.unpark_for_good(p);
@@ -804,14 +825,17 @@ impl NicInner {
         let old = Ptag(r.ptag);
         let fl = Self::mem_flags(attrs);
         self.dev.set_region_attributes(handle, attrs.ptag.0, fl)?;
-        self.regions.set_attributes(handle, attrs.ptag.0, fl);
+        {
+            let mut w = self.regions.write();
+            w.set_attributes(handle, attrs.ptag.0, fl);
+            if let Some(r) = w.rec_mut(handle) {
+                r.ptag = attrs.ptag.0;
+                r.flags = fl;
+            }
+        }
         if old != attrs.ptag {
             self.ptag_ref(attrs.ptag, 1)?;
             let _ = self.ptag_ref(old, -1);
-        }
-        if let Some(r) = self.registered.lock().unwrap().live.get_mut(handle) {
-            r.ptag = attrs.ptag.0;
-            r.flags = fl;
         }
         Ok(())
     }
@@ -932,12 +956,12 @@ impl NicInner {
         self.provider.stop(self);
         self.dev.close(self);
         self.drop_parked();
-        let regions = self.registered.lock().unwrap().live.drain();
-        for (h, rec) in regions {
-            if !rec.revoked {
-                self.unmap(h);
+        let regions = self.regions.write().drain();
+        for (h, live) in regions {
+            if live.region.is_some() {
+                self.dev.remove_region(self, h);
             }
-            self.release(*rec);
+            self.release(*live.rec);
         }
         for (_, _, cq) in self.cqs.read().unwrap().iter() {
             cq.retire(self);

@@ -55,6 +55,17 @@ impl Key {
 /// No place (end of a chain, empty bucket).
 const EMPTY: u16 = u16::MAX;
 
+/// One place: everything a lookup, a take or a put touches of it, together
+/// (a registration that comes back reads one or two lines here).
+struct Place<T> {
+    key: Key,
+    /// When it was parked (0: the place is empty).
+    stamp: u64,
+    /// Next place in the same bucket's chain.
+    next: u16,
+    value: Option<T>,
+}
+
 /// The parked registrations of one NIC, in fixed places (taking one moves
 /// nothing). The NIC keeps them under the lock of its live registrations,
 /// so that taking one back and making it live is one critical section.
@@ -67,13 +78,8 @@ const EMPTY: u16 = u16::MAX;
 pub struct Parked<T> {
     /// First place of each bucket's chain.
     heads: Vec<u16>,
-    /// Next place in the same bucket's chain.
-    next: Vec<u16>,
     shift: u32,
-    keys: Vec<Key>,
-    /// When each was parked (0: the place is empty).
-    stamps: Vec<u64>,
-    values: Vec<Option<T>>,
+    places: Vec<Place<T>>,
     /// Empty places.
     free: Vec<u16>,
     clock: u64,
@@ -93,11 +99,8 @@ impl<T> Parked<T> {
         let buckets = (capacity * 2).next_power_of_two().max(2);
         Parked {
             heads: vec![EMPTY; buckets],
-            next: Vec::with_capacity(capacity),
             shift: 64 - buckets.trailing_zeros(),
-            keys: Vec::with_capacity(capacity),
-            stamps: Vec::with_capacity(capacity),
-            values: Vec::with_capacity(capacity),
+            places: Vec::with_capacity(capacity),
             free: Vec::with_capacity(capacity),
             clock: 0,
             capacity,
@@ -110,49 +113,53 @@ impl<T> Parked<T> {
         (key.hash() >> self.shift) as usize
     }
 
-    /// The place holding `key`, and the place before it in its chain
-    /// (`EMPTY`: it is the head).
-    fn find(&self, key: &Key) -> Option<(u16, usize)> {
+    /// The place holding `key`, the place before it in its chain (`EMPTY`:
+    /// it is the head), and its bucket.
+    fn find(&self, key: &Key) -> Option<(u16, usize, usize)> {
+        let b = self.bucket(key);
         let mut prev = EMPTY;
-        let mut i = self.heads[self.bucket(key)];
+        let mut i = self.heads[b];
         while i != EMPTY {
-            if self.keys[i as usize] == *key {
-                return Some((prev, i as usize));
+            let p = &self.places[i as usize];
+            if p.key == *key {
+                return Some((prev, i as usize, b));
             }
             prev = i;
-            i = self.next[i as usize];
+            i = p.next;
         }
         None
     }
 
-    /// Empties place `i`, found after `prev` in its chain.
-    fn remove(&mut self, prev: u16, i: usize) -> Option<T> {
-        let after = self.next[i];
+    /// Empties place `i`, found after `prev` in the chain of bucket `b`.
+    fn remove(&mut self, prev: u16, i: usize, b: usize) -> Option<T> {
+        let p = &mut self.places[i];
+        let after = p.next;
+        p.stamp = 0;
+        let v = p.value.take();
         if prev == EMPTY {
-            let b = self.bucket(&self.keys[i]);
             self.heads[b] = after;
         } else {
-            self.next[prev as usize] = after;
+            self.places[prev as usize].next = after;
         }
-        self.stamps[i] = 0;
         self.free.push(i as u16);
-        self.values[i].take()
+        v
     }
 
     /// Empties place `i` (parked, so its key is in a chain).
     fn take_at(&mut self, i: usize) -> Option<T> {
-        if self.stamps[i] == 0 {
+        if self.places[i].stamp == 0 {
             return None;
         }
-        let (prev, _) = self.find(&self.keys[i]).expect("a parked key is chained");
-        self.remove(prev, i)
+        let key = self.places[i].key;
+        let (prev, _, b) = self.find(&key).expect("a parked key is chained");
+        self.remove(prev, i, b)
     }
 
     /// Takes the registration parked under `key`.
     pub fn take(&mut self, key: &Key) -> Option<T> {
-        let (prev, i) = self.find(key)?;
+        let (prev, i, b) = self.find(key)?;
         self.hits += 1;
-        self.remove(prev, i)
+        self.remove(prev, i, b)
     }
 
     /// Registrations served so far.
@@ -168,32 +175,34 @@ impl<T> Parked<T> {
         }
         self.clock += 1;
         let stamp = self.clock;
-        let evicted = if let Some((_, i)) = self.find(&key) {
-            self.take_at(i)
-        } else if self.free.is_empty() && self.keys.len() == self.capacity {
-            let oldest = (0..self.stamps.len())
-                .min_by_key(|&i| self.stamps[i])
+        let evicted = if let Some((prev, i, b)) = self.find(&key) {
+            self.remove(prev, i, b)
+        } else if self.free.is_empty() && self.places.len() == self.capacity {
+            let oldest = (0..self.places.len())
+                .min_by_key(|&i| self.places[i].stamp)
                 .expect("full, so not empty");
             self.take_at(oldest)
         } else {
             None
         };
+        let b = self.bucket(&key);
+        let place = Place {
+            key,
+            stamp,
+            next: self.heads[b],
+            value: Some(v),
+        };
         let i = match self.free.pop() {
-            Some(i) => i as usize,
+            Some(i) => {
+                self.places[i as usize] = place;
+                i
+            }
             None => {
-                self.keys.push(key);
-                self.stamps.push(0);
-                self.values.push(None);
-                self.next.push(EMPTY);
-                self.keys.len() - 1
+                self.places.push(place);
+                (self.places.len() - 1) as u16
             }
         };
-        self.keys[i] = key;
-        self.stamps[i] = stamp;
-        self.values[i] = Some(v);
-        let b = self.bucket(&key);
-        self.next[i] = self.heads[b];
-        self.heads[b] = i as u16;
+        self.heads[b] = i;
         evicted
     }
 
@@ -204,8 +213,8 @@ impl<T> Parked<T> {
 
     /// Takes every registration whose key satisfies `f`.
     pub fn take_if(&mut self, f: impl Fn(&Key) -> bool) -> Vec<T> {
-        (0..self.keys.len())
-            .filter(|&i| self.stamps[i] != 0 && f(&self.keys[i]))
+        (0..self.places.len())
+            .filter(|&i| self.places[i].stamp != 0 && f(&self.places[i].key))
             .collect::<Vec<_>>()
             .into_iter()
             .filter_map(|i| self.take_at(i))
@@ -214,10 +223,10 @@ impl<T> Parked<T> {
 
     /// Takes them all, least recently parked first.
     pub fn drain(&mut self) -> Vec<T> {
-        let mut order: Vec<usize> = (0..self.keys.len())
-            .filter(|&i| self.stamps[i] != 0)
+        let mut order: Vec<usize> = (0..self.places.len())
+            .filter(|&i| self.places[i].stamp != 0)
             .collect();
-        order.sort_by_key(|&i| self.stamps[i]);
+        order.sort_by_key(|&i| self.places[i].stamp);
         order.into_iter().filter_map(|i| self.take_at(i)).collect()
     }
 }

@@ -225,10 +225,24 @@ fn on_memory_events(evs: &[MemEvent]) {
             }
         };
         p.registrations.invalidate(r.start, r.len());
+        // An unmap or a move may be applied late (its thread was held past
+        // `Monitor::sync`'s deadline), after new memory was mapped at the
+        // address and registered: only registrations whose pages left the
+        // address lose their translation. Discarded contents (`Remove`)
+        // leave the mapping in place: every registration over them goes.
+        let mapping_gone = !matches!(ev, MemEvent::Remove(_));
         for nic in p.all_nics() {
-            nic.revoke_overlapping(&r);
+            nic.revoke_overlapping(&r, mapping_gone);
         }
     }
+}
+
+/// Applies `ev` now, as the memory monitor does when it reads one: for
+/// tests of an event applied late (after the address was mapped and
+/// registered again).
+#[doc(hidden)]
+pub fn apply_memory_event(ev: MemEvent) {
+    on_memory_events(&[ev]);
 }
 
 /// Runs on the agent's event thread for every daemon event.

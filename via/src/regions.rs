@@ -8,6 +8,11 @@
 //! handle itself is chosen by the device: a soft NIC's permuted table index,
 //! a verbs memory region's rkey).
 //!
+//! The same table, under the same lock, holds what undoes each registration
+//! (the registration path's record) and the parked registrations
+//! (`parked.rs`): registering the same buffer again, or deregistering it,
+//! is one critical section over one map.
+//!
 //! Lookups on the posting path go through a [`RegionCache`] per work queue:
 //! a few regions, each validated by the change count of its handle's bucket
 //! (removals and attribute changes bump it; new registrations do not), so a
@@ -17,7 +22,9 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::parked::Parked;
 
 use crate::mem::region::Resolved;
 
@@ -70,29 +77,55 @@ impl Hasher for WordHasher {
 /// Builds [`WordHasher`]s.
 pub(crate) type BuildWordHasher = BuildHasherDefault<WordHasher>;
 
-/// By handle: the map of the registration paths (a handful of
-/// instructions per insert or removal, a fifth of a `HashMap`'s).
-type ByHandle = crate::handle_map::HandleMap<Arc<Resolved>>;
-
 /// Buckets of change counts (a power of two).
 const BUCKETS: usize = 256;
 
-/// The live regions of one NIC, by memory handle.
-pub(crate) struct RegionTable {
-    map: RwLock<ByHandle>,
+/// The table of the provider: registrations as `nic.rs` keeps them (what
+/// undoes each, and the parked ones).
+pub(crate) type RegionTable = Table<Box<crate::nic::RegionRec>, crate::nic::ParkedReg>;
+
+/// The write lock of a [`RegionTable`].
+pub(crate) type TableWriter<'a> = Writer<'a, Box<crate::nic::RegionRec>, crate::nic::ParkedReg>;
+
+/// A live registration: how this process reaches its region, and the
+/// record `R` of what undoes it.
+pub(crate) struct Live<R> {
+    /// `None` once the memory went away under it (revoked): the handle
+    /// stays until it is deregistered, but no longer translates.
+    pub region: Option<Arc<Resolved>>,
+    pub rec: R,
+}
+
+/// Everything under the table's lock: the live registrations by handle,
+/// and deregistered ones kept for the same bytes again (`P`), so that a
+/// registration or deregistration is one critical section over one map.
+pub(crate) struct Registrations<R, P> {
+    /// By handle (a handful of instructions per insert or removal, a fifth
+    /// of a `HashMap`'s).
+    live: crate::handle_map::HandleMap<Live<R>>,
+    pub parked: Parked<P>,
+}
+
+impl<R, P> Registrations<R, P> {
+    /// The records of the live registrations.
+    pub fn records(&self) -> impl Iterator<Item = &R> {
+        self.live.values().map(|l| &l.rec)
+    }
+}
+
+/// The live regions of one NIC, by memory handle, with the registrations'
+/// records (`R`) and the parked registrations (`P`).
+pub(crate) struct Table<R, P> {
+    map: RwLock<Registrations<R, P>>,
     version: AtomicU64,
     /// Per bucket of handles, a count bumped whenever a region of the
     /// bucket is removed or changed (after the change).
     changes: [AtomicU64; BUCKETS],
 }
 
-impl Default for RegionTable {
+impl<R, P> Default for Table<R, P> {
     fn default() -> Self {
-        RegionTable {
-            map: RwLock::new(ByHandle::default()),
-            version: AtomicU64::new(1),
-            changes: [const { AtomicU64::new(0) }; BUCKETS],
-        }
+        Table::new(0)
     }
 }
 
@@ -100,76 +133,182 @@ fn bucket(handle: u32) -> usize {
     (handle.wrapping_mul(0x9e37_79b9) >> 24) as usize % BUCKETS
 }
 
-impl RegionTable {
+impl<R, P> Table<R, P> {
+    /// An empty table parking at most `parked` deregistered registrations.
+    pub fn new(parked: usize) -> Self {
+        Table {
+            map: RwLock::new(Registrations {
+                live: Default::default(),
+                parked: Parked::new(parked),
+            }),
+            version: AtomicU64::new(1),
+            changes: [const { AtomicU64::new(0) }; BUCKETS],
+        }
+    }
+
     /// The current version: changes whenever a region is removed or
     /// changed. Adding one leaves it (a new handle invalidates nothing that
     /// was found before; handles never come back without a removal first),
     /// so registering around every message does not empty the engines'
     /// caches of this table.
     pub fn version(&self) -> u64 {
-        // Acquire: pairs with the Release bump in `bump`.
+        // Acquire: pairs with the Release store in `changed`.
         self.version.load(Ordering::Acquire)
     }
 
-    fn bump(&self) {
+    /// Moves the version and `handle`'s change count on. Called with the
+    /// write lock held, which serialises the writers: a load and a store
+    /// each, no read-modify-write. A reader that sees a new count and then
+    /// reads the map waits for the lock, so it finds the change.
+    fn changed(&self, handle: u32) {
         // Release: publishes the table change to caches that see the new
-        // version (pairs with the Acquire in `version`).
-        self.version.fetch_add(1, Ordering::Release);
-    }
-
-    /// The region of `handle`.
-    pub fn get(&self, handle: u32) -> Option<Arc<Resolved>> {
-        self.map.read().unwrap().get(handle).cloned()
-    }
-
-    /// Adds a region.
-    pub fn insert(&self, r: Resolved) {
-        let r = Arc::new(r);
-        self.map.write().unwrap().insert(r.handle, r);
-    }
-
-    /// Adds a region already shared (a parked registration's, back in use).
-    pub fn insert_shared(&self, r: Arc<Resolved>) {
-        self.map.write().unwrap().insert(r.handle, r);
+        // count (pairs with the Acquire in `version` and `changes`).
+        let c = &self.changes[bucket(handle)];
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+        self.version
+            .store(self.version.load(Ordering::Relaxed) + 1, Ordering::Release);
     }
 
     /// The change count of `handle`'s bucket.
     fn changes(&self, handle: u32) -> u64 {
-        // Acquire: pairs with the Release bump after a removal or change,
-        // so a count read before a lookup that found the old region differs
-        // from the count after the change.
+        // Acquire: pairs with the Release store in `changed`, so a count
+        // read before a lookup that found the old region differs from the
+        // count after the change.
         self.changes[bucket(handle)].load(Ordering::Acquire)
     }
 
-    fn changed(&self, handle: u32) {
-        // Release: after the table change (see `changes`).
-        self.changes[bucket(handle)].fetch_add(1, Ordering::Release);
+    /// The region of `handle`.
+    pub fn get(&self, handle: u32) -> Option<Arc<Resolved>> {
+        self.map
+            .read()
+            .unwrap()
+            .live
+            .get(handle)
+            .and_then(|l| l.region.clone())
     }
 
-    /// Removes the region of `handle`; `None` if it is not live.
-    pub fn remove(&self, handle: u32) -> Option<Arc<Resolved>> {
-        let r = self.map.write().unwrap().remove(handle);
-        if r.is_some() {
-            self.changed(handle);
-            self.bump();
+    /// The registrations, to read.
+    pub fn read(&self) -> RwLockReadGuard<'_, Registrations<R, P>> {
+        self.map.read().unwrap()
+    }
+
+    /// The registrations, to change.
+    pub fn write(&self) -> Writer<'_, R, P> {
+        Writer {
+            t: self,
+            g: self.map.write().unwrap(),
         }
-        r
+    }
+}
+
+/// The table's write lock, through which every change goes (so that the
+/// change counts move with removals and changes).
+pub(crate) struct Writer<'a, R, P> {
+    t: &'a Table<R, P>,
+    g: RwLockWriteGuard<'a, Registrations<R, P>>,
+}
+
+impl<R, P> Writer<'_, R, P> {
+    /// Adds a registration (a new handle: invalidates nothing).
+    pub fn insert(&mut self, handle: u32, region: Arc<Resolved>, rec: R) {
+        self.g.live.insert(
+            handle,
+            Live {
+                region: Some(region),
+                rec,
+            },
+        );
+    }
+
+    /// The live registration of `handle`.
+    pub fn get(&self, handle: u32) -> Option<&Live<R>> {
+        self.g.live.get(handle)
+    }
+
+    /// The record of `handle`, to change (not its region).
+    pub fn rec_mut(&mut self, handle: u32) -> Option<&mut R> {
+        self.g.live.get_mut(handle).map(|l| &mut l.rec)
+    }
+
+    /// Takes the registration of `handle` out.
+    pub fn remove(&mut self, handle: u32) -> Option<Live<R>> {
+        let l = self.g.live.remove(handle)?;
+        if l.region.is_some() {
+            self.t.changed(handle);
+        }
+        Some(l)
+    }
+
+    /// The region of `handle` stops translating (its handle stays live);
+    /// returns whether it translated until now.
+    pub fn revoke(&mut self, handle: u32) -> bool {
+        let gone = self
+            .g
+            .live
+            .get_mut(handle)
+            .is_some_and(|l| l.region.take().is_some());
+        if gone {
+            self.t.changed(handle);
+        }
+        gone
     }
 
     /// Changes the protection tag and RDMA enables of a live region.
-    pub fn set_attributes(&self, handle: u32, ptag: u32, flags: u32) -> bool {
-        let mut g = self.map.write().unwrap();
-        let Some(old) = g.get(handle) else {
+    pub fn set_attributes(&mut self, handle: u32, ptag: u32, flags: u32) -> bool {
+        let Some(old) = self.g.live.get_mut(handle).and_then(|l| l.region.as_mut()) else {
             return false;
         };
         let mut r = (**old).clone();
         r.ptag = ptag;
         r.flags = flags;
-        g.insert(handle, Arc::new(r));
-        drop(g);
-        self.changed(handle);
-        self.bump();
+        *old = Arc::new(r);
+        self.t.changed(handle);
         true
+    }
+
+    /// The handles of the live registrations whose record satisfies `f`.
+    pub fn handles_where(&self, f: impl Fn(&R) -> bool) -> Vec<u32> {
+        let mut v = Vec::new();
+        for (h, l) in self.g.live.iter() {
+            if f(&l.rec) {
+                v.push(h);
+            }
+        }
+        v
+    }
+
+    /// Takes every registration out.
+    pub fn drain(&mut self) -> Vec<(u32, Live<R>)> {
+        let all = self.g.live.drain();
+        for (h, l) in &all {
+            if l.region.is_some() {
+                self.t.changed(*h);
+            }
+        }
+        all
+    }
+
+    /// The parked registrations.
+    pub fn parked(&mut self) -> &mut Parked<P> {
+        &mut self.g.parked
+    }
+}
+
+#[cfg(test)]
+impl<P> Table<(), P> {
+    /// Adds a region without a record.
+    pub fn insert(&self, r: Resolved) {
+        self.write().insert(r.handle, Arc::new(r), ());
+    }
+
+    /// Removes the region of `handle`.
+    pub fn remove(&self, handle: u32) -> Option<Arc<Resolved>> {
+        self.write().remove(handle).and_then(|l| l.region)
+    }
+
+    /// Changes a region's tag and enables.
+    pub fn set_attributes(&self, handle: u32, ptag: u32, flags: u32) -> bool {
+        self.write().set_attributes(handle, ptag, flags)
     }
 }
 
@@ -206,7 +345,7 @@ impl RegionCache {
     /// The region of `handle`, from the cache or the table (a hit inline:
     /// every post looks up two regions).
     #[inline]
-    pub fn get(&mut self, t: &RegionTable, handle: u32) -> Option<&Arc<Resolved>> {
+    pub fn get<R, P>(&mut self, t: &Table<R, P>, handle: u32) -> Option<&Arc<Resolved>> {
         let now = t.changes(handle);
         match self.find(handle) {
             Some(i) if self.stamps[i] == now => self.regions[i].as_ref(),
@@ -216,9 +355,9 @@ impl RegionCache {
 
     /// [`RegionCache::get`] on a miss, or an entry `found` that is stale.
     #[inline(never)]
-    fn refill(
+    fn refill<R, P>(
         &mut self,
-        t: &RegionTable,
+        t: &Table<R, P>,
         handle: u32,
         now: u64,
         found: Option<usize>,
@@ -258,7 +397,7 @@ mod tests {
 
     #[test]
     fn insert_lookup_change_remove() {
-        let t = RegionTable::default();
+        let t = Table::<(), ()>::default();
         let v0 = t.version();
         t.insert(region(0xdead_0001, 0x1000));
         // Adding a region invalidates nothing found before.
@@ -280,7 +419,7 @@ mod tests {
 
     #[test]
     fn a_cache_never_returns_a_removed_region() {
-        let t = RegionTable::default();
+        let t = Table::<(), ()>::default();
         let mut c = RegionCache::default();
         for h in 1..=6 {
             t.insert(region(h, h as u64 * 0x1000));

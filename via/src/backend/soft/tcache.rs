@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 pub use crate::backend::{CacheCounts, TranslationStats};
 use crate::mem::region::Resolved;
-use crate::regions::RegionTable;
+use crate::regions::Table;
 
 use super::remote::RemoteNic;
 use super::tpt;
@@ -427,7 +427,7 @@ impl Regions {
     }
 
     /// The local region of `handle`; its index in the working set.
-    pub fn local(&mut self, t: &RegionTable, handle: u32, u: Use) -> Option<usize> {
+    pub fn local<R, P>(&mut self, t: &Table<R, P>, handle: u32, u: Use) -> Option<usize> {
         let v = t.version();
         if let Some(i) = self.find(LOCAL, handle, v, u) {
             return Some(i);
@@ -566,7 +566,7 @@ mod tests {
 
     #[test]
     fn kept_regions_hit_without_the_cache_and_follow_changes() {
-        let t = RegionTable::default();
+        let t = Table::<(), ()>::default();
         t.insert(local_region(5, 100));
         t.insert(local_region(6, 200));
         let mut r = Regions::new(4, 1);
@@ -609,7 +609,7 @@ mod tests {
 
     #[test]
     fn more_regions_than_are_kept() {
-        let t = RegionTable::default();
+        let t = Table::<(), ()>::default();
         for h in 1..=(2 * MEMO as u32) {
             t.insert(local_region(h, h as u64));
         }
