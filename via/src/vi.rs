@@ -204,8 +204,10 @@ pub(crate) struct ViCore {
     /// The shared receive queue the VI receives from (an extension, not
     /// VIPL 1.0; [`NO_SRQ`]: its own receive queue).
     pub srq: std::sync::atomic::AtomicU32,
-    pub send: Mutex<Queue>,
-    pub recv: Mutex<Queue>,
+    /// The work queues: a [`doorbell::Lock`] (no poisoning checks), taken
+    /// once by every post and every dequeue.
+    pub send: doorbell::Lock<Queue>,
+    pub recv: doorbell::Lock<Queue>,
     pub send_cq: Option<Arc<CqCore>>,
     pub recv_cq: Option<Arc<CqCore>>,
     pub notify_send: Mutex<VecDeque<ViHandler>>,
@@ -259,8 +261,8 @@ impl ViCore {
                     broken: AtomicBool::new(false),
                     destroyed: AtomicBool::new(false),
                     srq: std::sync::atomic::AtomicU32::new(NO_SRQ),
-                    send: Mutex::new(Queue::default()),
-                    recv: Mutex::new(Queue::default()),
+                    send: doorbell::Lock::new(Queue::default()),
+                    recv: doorbell::Lock::new(Queue::default()),
                     send_cq,
                     recv_cq,
                     notify_send: Mutex::new(VecDeque::new()),
@@ -339,8 +341,8 @@ impl ViCore {
         (
             self.vi_state(),
             *self.attrs.read().unwrap(),
-            self.send.lock().unwrap().posted.is_empty(),
-            self.recv.lock().unwrap().posted.is_empty(),
+            self.send.lock().posted.is_empty(),
+            self.recv.lock().posted.is_empty(),
         )
     }
 
@@ -366,8 +368,8 @@ impl ViCore {
     pub fn destroy(self: &Arc<Self>, nic: &NicInner) -> Result<()> {
         let st = self.state.lock().unwrap();
         if st.state != ViState::Idle
-            || !self.send.lock().unwrap().posted.is_empty()
-            || !self.recv.lock().unwrap().posted.is_empty()
+            || !self.send.lock().posted.is_empty()
+            || !self.recv.lock().posted.is_empty()
         {
             return Err(Error::InvalidState);
         }
@@ -386,7 +388,7 @@ impl ViCore {
     /// The first receive queue position not finished (taken or flushed):
     /// where a new peer starts.
     pub fn recv_start(&self) -> u64 {
-        self.recv.lock().unwrap().consumer_pos
+        self.recv.lock().consumer_pos
     }
 
     /// This VI as its peer needs to know it.
@@ -415,7 +417,7 @@ impl ViCore {
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         {
-            let mut q = self.send.lock().unwrap();
+            let mut q = self.send.lock();
             if q.posted.len() >= nic.limits.queue_depth as usize {
                 return Err(Error::Resource);
             }
@@ -469,7 +471,7 @@ impl ViCore {
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         let state = self.vi_state();
-        let mut q = self.recv.lock().unwrap();
+        let mut q = self.recv.lock();
         if q.posted.len() >= nic.limits.queue_depth as usize {
             return Err(Error::Resource);
         }
@@ -511,7 +513,7 @@ impl ViCore {
 
     // ---- completion ----
 
-    fn queue(&self, w: Which) -> &Mutex<Queue> {
+    fn queue(&self, w: Which) -> &doorbell::Lock<Queue> {
         match w {
             Which::Send => &self.send,
             Which::Recv => &self.recv,
@@ -526,7 +528,7 @@ impl ViCore {
     /// The head of queue `w`, dequeued, if it completed.
     #[inline(always)]
     fn take_done(&self, w: Which) -> Option<Completion> {
-        let mut q = self.queue(w).lock().unwrap();
+        let mut q = self.queue(w).lock();
         let head = q.posted.front()?;
         let st = head.status.status();
         if st & status::DONE == 0 {
@@ -555,7 +557,7 @@ impl ViCore {
     }
 
     fn head_done(&self, w: Which) -> bool {
-        let q = self.queue(w).lock().unwrap();
+        let q = self.queue(w).lock();
         q.posted
             .front()
             .is_some_and(|h| h.status.status() & status::DONE != 0)
@@ -585,7 +587,7 @@ impl ViCore {
 
     /// Claims one completion not yet reported through a scanning CQ.
     pub fn take_unreported(&self, w: Which) -> bool {
-        let mut q = self.queue(w).lock().unwrap();
+        let mut q = self.queue(w).lock();
         let i = q.reported;
         match q.posted.get(i) {
             Some(p) if p.status.status() & status::DONE != 0 => {
@@ -765,7 +767,7 @@ impl ViCore {
         let flushed = status::DONE | status::DESC_FLUSHED_ERROR;
         let mut todo = Vec::new();
         {
-            let mut q = self.recv.lock().unwrap();
+            let mut q = self.recv.lock();
             for (pos, p) in q.posted.iter() {
                 if p.status.status() & status::DONE == 0
                     && nic.dev.cancel_recv(nic, self, pos, peer_dead)
