@@ -292,6 +292,7 @@ pub(crate) struct WrRegions<'a> {
 impl<'a> WrRegions<'a> {
     /// The regions of `wr` in `cache` (just filled by translating it), and
     /// its descriptor's status location.
+    #[inline(always)]
     pub fn of(wr: &SendWr, cache: &'a RegionCache, status: &'a StatusLoc) -> WrRegions<'a> {
         let desc = cache.peek(wr.desc_handle);
         // The common layout: the data in the descriptor's own region (one

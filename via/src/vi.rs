@@ -543,6 +543,7 @@ impl ViCore {
     /// [`ViCore::done`]; if nothing completed, lets the device progress
     /// inline once (a polling program need not wait for a thread switch)
     /// and looks again, unless the device has nothing to progress.
+    #[inline(always)]
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
         if let Some(c) = self.take_done(w) {
             return Ok(c);
