@@ -93,17 +93,26 @@ impl Ring {
         (self.head..self.tail).map(|p| (p, self.slot(p)))
     }
 
-    /// Appends the descriptor at `desc_va` whose status is at `status`.
+    /// The slot the next [`Ring::commit`] makes the newest (room made
+    /// first): a post resolves its descriptor's status location straight
+    /// into it. Until the commit the slot is not part of the queue.
     #[inline(always)]
-    pub fn push(&mut self, desc_va: u64, status: &StatusLoc) -> &Posted {
+    pub fn next_slot(&mut self) -> &mut Posted {
         if self.len() == self.slots.len() {
             self.grow();
         }
         let mask = self.slots.len() - 1;
+        &mut self.slots[self.tail as usize & mask]
+    }
+
+    /// Appends the descriptor at `desc_va`, whose status location
+    /// [`Ring::next_slot`] holds.
+    #[inline(always)]
+    pub fn commit(&mut self, desc_va: u64) -> &Posted {
+        let mask = self.slots.len() - 1;
         let slot = &mut self.slots[self.tail as usize & mask];
         self.tail += 1;
         slot.desc_va = desc_va;
-        slot.status.assign(status);
         slot
     }
 
@@ -429,7 +438,11 @@ impl ViCore {
                 wr,
                 ..
             } = &mut *q;
-            translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
+            // The status location goes straight into the ring slot the
+            // post fills (no copy, no reference count change when the slot
+            // last held a descriptor of the same mapping).
+            let loc = &mut posted.next_slot().status;
+            translate::read_desc_at(&nic.regions, desc_va, handle, ptag, regions, d, loc)?;
             translate::send_wr(
                 &nic.regions,
                 d,
@@ -447,9 +460,9 @@ impl ViCore {
             )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
-            d.status.clear();
+            posted.next_slot().status.clear();
             *tail += 1;
-            let posted = posted.push(desc_va, &d.status);
+            let posted = posted.commit(desc_va);
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
             nic.dev.post_send(
@@ -483,12 +496,14 @@ impl ViCore {
             tail,
             ..
         } = &mut *q;
-        translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
+        // As in `post_send`: the status location straight into the slot.
+        let loc = &mut posted.next_slot().status;
+        translate::read_desc_at(&nic.regions, desc_va, handle, ptag, regions, d, loc)?;
         translate::recv_wr(&nic.regions, d, desc_va, handle, ptag, regions, pd);
-        d.status.clear();
         let pos = *tail;
         *tail += 1;
-        posted.push(desc_va, &d.status);
+        let slot = posted.commit(desc_va);
+        slot.status.clear();
         let immediate = if pd.fault != 0 {
             Some(status::DONE | status::OP_RECEIVE | pd.fault)
         } else if state == ViState::Error {
@@ -498,7 +513,7 @@ impl ViCore {
         };
         match immediate {
             Some(st) => {
-                let status = d.status.clone();
+                let status = slot.status.clone();
                 // Never offered to the peer: its engine skips finished slots.
                 nic.dev.skip_recv(nic, self, pos);
                 drop(q);
