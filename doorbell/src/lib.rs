@@ -2,6 +2,7 @@
 //!
 //! * [`Ring<T>`]: a bounded lock-free MPMC ring of [`Plain`] entries with per-slot sequence
 //!   stamps (Vyukov), laid out `#[repr(C)]` so several processes can map it.
+//! * [`Lock<T>`]: a futex lock without poisoning, for the provider's per-call paths.
 //! * [`EventCount`]: the sleep/wake handshake on a futex word in shared memory, and
 //!   [`wait_until`] to spin, then sleep, on a condition.
 //! * [`Doorbell<T>`]: a ring plus the event count its consumer (the engine) sleeps on.
@@ -35,6 +36,9 @@ mod eventcount;
 mod heap;
 #[allow(unsafe_code)]
 mod layout;
+#[cfg(not(loom))]
+#[allow(unsafe_code)]
+mod lock;
 #[allow(unsafe_code)]
 mod ring;
 mod sync;
@@ -48,4 +52,6 @@ pub use crate::eventcount::{Key, WaitOutcome, wait_until};
 pub use crate::layout::{
     CACHE_LINE, DOORBELL_MAGIC, EventCount, LAYOUT_VERSION, MAX_CAPACITY, Plain, RING_MAGIC,
 };
+#[cfg(not(loom))]
+pub use crate::lock::{Lock, LockGuard};
 pub use crate::ring::{Full, Pushed, Ring};

@@ -137,18 +137,9 @@ impl StatusLoc {
         }
     }
 
-    /// Becomes `other`, changing no reference count when both are in the
-    /// same mapping (the common case: a work queue's slot reused for the
-    /// next descriptor of the same region).
-    #[inline(always)]
-    pub fn assign(&mut self, other: &StatusLoc) {
-        match (&mut *self, other) {
-            (StatusLoc::Map(m, at), StatusLoc::Map(n, bt)) if Arc::ptr_eq(m, n) => *at = *bt,
-            _ => self.clone_from(other),
-        }
-    }
-
-    /// Becomes offset `at` of mapping `m` (as [`StatusLoc::assign`]).
+    /// Becomes offset `at` of mapping `m`, changing no reference count when
+    /// it is already in `m` (the common case: a work queue's slot reused for
+    /// the next descriptor of the same region).
     #[inline(always)]
     pub fn set_map(&mut self, m: &Arc<Mapping>, at: usize) {
         match self {

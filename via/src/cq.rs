@@ -202,11 +202,7 @@ impl CqCore {
                 .is_some_and(|r| !r.get().is_empty()),
             CqMode::Scan => self.members.lock().unwrap().iter().any(|(w, r)| {
                 w.upgrade().is_some_and(|v| {
-                    let q = if *r {
-                        v.recv.lock().unwrap()
-                    } else {
-                        v.send.lock().unwrap()
-                    };
+                    let q = if *r { v.recv.lock() } else { v.send.lock() };
                     q.posted
                         .get(q.reported)
                         .is_some_and(|p| p.status.status() & crate::descriptor::status::DONE != 0)
@@ -278,11 +274,7 @@ impl CqCore {
             .iter()
             .filter_map(|(w, r)| w.upgrade().map(|v| (v, *r)))
             .map(|(v, r)| {
-                let q = if r {
-                    v.recv.lock().unwrap()
-                } else {
-                    v.send.lock().unwrap()
-                };
+                let q = if r { v.recv.lock() } else { v.send.lock() };
                 q.posted
                     .iter()
                     .skip(q.reported)

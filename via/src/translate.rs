@@ -146,6 +146,24 @@ pub(crate) fn read_desc(
     cache: &mut RegionCache,
     out: &mut UserDesc,
 ) -> Result<()> {
+    let mut status = std::mem::take(&mut out.status);
+    let r = read_desc_at(table, va, handle, ptag, cache, out, &mut status);
+    out.status = status;
+    r
+}
+
+/// [`read_desc`], with the descriptor's status location resolved into
+/// `status` (a work queue's slot) instead of `out.status`.
+#[inline(always)]
+pub(crate) fn read_desc_at(
+    table: &RegionTable,
+    va: u64,
+    handle: u32,
+    ptag: u32,
+    cache: &mut RegionCache,
+    out: &mut UserDesc,
+    status: &mut StatusLoc,
+) -> Result<()> {
     let region = cache.get(table, handle).ok_or(Error::InvalidParameter)?;
     if va % crate::descriptor::ALIGNMENT as u64 != 0
         || !region.covers(va, 32)
@@ -189,7 +207,7 @@ pub(crate) fn read_desc(
         } else {
             read_segs(region, va, n, segs)?;
         }
-        out.status.set_map(m, at);
+        status.set_map(m, at);
     } else {
         let mut cs = [0u8; 32];
         region
@@ -206,7 +224,7 @@ pub(crate) fn read_desc(
             return Err(Error::DescriptorError);
         }
         read_segs(region, va, n, segs)?;
-        out.status = StatusLoc::of(region, va);
+        *status = StatusLoc::of(region, va);
     }
     out.control = control;
     out.imm = imm;
@@ -292,6 +310,7 @@ pub(crate) struct WrRegions<'a> {
 impl<'a> WrRegions<'a> {
     /// The regions of `wr` in `cache` (just filled by translating it), and
     /// its descriptor's status location.
+    #[inline(always)]
     pub fn of(wr: &SendWr, cache: &'a RegionCache, status: &'a StatusLoc) -> WrRegions<'a> {
         let desc = cache.peek(wr.desc_handle);
         // The common layout: the data in the descriptor's own region (one

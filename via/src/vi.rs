@@ -93,17 +93,26 @@ impl Ring {
         (self.head..self.tail).map(|p| (p, self.slot(p)))
     }
 
-    /// Appends the descriptor at `desc_va` whose status is at `status`.
+    /// The slot the next [`Ring::commit`] makes the newest (room made
+    /// first): a post resolves its descriptor's status location straight
+    /// into it. Until the commit the slot is not part of the queue.
     #[inline(always)]
-    pub fn push(&mut self, desc_va: u64, status: &StatusLoc) -> &Posted {
+    pub fn next_slot(&mut self) -> &mut Posted {
         if self.len() == self.slots.len() {
             self.grow();
         }
         let mask = self.slots.len() - 1;
+        &mut self.slots[self.tail as usize & mask]
+    }
+
+    /// Appends the descriptor at `desc_va`, whose status location
+    /// [`Ring::next_slot`] holds.
+    #[inline(always)]
+    pub fn commit(&mut self, desc_va: u64) -> &Posted {
+        let mask = self.slots.len() - 1;
         let slot = &mut self.slots[self.tail as usize & mask];
         self.tail += 1;
         slot.desc_va = desc_va;
-        slot.status.assign(status);
         slot
     }
 
@@ -204,8 +213,10 @@ pub(crate) struct ViCore {
     /// The shared receive queue the VI receives from (an extension, not
     /// VIPL 1.0; [`NO_SRQ`]: its own receive queue).
     pub srq: std::sync::atomic::AtomicU32,
-    pub send: Mutex<Queue>,
-    pub recv: Mutex<Queue>,
+    /// The work queues: a [`doorbell::Lock`] (no poisoning checks), taken
+    /// once by every post and every dequeue.
+    pub send: doorbell::Lock<Queue>,
+    pub recv: doorbell::Lock<Queue>,
     pub send_cq: Option<Arc<CqCore>>,
     pub recv_cq: Option<Arc<CqCore>>,
     pub notify_send: Mutex<VecDeque<ViHandler>>,
@@ -259,8 +270,8 @@ impl ViCore {
                     broken: AtomicBool::new(false),
                     destroyed: AtomicBool::new(false),
                     srq: std::sync::atomic::AtomicU32::new(NO_SRQ),
-                    send: Mutex::new(Queue::default()),
-                    recv: Mutex::new(Queue::default()),
+                    send: doorbell::Lock::new(Queue::default()),
+                    recv: doorbell::Lock::new(Queue::default()),
                     send_cq,
                     recv_cq,
                     notify_send: Mutex::new(VecDeque::new()),
@@ -339,8 +350,8 @@ impl ViCore {
         (
             self.vi_state(),
             *self.attrs.read().unwrap(),
-            self.send.lock().unwrap().posted.is_empty(),
-            self.recv.lock().unwrap().posted.is_empty(),
+            self.send.lock().posted.is_empty(),
+            self.recv.lock().posted.is_empty(),
         )
     }
 
@@ -366,8 +377,8 @@ impl ViCore {
     pub fn destroy(self: &Arc<Self>, nic: &NicInner) -> Result<()> {
         let st = self.state.lock().unwrap();
         if st.state != ViState::Idle
-            || !self.send.lock().unwrap().posted.is_empty()
-            || !self.recv.lock().unwrap().posted.is_empty()
+            || !self.send.lock().posted.is_empty()
+            || !self.recv.lock().posted.is_empty()
         {
             return Err(Error::InvalidState);
         }
@@ -386,7 +397,7 @@ impl ViCore {
     /// The first receive queue position not finished (taken or flushed):
     /// where a new peer starts.
     pub fn recv_start(&self) -> u64 {
-        self.recv.lock().unwrap().consumer_pos
+        self.recv.lock().consumer_pos
     }
 
     /// This VI as its peer needs to know it.
@@ -415,7 +426,7 @@ impl ViCore {
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         {
-            let mut q = self.send.lock().unwrap();
+            let mut q = self.send.lock();
             if q.posted.len() >= nic.limits.queue_depth as usize {
                 return Err(Error::Resource);
             }
@@ -427,7 +438,11 @@ impl ViCore {
                 wr,
                 ..
             } = &mut *q;
-            translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
+            // The status location goes straight into the ring slot the
+            // post fills (no copy, no reference count change when the slot
+            // last held a descriptor of the same mapping).
+            let loc = &mut posted.next_slot().status;
+            translate::read_desc_at(&nic.regions, desc_va, handle, ptag, regions, d, loc)?;
             translate::send_wr(
                 &nic.regions,
                 d,
@@ -445,9 +460,9 @@ impl ViCore {
             )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
-            d.status.clear();
+            posted.next_slot().status.clear();
             *tail += 1;
-            let posted = posted.push(desc_va, &d.status);
+            let posted = posted.commit(desc_va);
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
             nic.dev.post_send(
@@ -469,7 +484,7 @@ impl ViCore {
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         let state = self.vi_state();
-        let mut q = self.recv.lock().unwrap();
+        let mut q = self.recv.lock();
         if q.posted.len() >= nic.limits.queue_depth as usize {
             return Err(Error::Resource);
         }
@@ -481,12 +496,14 @@ impl ViCore {
             tail,
             ..
         } = &mut *q;
-        translate::read_desc(&nic.regions, desc_va, handle, ptag, regions, d)?;
+        // As in `post_send`: the status location straight into the slot.
+        let loc = &mut posted.next_slot().status;
+        translate::read_desc_at(&nic.regions, desc_va, handle, ptag, regions, d, loc)?;
         translate::recv_wr(&nic.regions, d, desc_va, handle, ptag, regions, pd);
-        d.status.clear();
         let pos = *tail;
         *tail += 1;
-        posted.push(desc_va, &d.status);
+        let slot = posted.commit(desc_va);
+        slot.status.clear();
         let immediate = if pd.fault != 0 {
             Some(status::DONE | status::OP_RECEIVE | pd.fault)
         } else if state == ViState::Error {
@@ -496,7 +513,7 @@ impl ViCore {
         };
         match immediate {
             Some(st) => {
-                let status = d.status.clone();
+                let status = slot.status.clone();
                 // Never offered to the peer: its engine skips finished slots.
                 nic.dev.skip_recv(nic, self, pos);
                 drop(q);
@@ -511,7 +528,7 @@ impl ViCore {
 
     // ---- completion ----
 
-    fn queue(&self, w: Which) -> &Mutex<Queue> {
+    fn queue(&self, w: Which) -> &doorbell::Lock<Queue> {
         match w {
             Which::Send => &self.send,
             Which::Recv => &self.recv,
@@ -526,7 +543,7 @@ impl ViCore {
     /// The head of queue `w`, dequeued, if it completed.
     #[inline(always)]
     fn take_done(&self, w: Which) -> Option<Completion> {
-        let mut q = self.queue(w).lock().unwrap();
+        let mut q = self.queue(w).lock();
         let head = q.posted.front()?;
         let st = head.status.status();
         if st & status::DONE == 0 {
@@ -541,6 +558,7 @@ impl ViCore {
     /// [`ViCore::done`]; if nothing completed, lets the device progress
     /// inline once (a polling program need not wait for a thread switch)
     /// and looks again, unless the device has nothing to progress.
+    #[inline(always)]
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
         if let Some(c) = self.take_done(w) {
             return Ok(c);
@@ -555,7 +573,7 @@ impl ViCore {
     }
 
     fn head_done(&self, w: Which) -> bool {
-        let q = self.queue(w).lock().unwrap();
+        let q = self.queue(w).lock();
         q.posted
             .front()
             .is_some_and(|h| h.status.status() & status::DONE != 0)
@@ -585,7 +603,7 @@ impl ViCore {
 
     /// Claims one completion not yet reported through a scanning CQ.
     pub fn take_unreported(&self, w: Which) -> bool {
-        let mut q = self.queue(w).lock().unwrap();
+        let mut q = self.queue(w).lock();
         let i = q.reported;
         match q.posted.get(i) {
             Some(p) if p.status.status() & status::DONE != 0 => {
@@ -765,7 +783,7 @@ impl ViCore {
         let flushed = status::DONE | status::DESC_FLUSHED_ERROR;
         let mut todo = Vec::new();
         {
-            let mut q = self.recv.lock().unwrap();
+            let mut q = self.recv.lock();
             for (pos, p) in q.posted.iter() {
                 if p.status.status() & status::DONE == 0
                     && nic.dev.cancel_recv(nic, self, pos, peer_dead)

@@ -11,7 +11,9 @@ use crate::vi::{Completion, Which};
 ///
 /// The descriptor itself is read by the core through the library's view of
 /// registered memory (never through `desc`), which checks that `handle`
-/// covers it, its `SegCount` and its control bits.
+/// covers it, its `SegCount` and its control bits. Inlined into each
+/// export, so that `w` is a constant there.
+#[inline(always)]
 pub(crate) fn post(
     vi_h: VIP_VI_HANDLE,
     desc: *mut VIP_DESCRIPTOR,
@@ -42,6 +44,7 @@ fn descriptor(c: Completion) -> *mut VIP_DESCRIPTOR {
 ///
 /// # Safety
 /// `out` is NULL or valid for writing one pointer.
+#[inline(always)]
 pub(crate) unsafe fn done(
     vi_h: VIP_VI_HANDLE,
     out: *mut *mut VIP_DESCRIPTOR,

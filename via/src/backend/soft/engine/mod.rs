@@ -32,7 +32,9 @@ pub(crate) mod transfer;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
+use std::sync::{Arc, Mutex, RwLock};
+
+use doorbell::{Lock, LockGuard};
 
 use crate::config::{Config, DoorbellMode, Progress};
 use crate::error::{Error, Result};
@@ -58,7 +60,9 @@ pub(crate) struct EngineState {
 
 /// The engine of one NIC.
 pub(crate) struct Engine {
-    state: Mutex<EngineState>,
+    /// The engine lock (no poisoning: the state is caches and pending
+    /// breaks, usable after a panic inside the engine).
+    state: Lock<EngineState>,
     mode: DoorbellMode,
     progress: Progress,
     /// Bytes of a send copied into its doorbell entry (`VIA_INLINE`).
@@ -92,7 +96,7 @@ impl Engine {
             DoorbellMode::PerVi => None,
         };
         Ok(Engine {
-            state: Mutex::new(EngineState {
+            state: Lock::new(EngineState {
                 regions: Regions::new(config.tcache_entries, config.tcache_ways),
                 links: Links::default(),
                 breaks: Vec::new(),
@@ -124,18 +128,13 @@ impl Engine {
         self.progress == Progress::Thread
     }
 
-    fn try_lock(&self) -> Option<MutexGuard<'_, EngineState>> {
-        match self.state.try_lock() {
-            Ok(g) => Some(g),
-            // A panic inside the engine poisoned the lock; the state is only
-            // caches and pending breaks, so carry on with it.
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
+    #[inline(always)]
+    fn try_lock(&self) -> Option<LockGuard<'_, EngineState>> {
+        self.state.try_lock()
     }
 
-    fn lock(&self) -> MutexGuard<'_, EngineState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> LockGuard<'_, EngineState> {
+        self.state.lock()
     }
 
     /// Whether a doorbell holds work. SeqCst: the pusher's increment and
@@ -353,7 +352,7 @@ impl Engine {
     /// Releases the engine lock like every holder must: fence, act on the
     /// breaks found, and run what was posted while the lock was held (its
     /// poster saw the lock taken and left the request to us).
-    fn release(&self, soft: &SoftNic, nic: &NicInner, mut g: MutexGuard<'_, EngineState>) {
+    fn release(&self, soft: &SoftNic, nic: &NicInner, mut g: LockGuard<'_, EngineState>) {
         let breaks = std::mem::take(&mut g.breaks);
         self.breaks_waiting.store(false, Ordering::Relaxed);
         drop(g);
