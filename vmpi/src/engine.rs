@@ -636,8 +636,16 @@ impl Engine {
     /// Work kept off the critical path of a message: re-posts the slot a
     /// direct receive left, returns credits, and reaps a send queue that
     /// is half full. Runs after a send has gone and before any wait.
+    #[inline]
     fn settle(&mut self) -> Result<()> {
-        if let Some((peer, slot)) = self.deferred.take() {
+        match self.deferred.take() {
+            Some((peer, slot)) => self.settle_slot(peer, slot),
+            None => Ok(()),
+        }
+    }
+
+    fn settle_slot(&mut self, peer: u32, slot: usize) -> Result<()> {
+        {
             let ch = self.ch(peer)?;
             let r = ch
                 .repost(slot)
@@ -945,6 +953,7 @@ impl Engine {
 
     /// A transport error is a peer leaving once the job is finishing
     /// (peers disconnect in any order then): nothing.
+    #[inline]
     fn closing_ok<T>(&self, r: Result<Option<T>>) -> Result<Option<T>> {
         match r {
             Err(Error::Transport(m)) if self.closing => {
