@@ -245,6 +245,7 @@ impl Channel {
     /// Slots the peer is known to have posted for us. The credit word
     /// (written by the peer's RDMA write) is read only when the counts
     /// known so far give none.
+    #[inline]
     pub fn credits(&mut self) -> u32 {
         let known =
             (self.shape.recv as u32).saturating_sub(self.sent.wrapping_sub(self.peer_freed));
@@ -266,6 +267,7 @@ impl Channel {
 
     /// Whether a send descriptor slot is free (reaping completed sends
     /// when none is).
+    #[inline]
     pub fn desc_free(&mut self) -> bool {
         if self.inflight.len() < self.shape.send {
             return true;
@@ -302,6 +304,7 @@ impl Channel {
     }
 
     /// Whether a message may go now (a credit and a send slot).
+    #[inline]
     pub fn can_send(&mut self) -> bool {
         self.desc_free() && self.credits() > 0
     }
@@ -469,6 +472,7 @@ impl Channel {
     ///
     /// # Errors
     /// `Transport` if it failed or carries a corrupt header.
+    #[inline]
     pub fn recv_wait(&mut self, timeout: Duration) -> Result<Option<(usize, Header)>> {
         // The head descriptor's status in memory says whether the message
         // is there: then it is only dequeued, without the wait's set-up.
@@ -493,6 +497,7 @@ impl Channel {
         self.region.status(self.off_rdesc(self.next_head)) & via::descriptor::status::DONE != 0
     }
 
+    #[inline]
     fn received(&mut self, c: via::Completion) -> Result<(usize, Header)> {
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
             return Err(Error::Transport(format!(
@@ -521,6 +526,7 @@ impl Channel {
 
     /// Copies the data of slot `i`, whose header is `h` (from byte `off`
     /// of the data), into `dst`.
+    #[inline]
     pub fn read_data(&self, i: usize, h: &Header, off: usize, dst: &mut [u8]) -> Result<()> {
         if dst.is_empty() {
             return Ok(());

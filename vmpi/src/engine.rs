@@ -458,6 +458,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     fn ch(&mut self, peer: u32) -> Result<&mut Channel> {
         self.channels
             .get_mut(peer as usize)
@@ -527,6 +528,7 @@ impl Engine {
     /// reused (`MPI_Send`). An eager message that can go at once (a credit,
     /// a descriptor slot, nothing queued before it) is copied out with no
     /// request at all; anything else is a request waited for.
+    #[inline]
     pub fn send(
         &mut self,
         context: u32,
@@ -618,6 +620,7 @@ impl Engine {
     /// and the first eager one that matches is copied from its slot into
     /// `buf` (others are handled as usual). Anything else (a rendezvous
     /// message for it, queued work) falls back to a request.
+    #[inline]
     pub fn recv(
         &mut self,
         context: u32,

@@ -31,6 +31,9 @@ fn short_cuts_of_the_common_case_and_their_fallbacks() {
     );
     // More peers: receives through the CQ.
     check("fast3", 3, &[("VMPI_SLOTS", "4")], &["fastpath"]);
+    // The two-process allreduce straight on the engine, and its fallback
+    // when a send cannot go at once (two slots: often no credit).
+    check("coll2-slots", 2, &[("VMPI_SLOTS", "2")], &["coll", "quick"]);
 }
 
 #[test]
