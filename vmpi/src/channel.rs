@@ -378,12 +378,17 @@ impl Channel {
     }
 
     /// Returns credits by RDMA write if half the slots went unreported.
+    #[inline]
     pub fn return_credits(&mut self, force: bool) -> Result<()> {
         let unreported = self.freed.wrapping_sub(self.reported);
-        if unreported == 0
-            || (!force && (unreported as usize) < self.shape.recv / 2)
-            || !self.desc_free()
-        {
+        if unreported == 0 || (!force && (unreported as usize) < self.shape.recv / 2) {
+            return Ok(());
+        }
+        self.write_credits()
+    }
+
+    fn write_credits(&mut self) -> Result<()> {
+        if !self.desc_free() {
             return Ok(());
         }
         let Some(remote) = self.remote_credit else {

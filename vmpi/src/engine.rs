@@ -547,6 +547,7 @@ impl Engine {
     /// Sends `data` at once, with no request, if it is an eager message
     /// that can go now (a credit, a descriptor slot, nothing queued before
     /// it): whether it went.
+    #[inline]
     pub fn send_now(
         &mut self,
         context: u32,
@@ -873,6 +874,7 @@ impl Engine {
     /// Waits for the next message: polls for up to [`Config::spin`], then
     /// blocks in the provider's wait (which spins for `VIA_SPIN_US`, then
     /// sleeps until the peer's engine wakes it); `None` after 500 ms.
+    #[inline]
     fn wait_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
         self.settle()?;
         // (The provider's wait polls first: no poll of our own before it.)
