@@ -289,10 +289,13 @@ impl Channel {
             return Err(e);
         }
         while !self.inflight.is_empty() {
-            match self.send_done()? {
-                Some(SendOp::Read(id)) => self.reads_done.push(id),
-                Some(_) => {}
-                None => break,
+            let c = match self.vi.send_done() {
+                Ok(c) => c,
+                Err(e) if e.kind() == via::ErrorKind::NotDone => break,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(SendOp::Read(id)) = self.sent_done(c)? {
+                self.reads_done.push(id);
             }
         }
         Ok(())
@@ -446,18 +449,24 @@ impl Channel {
         self.reads_inflight > 0
     }
 
+    #[inline]
     fn sent_done(&mut self, c: via::Completion) -> Result<Option<SendOp>> {
         let op = self.inflight.pop_front();
         if let Some(SendOp::Read(_)) = op {
             self.reads_inflight -= 1;
         }
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
-            return Err(Error::Transport(format!(
-                "send to rank {} failed (status {:#x})",
-                self.peer, c.status
-            )));
+            return Err(self.send_failed(c.status));
         }
         Ok(op)
+    }
+
+    #[cold]
+    fn send_failed(&self, status: u32) -> Error {
+        Error::Transport(format!(
+            "send to rank {} failed (status {status:#x})",
+            self.peer
+        ))
     }
 
     /// Dequeues a completed receive: its slot and header.
