@@ -129,6 +129,8 @@ pub struct Channel {
     /// its message was taken: an eager message's data that fits in them is
     /// copied from here, with no second read of the slot.
     last: (usize, [u8; HEADER]),
+    /// The header of the message taken last ([`Channel::header`]).
+    hdr: Header,
 }
 
 impl Channel {
@@ -183,6 +185,7 @@ impl Channel {
             next_head: 0,
             sdesc_len: vec![0; shape.send].into_boxed_slice(),
             last: (usize::MAX, [0; HEADER]),
+            hdr: Header::new(crate::wire::Kind::Eager),
         };
         ch.rdesc_base = ch.region.addr(ch.off_rdesc(0))?;
         for i in 0..shape.recv {
@@ -469,11 +472,19 @@ impl Channel {
         ))
     }
 
-    /// Dequeues a completed receive: its slot and header.
+    /// The header of the message taken last (by [`Channel::recv_done`] or
+    /// [`Channel::recv_wait`]; read it before taking the next).
+    #[inline]
+    pub fn header(&self) -> &Header {
+        &self.hdr
+    }
+
+    /// Dequeues a completed receive: its slot (its header:
+    /// [`Channel::header`]).
     ///
     /// # Errors
     /// `Transport` if it failed or carries a corrupt header.
-    pub fn recv_done(&mut self) -> Result<Option<(usize, Header)>> {
+    pub fn recv_done(&mut self) -> Result<Option<usize>> {
         match self.vi.recv_done() {
             Ok(c) => self.received(c).map(Some),
             Err(e) if e.kind() == via::ErrorKind::NotDone => Ok(None),
@@ -482,12 +493,13 @@ impl Channel {
     }
 
     /// Waits up to `timeout` for a receive (a channel whose receives are
-    /// not on a CQ): its slot and header, `None` if none came.
+    /// not on a CQ): its slot (header: [`Channel::header`]), `None` if
+    /// none came.
     ///
     /// # Errors
     /// `Transport` if it failed or carries a corrupt header.
     #[inline]
-    pub fn recv_wait(&mut self, timeout: Duration) -> Result<Option<(usize, Header)>> {
+    pub fn recv_wait(&mut self, timeout: Duration) -> Result<Option<usize>> {
         // The head descriptor's status in memory says whether the message
         // is there: then it is only dequeued, without the wait's set-up.
         let r = if self.head_done() {
@@ -512,7 +524,7 @@ impl Channel {
     }
 
     #[inline]
-    fn received(&mut self, c: via::Completion) -> Result<(usize, Header)> {
+    fn received(&mut self, c: via::Completion) -> Result<usize> {
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
             return Err(Error::Transport(format!(
                 "connection to rank {} broke (receive status {:#x})",
@@ -530,12 +542,12 @@ impl Channel {
         self.next_head = if i + 1 == self.shape.recv { 0 } else { i + 1 };
         self.last.0 = i;
         self.region.read(i * self.shape.slot, &mut self.last.1)?;
-        let h = Header::decode(&self.last.1)
+        self.hdr = Header::decode(&self.last.1)
             .ok_or_else(|| Error::Transport(format!("corrupt header from rank {}", self.peer)))?;
-        if (h.freed.wrapping_sub(self.peer_freed) as i32) > 0 {
-            self.peer_freed = h.freed;
+        if (self.hdr.freed.wrapping_sub(self.peer_freed) as i32) > 0 {
+            self.peer_freed = self.hdr.freed;
         }
-        Ok((i, h))
+        Ok(i)
     }
 
     /// Copies the data of slot `i`, whose header is `h` (from byte `off`

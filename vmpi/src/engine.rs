@@ -692,17 +692,15 @@ impl Engine {
         }
         loop {
             let m = self.wait_message();
-            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+            let Some((peer, slot)) = self.closing_ok(m)? else {
                 continue;
             };
+            let ch = self.ch(peer)?;
+            let h = ch.header();
             if h.kind == Kind::Eager && matches(h.context, h.source, h.tag) {
                 let n = h.len as usize;
                 let got = n.min(buf.len());
-                self.ch(peer)?.read_data(slot, &h, 0, &mut buf[..got])?;
-                // The slot is re-posted later, off the critical path (the
-                // caller's next call, or before any wait).
-                self.settle()?;
-                self.deferred = Some((peer, slot));
+                ch.read_data(slot, h, 0, &mut buf[..got])?;
                 let status = Status {
                     source: h.source as i32,
                     tag: h.tag,
@@ -712,8 +710,15 @@ impl Engine {
                     got: h.len,
                     room: got as u64,
                 });
+                // The slot is re-posted later, off the critical path (the
+                // caller's next call, or before any wait; `wait_message`
+                // has just settled what was deferred before).
+                debug_assert!(self.deferred.is_none());
+                self.settle()?;
+                self.deferred = Some((peer, slot));
                 return Ok(Some((status, err)));
             }
+            let h = *h;
             let r = self.on_message(peer, slot, h);
             self.closing_ok(r.map(Some))?;
             if !direct(self) {
@@ -840,17 +845,19 @@ impl Engine {
             return Ok(());
         }
         let m = self.wait_message();
-        if let Some((peer, slot, h)) = self.closing_ok(m)? {
+        if let Some((peer, slot)) = self.closing_ok(m)? {
+            let h = *self.ch(peer)?.header();
             let r = self.on_message(peer, slot, h);
             self.closing_ok(r.map(Some))?;
         }
         Ok(())
     }
 
-    /// The next message if one is ready: (peer, slot, header).
-    fn poll_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+    /// The next message if one is ready: (peer, slot); its header is the
+    /// channel's [`Channel::header`].
+    fn poll_message(&mut self) -> Result<Option<(u32, usize)>> {
         if let Some(peer) = self.single {
-            return Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)));
+            return Ok(self.ch(peer)?.recv_done()?.map(|i| (peer, i)));
         }
         loop {
             let cq = self
@@ -875,7 +882,7 @@ impl Engine {
     /// blocks in the provider's wait (which spins for `VIA_SPIN_US`, then
     /// sleeps until the peer's engine wakes it); `None` after 500 ms.
     #[inline]
-    fn wait_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+    fn wait_message(&mut self) -> Result<Option<(u32, usize)>> {
         self.settle()?;
         // (The provider's wait polls first: no poll of our own before it.)
         // A core per process: the peer is running, and its answer comes
@@ -896,10 +903,7 @@ impl Engine {
         }
         let timeout = Duration::from_millis(500);
         if let Some(peer) = self.single {
-            return Ok(self
-                .ch(peer)?
-                .recv_wait(timeout)?
-                .map(|(i, h)| (peer, i, h)));
+            return Ok(self.ch(peer)?.recv_wait(timeout)?.map(|i| (peer, i)));
         }
         let cq = self
             .cq
@@ -919,9 +923,10 @@ impl Engine {
         let mut did = false;
         loop {
             let m = self.poll_message();
-            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+            let Some((peer, slot)) = self.closing_ok(m)? else {
                 break;
             };
+            let h = *self.ch(peer)?.header();
             let r = self.on_message(peer, slot, h);
             self.closing_ok(r.map(Some))?;
             did = true;
@@ -970,12 +975,12 @@ impl Engine {
     }
 
     /// The message whose receive completion the CQ reported on VI `vi`.
-    fn on_cq(&mut self, vi: u32) -> Result<Option<(u32, usize, Header)>> {
+    fn on_cq(&mut self, vi: u32) -> Result<Option<(u32, usize)>> {
         let peer = match self.by_vi.get(vi as usize) {
             Some(&p) if p != u32::MAX => p,
             _ => return Ok(None),
         };
-        Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)))
+        Ok(self.ch(peer)?.recv_done()?.map(|i| (peer, i)))
     }
 
     fn on_send_done(&mut self, peer: u32, op: SendOp) -> Result<()> {
