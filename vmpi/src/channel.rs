@@ -92,7 +92,6 @@ pub struct Channel {
     shape: Shape,
     vi: Vi,
     region: Region,
-    recv_images: Vec<Vec<u8>>,
     send_images: Vec<Vec<u8>>,
     /// Receive slots re-posted (cumulative, wrapping).
     freed: u32,
@@ -115,6 +114,23 @@ pub struct Channel {
     rdesc_base: u64,
     /// RDMA reads in `inflight`.
     reads_inflight: u32,
+    /// The length a message descriptor in each send descriptor slot was
+    /// last written with (0: the slot holds another kind of descriptor).
+    /// The provider writes only the status into a send descriptor and
+    /// clears it when the descriptor is posted, so a message of the same
+    /// length posts the slot's descriptor as it is.
+    sdesc_len: Box<[u32]>,
+    /// The receive slot expected to complete next: the one after the last
+    /// that did (slots are re-posted in the order they complete, so the
+    /// receive queue's order stays 0, 1, ..). Only a hint for polling its
+    /// status in memory: the provider's dequeue says which one it is.
+    next_head: usize,
+    /// The first [`HEADER`] bytes of the receive slot `last.0` as read when
+    /// its message was taken: an eager message's data that fits in them is
+    /// copied from here, with no second read of the slot.
+    last: (usize, [u8; HEADER]),
+    /// The header of the message taken last ([`Channel::header`]).
+    hdr: Header,
 }
 
 impl Channel {
@@ -154,7 +170,6 @@ impl Channel {
             shape,
             vi,
             region,
-            recv_images: Vec::new(),
             send_images: Vec::new(),
             freed: 0,
             reported: 0,
@@ -167,6 +182,10 @@ impl Channel {
             failed: None,
             rdesc_base: 0,
             reads_inflight: 0,
+            next_head: 0,
+            sdesc_len: vec![0; shape.send].into_boxed_slice(),
+            last: (usize::MAX, [0; HEADER]),
+            hdr: Header::new(crate::wire::Kind::Eager),
         };
         ch.rdesc_base = ch.region.addr(ch.off_rdesc(0))?;
         for i in 0..shape.recv {
@@ -174,9 +193,6 @@ impl Channel {
             DescBuilder::recv()
                 .segment(&ch.region, i * shape.slot, shape.slot as u32)
                 .write(&ch.region, at)?;
-            let mut img = vec![0u8; offsets::SEGMENTS + SEGMENT_SIZE];
-            ch.region.read(at, &mut img)?;
-            ch.recv_images.push(img);
             ch.vi.post_recv(&ch.region, at)?;
         }
         for j in 0..shape.send {
@@ -229,8 +245,16 @@ impl Channel {
         Ok(())
     }
 
-    /// Slots the peer is known to have posted for us.
+    /// Slots the peer is known to have posted for us. The credit word
+    /// (written by the peer's RDMA write) is read only when the counts
+    /// known so far give none.
+    #[inline]
     pub fn credits(&mut self) -> u32 {
+        let known =
+            (self.shape.recv as u32).saturating_sub(self.sent.wrapping_sub(self.peer_freed));
+        if known > 0 {
+            return known;
+        }
         let w = self.region.word(self.off_credit());
         if (w.wrapping_sub(self.peer_freed) as i32) > 0 {
             self.peer_freed = w;
@@ -246,6 +270,7 @@ impl Channel {
 
     /// Whether a send descriptor slot is free (reaping completed sends
     /// when none is).
+    #[inline]
     pub fn desc_free(&mut self) -> bool {
         if self.inflight.len() < self.shape.send {
             return true;
@@ -267,10 +292,13 @@ impl Channel {
             return Err(e);
         }
         while !self.inflight.is_empty() {
-            match self.send_done()? {
-                Some(SendOp::Read(id)) => self.reads_done.push(id),
-                Some(_) => {}
-                None => break,
+            let c = match self.vi.send_done() {
+                Ok(c) => c,
+                Err(e) if e.kind() == via::ErrorKind::NotDone => break,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(SendOp::Read(id)) = self.sent_done(c)? {
+                self.reads_done.push(id);
             }
         }
         Ok(())
@@ -282,6 +310,7 @@ impl Channel {
     }
 
     /// Whether a message may go now (a credit and a send slot).
+    #[inline]
     pub fn can_send(&mut self) -> bool {
         self.desc_free() && self.credits() > 0
     }
@@ -296,7 +325,11 @@ impl Channel {
         self.reported = self.freed;
         let at = self.off_send(j);
         let hl = h.wire_len();
-        let mut head = h.encode();
+        let mut head = if h.kind == crate::wire::Kind::Eager {
+            h.encode_short()
+        } else {
+            h.encode()
+        };
         if hl + data.len() <= HEADER {
             // Data that fits in the rest of the header's bytes: one write.
             head[hl..hl + data.len()].copy_from_slice(data);
@@ -306,13 +339,16 @@ impl Channel {
             self.region.write(at + hl, data)?;
         }
         let total = (hl + data.len()) as u32;
-        let img = &mut self.send_images[j];
-        img[offsets::LENGTH..offsets::LENGTH + 4].copy_from_slice(&total.to_ne_bytes());
-        let seg_len = offsets::SEGMENTS + 12;
-        img[seg_len..seg_len + 4].copy_from_slice(&total.to_ne_bytes());
         let d =
             (self.shape.recv + self.shape.send) * self.shape.slot + (self.shape.recv + j) * DESC;
-        self.region.write(d, img)?;
+        if self.sdesc_len[j] != total {
+            let img = &mut self.send_images[j];
+            img[offsets::LENGTH..offsets::LENGTH + 4].copy_from_slice(&total.to_ne_bytes());
+            let seg_len = offsets::SEGMENTS + 12;
+            img[seg_len..seg_len + 4].copy_from_slice(&total.to_ne_bytes());
+            self.region.write(d, img)?;
+            self.sdesc_len[j] = total;
+        }
         self.vi
             .post_send(&self.region, d)
             .map_err(|e| via_err("post a message", self.peer, e))?;
@@ -334,6 +370,7 @@ impl Channel {
     ) -> Result<()> {
         let j = self.send_next;
         let d = self.off_sdesc(j);
+        self.sdesc_len[j] = 0;
         DescBuilder::rdma_read(remote.0, remote.1)
             .segment(local, off, len)
             .write(&self.region, d)?;
@@ -347,12 +384,17 @@ impl Channel {
     }
 
     /// Returns credits by RDMA write if half the slots went unreported.
+    #[inline]
     pub fn return_credits(&mut self, force: bool) -> Result<()> {
         let unreported = self.freed.wrapping_sub(self.reported);
-        if unreported == 0
-            || (!force && (unreported as usize) < self.shape.recv / 2)
-            || !self.desc_free()
-        {
+        if unreported == 0 || (!force && (unreported as usize) < self.shape.recv / 2) {
+            return Ok(());
+        }
+        self.write_credits()
+    }
+
+    fn write_credits(&mut self) -> Result<()> {
+        if !self.desc_free() {
             return Ok(());
         }
         let Some(remote) = self.remote_credit else {
@@ -362,6 +404,7 @@ impl Channel {
         let src = self.off_credit_src(j);
         self.region.write(src, &self.freed.to_ne_bytes())?;
         let d = self.off_sdesc(j);
+        self.sdesc_len[j] = 0;
         DescBuilder::rdma_write(remote.0, remote.1)
             .segment(&self.region, src, 4)
             .write(&self.region, d)?;
@@ -409,25 +452,39 @@ impl Channel {
         self.reads_inflight > 0
     }
 
+    #[inline]
     fn sent_done(&mut self, c: via::Completion) -> Result<Option<SendOp>> {
         let op = self.inflight.pop_front();
         if let Some(SendOp::Read(_)) = op {
             self.reads_inflight -= 1;
         }
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
-            return Err(Error::Transport(format!(
-                "send to rank {} failed (status {:#x})",
-                self.peer, c.status
-            )));
+            return Err(self.send_failed(c.status));
         }
         Ok(op)
     }
 
-    /// Dequeues a completed receive: its slot and header.
+    #[cold]
+    fn send_failed(&self, status: u32) -> Error {
+        Error::Transport(format!(
+            "send to rank {} failed (status {status:#x})",
+            self.peer
+        ))
+    }
+
+    /// The header of the message taken last (by [`Channel::recv_done`] or
+    /// [`Channel::recv_wait`]; read it before taking the next).
+    #[inline]
+    pub fn header(&self) -> &Header {
+        &self.hdr
+    }
+
+    /// Dequeues a completed receive: its slot (its header:
+    /// [`Channel::header`]).
     ///
     /// # Errors
     /// `Transport` if it failed or carries a corrupt header.
-    pub fn recv_done(&mut self) -> Result<Option<(usize, Header)>> {
+    pub fn recv_done(&mut self) -> Result<Option<usize>> {
         match self.vi.recv_done() {
             Ok(c) => self.received(c).map(Some),
             Err(e) if e.kind() == via::ErrorKind::NotDone => Ok(None),
@@ -436,19 +493,38 @@ impl Channel {
     }
 
     /// Waits up to `timeout` for a receive (a channel whose receives are
-    /// not on a CQ): its slot and header, `None` if none came.
+    /// not on a CQ): its slot (header: [`Channel::header`]), `None` if
+    /// none came.
     ///
     /// # Errors
     /// `Transport` if it failed or carries a corrupt header.
-    pub fn recv_wait(&mut self, timeout: Duration) -> Result<Option<(usize, Header)>> {
-        match self.vi.recv_wait(Some(timeout)) {
+    #[inline]
+    pub fn recv_wait(&mut self, timeout: Duration) -> Result<Option<usize>> {
+        // The head descriptor's status in memory says whether the message
+        // is there: then it is only dequeued, without the wait's set-up.
+        let r = if self.head_done() {
+            match self.vi.recv_done() {
+                Err(e) if e.kind() == via::ErrorKind::NotDone => self.vi.recv_wait(Some(timeout)),
+                r => r,
+            }
+        } else {
+            self.vi.recv_wait(Some(timeout))
+        };
+        match r {
             Ok(c) => self.received(c).map(Some),
             Err(e) if e.kind() == via::ErrorKind::Timeout => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
-    fn received(&mut self, c: via::Completion) -> Result<(usize, Header)> {
+    /// Whether the receive expected next has completed (its status in
+    /// memory; a wrong guess costs a wait, nothing else).
+    fn head_done(&self) -> bool {
+        self.region.status(self.off_rdesc(self.next_head)) & via::descriptor::status::DONE != 0
+    }
+
+    #[inline]
+    fn received(&mut self, c: via::Completion) -> Result<usize> {
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
             return Err(Error::Transport(format!(
                 "connection to rank {} broke (receive status {:#x})",
@@ -463,34 +539,47 @@ impl Channel {
                 c.desc
             )));
         }
-        let mut b = [0u8; HEADER];
-        self.region.read(i * self.shape.slot, &mut b)?;
-        let h = Header::decode(&b)
+        self.next_head = if i + 1 == self.shape.recv { 0 } else { i + 1 };
+        self.last.0 = i;
+        self.region.read(i * self.shape.slot, &mut self.last.1)?;
+        self.hdr = Header::decode(&self.last.1)
             .ok_or_else(|| Error::Transport(format!("corrupt header from rank {}", self.peer)))?;
-        if (h.freed.wrapping_sub(self.peer_freed) as i32) > 0 {
-            self.peer_freed = h.freed;
+        if (self.hdr.freed.wrapping_sub(self.peer_freed) as i32) > 0 {
+            self.peer_freed = self.hdr.freed;
         }
-        Ok((i, h))
+        Ok(i)
     }
 
     /// Copies the data of slot `i`, whose header is `h` (from byte `off`
     /// of the data), into `dst`.
+    #[inline]
     pub fn read_data(&self, i: usize, h: &Header, off: usize, dst: &mut [u8]) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
         let hl = h.wire_len();
-        if hl + off + dst.len() > self.shape.slot {
+        let end = hl + off + dst.len();
+        if end > self.shape.slot {
             return Err(Error::Intern("eager data beyond its slot".into()));
+        }
+        if self.last.0 == i && end <= HEADER {
+            // Read with the header.
+            dst.copy_from_slice(&self.last.1[hl + off..end]);
+            return Ok(());
         }
         self.region.read(i * self.shape.slot + hl + off, dst)?;
         Ok(())
     }
 
-    /// Posts slot `i` again and counts the credit.
+    /// Posts slot `i` again and counts the credit. The descriptor is
+    /// posted as it is: the provider writes only `Length`, `ImmediateData`
+    /// and `Status` into a receive descriptor, ignores the first two for a
+    /// receive being posted, and clears the status when it is posted.
     pub fn repost(&mut self, i: usize) -> Result<()> {
         let at = self.off_rdesc(i);
-        self.region.write(at, &self.recv_images[i])?;
+        if self.last.0 == i {
+            self.last.0 = usize::MAX;
+        }
         self.vi
             .post_recv(&self.region, at)
             .map_err(|e| via_err("re-post a receive", self.peer, e))?;

@@ -84,6 +84,7 @@ impl Comm {
     }
 
     /// The world rank of member `r`.
+    #[inline]
     pub(crate) fn world_rank(&self, r: i32) -> Result<u32> {
         usize::try_from(r)
             .ok()
@@ -104,6 +105,7 @@ impl Comm {
 
     /// A receive's source and tag checked (`None`: any); the source as the
     /// engine matches it.
+    #[inline]
     fn recv_filter(&self, source: Option<i32>, tag: Option<i32>) -> Result<Option<u32>> {
         if let Some(t) = tag {
             check_tag(t)?;
@@ -132,6 +134,7 @@ impl Comm {
     ///
     /// # Errors
     /// `Rank`, `Tag`, or the transport's errors.
+    #[inline]
     pub fn send_bytes(&self, buf: &[u8], dest: i32, tag: i32) -> Result<()> {
         check_tag(tag)?;
         let to = self.world_rank(dest)?;
@@ -155,6 +158,7 @@ impl Comm {
 
     /// Receives bytes (blocking): the status, and the message's error
     /// (truncation) apart, for `MPI_Recv`'s status.
+    #[inline]
     pub(crate) fn recv_status(
         &self,
         buf: &mut [u8],

@@ -105,7 +105,12 @@ impl Datatype {
     /// # Errors
     /// `Type` for an unknown value (`MPI_DATATYPE_NULL` included).
     pub fn from_id(id: i32) -> Result<Datatype> {
-        ALL.iter().copied().find(|d| d.id == id).ok_or(Error::Type)
+        // Handles are 1, 2, .. in the order of `ALL` (checked by a test).
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| ALL.get(i.wrapping_sub(1)))
+            .copied()
+            .ok_or(Error::Type)
     }
 
     /// Bytes of `count` elements.
@@ -131,3 +136,19 @@ macro_rules! element {
 }
 element!(i8 => INT8_T, u8 => UINT8_T, i16 => INT16_T, u16 => UINT16_T, i32 => INT32_T,
     u32 => UINT32_T, i64 => INT64_T, u64 => UINT64_T, f32 => FLOAT, f64 => DOUBLE);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_index_the_table() {
+        for (i, d) in ALL.iter().enumerate() {
+            assert_eq!(d.id as usize, i + 1, "{}", d.name);
+            assert_eq!(Datatype::from_id(d.id).unwrap(), *d);
+        }
+        for bad in [0, -1, i32::MIN, ALL.len() as i32 + 1, i32::MAX] {
+            assert!(Datatype::from_id(bad).is_err(), "{bad}");
+        }
+    }
+}

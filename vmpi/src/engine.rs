@@ -458,6 +458,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     fn ch(&mut self, peer: u32) -> Result<&mut Channel> {
         self.channels
             .get_mut(peer as usize)
@@ -527,6 +528,7 @@ impl Engine {
     /// reused (`MPI_Send`). An eager message that can go at once (a credit,
     /// a descriptor slot, nothing queued before it) is copied out with no
     /// request at all; anything else is a request waited for.
+    #[inline]
     pub fn send(
         &mut self,
         context: u32,
@@ -545,6 +547,7 @@ impl Engine {
     /// Sends `data` at once, with no request, if it is an eager message
     /// that can go now (a credit, a descriptor slot, nothing queued before
     /// it): whether it went.
+    #[inline]
     pub fn send_now(
         &mut self,
         context: u32,
@@ -618,6 +621,7 @@ impl Engine {
     /// and the first eager one that matches is copied from its slot into
     /// `buf` (others are handled as usual). Anything else (a rendezvous
     /// message for it, queued work) falls back to a request.
+    #[inline]
     pub fn recv(
         &mut self,
         context: u32,
@@ -636,8 +640,16 @@ impl Engine {
     /// Work kept off the critical path of a message: re-posts the slot a
     /// direct receive left, returns credits, and reaps a send queue that
     /// is half full. Runs after a send has gone and before any wait.
+    #[inline]
     fn settle(&mut self) -> Result<()> {
-        if let Some((peer, slot)) = self.deferred.take() {
+        match self.deferred.take() {
+            Some((peer, slot)) => self.settle_slot(peer, slot),
+            None => Ok(()),
+        }
+    }
+
+    fn settle_slot(&mut self, peer: u32, slot: usize) -> Result<()> {
+        {
             let ch = self.ch(peer)?;
             let r = ch
                 .repost(slot)
@@ -680,17 +692,15 @@ impl Engine {
         }
         loop {
             let m = self.wait_message();
-            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+            let Some((peer, slot)) = self.closing_ok(m)? else {
                 continue;
             };
+            let ch = self.ch(peer)?;
+            let h = ch.header();
             if h.kind == Kind::Eager && matches(h.context, h.source, h.tag) {
                 let n = h.len as usize;
                 let got = n.min(buf.len());
-                self.ch(peer)?.read_data(slot, &h, 0, &mut buf[..got])?;
-                // The slot is re-posted later, off the critical path (the
-                // caller's next call, or before any wait).
-                self.settle()?;
-                self.deferred = Some((peer, slot));
+                ch.read_data(slot, h, 0, &mut buf[..got])?;
                 let status = Status {
                     source: h.source as i32,
                     tag: h.tag,
@@ -700,8 +710,15 @@ impl Engine {
                     got: h.len,
                     room: got as u64,
                 });
+                // The slot is re-posted later, off the critical path (the
+                // caller's next call, or before any wait; `wait_message`
+                // has just settled what was deferred before).
+                debug_assert!(self.deferred.is_none());
+                self.settle()?;
+                self.deferred = Some((peer, slot));
                 return Ok(Some((status, err)));
             }
+            let h = *h;
             let r = self.on_message(peer, slot, h);
             self.closing_ok(r.map(Some))?;
             if !direct(self) {
@@ -828,17 +845,19 @@ impl Engine {
             return Ok(());
         }
         let m = self.wait_message();
-        if let Some((peer, slot, h)) = self.closing_ok(m)? {
+        if let Some((peer, slot)) = self.closing_ok(m)? {
+            let h = *self.ch(peer)?.header();
             let r = self.on_message(peer, slot, h);
             self.closing_ok(r.map(Some))?;
         }
         Ok(())
     }
 
-    /// The next message if one is ready: (peer, slot, header).
-    fn poll_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+    /// The next message if one is ready: (peer, slot); its header is the
+    /// channel's [`Channel::header`].
+    fn poll_message(&mut self) -> Result<Option<(u32, usize)>> {
         if let Some(peer) = self.single {
-            return Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)));
+            return Ok(self.ch(peer)?.recv_done()?.map(|i| (peer, i)));
         }
         loop {
             let cq = self
@@ -862,7 +881,8 @@ impl Engine {
     /// Waits for the next message: polls for up to [`Config::spin`], then
     /// blocks in the provider's wait (which spins for `VIA_SPIN_US`, then
     /// sleeps until the peer's engine wakes it); `None` after 500 ms.
-    fn wait_message(&mut self) -> Result<Option<(u32, usize, Header)>> {
+    #[inline]
+    fn wait_message(&mut self) -> Result<Option<(u32, usize)>> {
         self.settle()?;
         // (The provider's wait polls first: no poll of our own before it.)
         // A core per process: the peer is running, and its answer comes
@@ -883,10 +903,7 @@ impl Engine {
         }
         let timeout = Duration::from_millis(500);
         if let Some(peer) = self.single {
-            return Ok(self
-                .ch(peer)?
-                .recv_wait(timeout)?
-                .map(|(i, h)| (peer, i, h)));
+            return Ok(self.ch(peer)?.recv_wait(timeout)?.map(|i| (peer, i)));
         }
         let cq = self
             .cq
@@ -906,9 +923,10 @@ impl Engine {
         let mut did = false;
         loop {
             let m = self.poll_message();
-            let Some((peer, slot, h)) = self.closing_ok(m)? else {
+            let Some((peer, slot)) = self.closing_ok(m)? else {
                 break;
             };
+            let h = *self.ch(peer)?.header();
             let r = self.on_message(peer, slot, h);
             self.closing_ok(r.map(Some))?;
             did = true;
@@ -945,6 +963,7 @@ impl Engine {
 
     /// A transport error is a peer leaving once the job is finishing
     /// (peers disconnect in any order then): nothing.
+    #[inline]
     fn closing_ok<T>(&self, r: Result<Option<T>>) -> Result<Option<T>> {
         match r {
             Err(Error::Transport(m)) if self.closing => {
@@ -956,12 +975,12 @@ impl Engine {
     }
 
     /// The message whose receive completion the CQ reported on VI `vi`.
-    fn on_cq(&mut self, vi: u32) -> Result<Option<(u32, usize, Header)>> {
+    fn on_cq(&mut self, vi: u32) -> Result<Option<(u32, usize)>> {
         let peer = match self.by_vi.get(vi as usize) {
             Some(&p) if p != u32::MAX => p,
             _ => return Ok(None),
         };
-        Ok(self.ch(peer)?.recv_done()?.map(|(i, h)| (peer, i, h)))
+        Ok(self.ch(peer)?.recv_done()?.map(|i| (peer, i)))
     }
 
     fn on_send_done(&mut self, peer: u32, op: SendOp) -> Result<()> {

@@ -358,7 +358,8 @@ fn on_cq(st: &mut State, vi: u32, recv: bool) -> Result<()> {
     };
     let ch = st.channels[peer as usize].as_mut().expect("channel");
     if recv {
-        if let Some((i, h)) = ch.recv_done()? {
+        if let Some(i) = ch.recv_done()? {
+            let h = *ch.header();
             let mut data = vec![0u8; (h.len as usize).min(MAX_BCAST)];
             ch.read_data(i, &h, 0, &mut data)?;
             ch.repost(i)?;

@@ -167,11 +167,25 @@ impl Builtin {
     /// # Errors
     /// `Op` for an unknown value.
     pub fn from_id(id: i32) -> Result<Builtin> {
-        BUILTINS
-            .iter()
+        // Handles are 1, 2, .. in the order of `BUILTINS` (checked by a test).
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| BUILTINS.get(i.wrapping_sub(1)))
             .copied()
-            .find(|b| *b as i32 == id)
             .ok_or_else(|| Error::Op(format!("unknown operation {id}")))
+    }
+
+    /// Whether [`Builtin::apply`] is defined for elements of `kind`.
+    pub fn defined_for(self, kind: Kind) -> bool {
+        use Builtin::*;
+        match kind {
+            Kind::Int(_) | Kind::Uint(_) => !matches!(self, Maxloc | Minloc),
+            Kind::F32 | Kind::F64 => matches!(self, Max | Min | Sum | Prod),
+            Kind::Bool => matches!(self, Land | Lor | Lxor),
+            Kind::Byte => matches!(self, Band | Bor | Bxor),
+            Kind::Pair(..) => matches!(self, Maxloc | Minloc),
+            Kind::Opaque => false,
+        }
     }
 
     /// `inout = input ∘ inout` element-wise.
@@ -236,9 +250,9 @@ impl Op {
     /// `Op` if it is not.
     pub fn check(&self, dt: Datatype) -> Result<()> {
         match self {
+            Op::Builtin(b) if b.defined_for(dt.kind) => Ok(()),
             Op::Builtin(b) => {
-                // One element of zeros (no allocation: this runs on every
-                // reduction call).
+                // The error `apply` gives: one element of zeros.
                 let (x, mut y) = ([0u64; 8], [0u64; 8]);
                 let n = dt.size.min(64);
                 b.apply(
@@ -287,6 +301,22 @@ impl Op {
 mod tests {
     use super::*;
     use crate::datatype::*;
+
+    #[test]
+    fn defined_exactly_where_apply_works() {
+        for b in BUILTINS {
+            assert_eq!(Builtin::from_id(b as i32).unwrap(), b);
+            for dt in ALL {
+                let (x, mut y) = ([0u8; 16], [0u8; 16]);
+                let works = b.apply(*dt, &x[..dt.size], &mut y[..dt.size]).is_ok();
+                assert_eq!(b.defined_for(dt.kind), works, "{b:?} on {}", dt.name);
+                assert_eq!(Op::Builtin(b).check(*dt).is_ok(), works);
+            }
+        }
+        for bad in [0, -1, 13, 99, i32::MIN] {
+            assert!(Builtin::from_id(bad).is_err());
+        }
+    }
 
     #[test]
     fn sums_and_locs() {

@@ -19,6 +19,24 @@ fn point_to_point() {
 }
 
 #[test]
+fn short_cuts_of_the_common_case_and_their_fallbacks() {
+    check("fast2", 2, &[], &["fastpath"]);
+    // Two slots: send descriptor slots cycle through messages, credit
+    // returns and rendezvous reads; senders wait for credits.
+    check(
+        "fast2-slots",
+        2,
+        &[("VMPI_SLOTS", "2"), ("VMPI_EAGER_LIMIT", "4096")],
+        &["fastpath"],
+    );
+    // More peers: receives through the CQ.
+    check("fast3", 3, &[("VMPI_SLOTS", "4")], &["fastpath"]);
+    // The two-process allreduce straight on the engine, and its fallback
+    // when a send cannot go at once (two slots: often no credit).
+    check("coll2-slots", 2, &[("VMPI_SLOTS", "2")], &["coll", "quick"]);
+}
+
+#[test]
 fn bad_input_gives_the_expected_error_classes() {
     check("errors2", 2, &[], &["errors"]);
     check("errors3", 3, &[], &["errors"]);

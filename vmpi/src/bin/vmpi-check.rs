@@ -117,6 +117,107 @@ fn matching(c: &Comm, seed: u64) {
     c.barrier().unwrap();
 }
 
+/// The common case's short cuts and what they fall back to, between ranks
+/// 0 and 1 (others idle): blocking exchanges of many small sizes in turn
+/// (data read with its header or from the slot; send descriptors written
+/// again only when the length changes, also after a rendezvous read or a
+/// credit return used the slot), truncation of both, unexpected messages
+/// received in another order, wildcards, and more outstanding sends than
+/// receive slots.
+fn fastpath(c: &Comm) {
+    let r = c.rank();
+    if r > 1 {
+        c.barrier().unwrap();
+        return;
+    }
+    let peer = 1 - r;
+    let big = 3 * 4096 + 5;
+    let sizes = [
+        8usize, 8, 8, 0, 1, 24, 32, 33, 31, 8, 100, 8, 1000, 8, big, 8, 8, 40, 40, 7,
+    ];
+    for round in 0..40u64 {
+        for (k, &n) in sizes.iter().enumerate() {
+            let seed = round * 100 + k as u64;
+            let tag = (k % 3) as i32;
+            let mut got = vec![0xeeu8; n];
+            if r == 0 {
+                c.send_bytes(&pattern(seed, n), peer, tag).unwrap();
+                let st = c.recv_bytes(&mut got, Some(peer), Some(tag)).unwrap();
+                assert_eq!((st.bytes as usize, st.source, st.tag), (n, peer, tag));
+                assert!(got == pattern(seed + 7, n), "round {round}: {n} bytes back");
+            } else {
+                // Wildcards on one side: the same messages.
+                let (src, t) = match k % 4 {
+                    0 => (None, None),
+                    1 => (Some(peer), None),
+                    2 => (None, Some(tag)),
+                    _ => (Some(peer), Some(tag)),
+                };
+                let st = c.recv_bytes(&mut got, src, t).unwrap();
+                assert_eq!((st.bytes as usize, st.source, st.tag), (n, peer, tag));
+                assert!(got == pattern(seed, n), "round {round}: {n} bytes");
+                c.send_bytes(&pattern(seed + 7, n), peer, tag).unwrap();
+            }
+        }
+    }
+    // Truncation: the first bytes land, the error says so, and the next
+    // message is intact.
+    for &n in &[8usize, 33, 200, big] {
+        if r == 0 {
+            c.send_bytes(&pattern(n as u64, n), peer, 9).unwrap();
+            c.send_bytes(&pattern(1, 8), peer, 9).unwrap();
+        } else {
+            let room = n / 2;
+            let mut got = vec![0u8; room];
+            match c.recv_bytes(&mut got, Some(peer), Some(9)) {
+                Err(vmpi::Error::Truncate { got: g, room: m }) => {
+                    assert_eq!((g as usize, m as usize), (n, room))
+                }
+                other => panic!("{n} bytes into {room}: {other:?}"),
+            }
+            assert!(got[..] == pattern(n as u64, n)[..room], "truncated {n}");
+            let mut next = [0u8; 8];
+            c.recv_bytes(&mut next, None, None).unwrap();
+            assert_eq!(next[..], pattern(1, 8)[..]);
+        }
+    }
+    // Unexpected messages: many outstanding sends (more than the receive
+    // slots, some rendezvous), received in reverse tag order, then by
+    // wildcards in order.
+    let m = 48usize;
+    if r == 0 {
+        let reqs: Vec<_> = (0..m)
+            .map(|i| {
+                let n = if i % 11 == 5 { big } else { 8 + i % 3 };
+                c.isend(pattern(500 + i as u64, n), peer, 100 + i as i32)
+                    .unwrap()
+            })
+            .collect();
+        for q in reqs {
+            q.wait().unwrap();
+        }
+    } else {
+        // The first receive takes every message before its own from the
+        // channel into the unexpected queue.
+        let mut got = vec![0u8; big];
+        for i in (m / 2..m).rev() {
+            let n = if i % 11 == 5 { big } else { 8 + i % 3 };
+            let st = c
+                .recv_bytes(&mut got, Some(peer), Some(100 + i as i32))
+                .unwrap();
+            assert_eq!(st.bytes as usize, n);
+            assert!(got[..n] == pattern(500 + i as u64, n)[..], "unexpected {i}");
+        }
+        for i in 0..m / 2 {
+            let n = if i % 11 == 5 { big } else { 8 + i % 3 };
+            let st = c.recv_bytes(&mut got, None, None).unwrap();
+            assert_eq!((st.tag, st.bytes as usize), (100 + i as i32, n));
+            assert!(got[..n] == pattern(500 + i as u64, n)[..], "in order {i}");
+        }
+    }
+    c.barrier().unwrap();
+}
+
 /// Element `j` of rank `r`'s contribution, for `dt`: small integers, so
 /// that every reduction is exact in every order (floats included).
 fn contribution(dt: Datatype, r: i32, j: usize, prod: bool) -> Vec<u8> {
@@ -478,6 +579,7 @@ fn main() {
     let c = world.comm();
     match args.first().map(String::as_str) {
         Some("p2p") => p2p(&c),
+        Some("fastpath") => fastpath(&c),
         Some("matching") => matching(&c, args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1)),
         Some("no-finalize") => {
             // Rank 1 leaves without finalizing: the launcher ends the job.

@@ -307,7 +307,13 @@ pub fn allreduce_pair(
 ) -> Result<()> {
     let peer = 1 - net.rank();
     net.sendrecv(send, peer, recv, peer, tag::ALLREDUCE)?;
-    if peer == 1 || op.commutative() {
+    pair_combine(net.rank(), send, recv, dt, op)
+}
+
+/// The reduction of [`allreduce_pair`] once `recv` holds the peer's data:
+/// rank 0's contribution on the left.
+pub fn pair_combine(rank: u32, send: &[u8], recv: &mut [u8], dt: Datatype, op: &Op) -> Result<()> {
+    if rank == 0 || op.commutative() {
         // recv = send ∘ recv
         op.apply(dt, send, recv)
     } else {

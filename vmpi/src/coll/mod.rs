@@ -188,6 +188,20 @@ impl Comm {
         }
         op.check(dt)?;
         if self.size() == 2 && select::pair_allreduce() {
+            // The common case: the message goes at once (eager, a credit)
+            // and the receive is direct, straight on the engine.
+            let peer = 1 - self.rank;
+            let (ctx, tag) = (self.context + 1, algo::tag::ALLREDUCE);
+            let mut e = self.engine();
+            if e.send_now(ctx, self.rank, self.group[peer as usize], tag, send)? {
+                let (_, err) = e.recv(ctx, Some(peer), Some(tag), recv)?;
+                drop(e);
+                if let Some(err) = err {
+                    return Err(err);
+                }
+                return algo::pair_combine(self.rank, send, recv, dt, op);
+            }
+            drop(e);
             let mut net = Net::new(self);
             algo::allreduce_pair(&mut net, send, recv, dt, op)?;
             return net.finish();

@@ -116,16 +116,23 @@ pub unsafe extern "C" fn MPI_Allreduce(
     comm: c_int,
 ) -> c_int {
     mpi_call!("MPI_Allreduce", comm, {
-        let c = state::comm(comm)?;
-        let dt = state::datatype(datatype)?;
-        let n = state::bytes(count, dt)?;
-        let o = state::op(op)?;
-        let mut owned = Vec::new();
-        // SAFETY: the caller's contract.
-        let s = unsafe { send_data(sendbuf, recvbuf, n, &mut owned) }?;
-        // SAFETY: the caller's contract; disjoint from `s`.
-        let r = unsafe { state::slice_mut(recvbuf, n) }?;
-        c.allreduce_bytes(s, r, dt, &o)
+        let run = |c: &crate::comm::Comm| {
+            let dt = state::datatype(datatype)?;
+            let n = state::bytes(count, dt)?;
+            let o = state::op(op)?;
+            let mut owned = Vec::new();
+            // SAFETY: the caller's contract.
+            let s = unsafe { send_data(sendbuf, recvbuf, n, &mut owned) }?;
+            // SAFETY: the caller's contract; disjoint from `s`.
+            let r = unsafe { state::slice_mut(recvbuf, n) }?;
+            c.allreduce_bytes(s, r, dt, &o)
+        };
+        if state::is_builtin_op(op) {
+            // No user function runs: the communicator is borrowed.
+            state::with_comm(comm, run)
+        } else {
+            run(&state::comm(comm)?)
+        }
     })
 }
 

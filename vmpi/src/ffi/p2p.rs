@@ -55,14 +55,15 @@ pub unsafe extern "C" fn MPI_Send(
     comm: c_int,
 ) -> c_int {
     mpi_call!("MPI_Send", comm, {
-        let c = state::comm(comm)?;
-        let n = state::bytes(count, state::datatype(datatype)?)?;
-        if dest == PROC_NULL {
-            return Ok(());
-        }
-        // SAFETY: the caller's contract; the call waits for completion.
-        let b = unsafe { state::slice(buf, n) }?;
-        c.send_bytes(b, dest, tag)
+        state::with_comm(comm, |c| {
+            let n = state::bytes(count, state::datatype(datatype)?)?;
+            if dest == PROC_NULL {
+                return Ok(());
+            }
+            // SAFETY: the caller's contract; the call waits for completion.
+            let b = unsafe { state::slice(buf, n) }?;
+            c.send_bytes(b, dest, tag)
+        })
     })
 }
 
@@ -83,20 +84,21 @@ pub unsafe extern "C" fn MPI_Recv(
     status: *mut MPI_Status,
 ) -> c_int {
     mpi_call!("MPI_Recv", comm, {
-        let c = state::comm(comm)?;
-        let n = state::bytes(count, state::datatype(datatype)?)?;
-        if source == PROC_NULL {
+        state::with_comm(comm, |c| {
+            let n = state::bytes(count, state::datatype(datatype)?)?;
+            if source == PROC_NULL {
+                // SAFETY: the caller's contract.
+                unsafe { put_status(status, &null_status(), 0) };
+                return Ok(());
+            }
+            // SAFETY: the caller's contract; checked for NULL; the call
+            // waits for completion.
+            let b = unsafe { state::slice_mut(buf, n) }?;
+            let (st, err) = c.recv_status(b, source_of(source), tag_of(tag))?;
             // SAFETY: the caller's contract.
-            unsafe { put_status(status, &null_status(), 0) };
-            return Ok(());
-        }
-        // SAFETY: the caller's contract; checked for NULL; the call waits
-        // for completion.
-        let b = unsafe { state::slice_mut(buf, n) }?;
-        let (st, err) = c.recv_status(b, source_of(source), tag_of(tag))?;
-        // SAFETY: the caller's contract.
-        unsafe { put_status(status, &st, err.as_ref().map_or(0, Error::code)) };
-        err.map_or(Ok(()), Err)
+            unsafe { put_status(status, &st, err.as_ref().map_or(0, Error::code)) };
+            err.map_or(Ok(()), Err)
+        })
     })
 }
 

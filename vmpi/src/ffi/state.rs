@@ -94,6 +94,28 @@ pub(crate) fn comm(h: i32) -> Result<Comm> {
     })
 }
 
+/// Runs `f` on the communicator of handle `h`, borrowed under the state's
+/// lock (no clone of it, and one lock for the lookup and the call): for
+/// the calls of the common case (`MPI_Send`, `MPI_Recv`, `MPI_Allreduce`
+/// with a predefined operation), whose work never enters the C state
+/// again. `f` must not call back into the application (a user operation
+/// could call MPI, which would wait for this lock).
+pub(crate) fn with_comm<R>(h: i32, f: impl FnOnce(&Comm) -> Result<R>) -> Result<R> {
+    with(|s| {
+        let c = usize::try_from(h)
+            .ok()
+            .and_then(|i| s.comms.get(i))
+            .and_then(Option::as_ref)
+            .ok_or(Error::Comm)?;
+        f(&c.comm)
+    })
+}
+
+/// Whether `h` names a predefined operation (no user function runs).
+pub(crate) fn is_builtin_op(h: i32) -> bool {
+    (1..USER_OP).contains(&h)
+}
+
 /// The operation of handle `h`.
 pub(crate) fn op(h: i32) -> Result<Op> {
     if (1..USER_OP).contains(&h) {
@@ -233,7 +255,11 @@ fn fatal(h: i32) -> bool {
         .unwrap_or(true)
 }
 
-/// Applies communicator `h`'s error handler to the outcome of `name`.
+/// Applies communicator `h`'s error handler to the outcome of `name`
+/// (after a call that did not simply succeed: [`mpi_call`] returns 0
+/// for those itself).
+#[cold]
+#[inline(never)]
 pub(crate) fn finish(name: &str, h: i32, r: std::thread::Result<Result<()>>) -> i32 {
     let e = match r {
         Ok(Ok(())) => return 0,
@@ -267,7 +293,10 @@ macro_rules! mpi_call {
         let r = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(
             || -> $crate::error::Result<()> { $body },
         ));
-        $crate::ffi::state::finish($name, $comm, r)
+        match r {
+            Ok(Ok(())) => 0,
+            r => $crate::ffi::state::finish($name, $comm, r),
+        }
     }};
 }
 pub(crate) use mpi_call;
