@@ -169,8 +169,9 @@ impl<R, P> Table<R, P> {
             .store(self.version.load(Ordering::Relaxed) + 1, Ordering::Release);
     }
 
-    /// The change count of `handle`'s bucket.
-    fn changes(&self, handle: u32) -> u64 {
+    /// The change count of `handle`'s bucket (moves when a region of the
+    /// bucket is removed or changed, not when one is added).
+    pub fn changes(&self, handle: u32) -> u64 {
         // Acquire: pairs with the Release store in `changed`, so a count
         // read before a lookup that found the old region differs from the
         // count after the change.

@@ -427,11 +427,17 @@ impl Regions {
     }
 
     /// The local region of `handle`; its index in the working set.
+    ///
+    /// A kept region is checked against the change count of its handle's
+    /// bucket, read before any lookup: deregistering *other* buffers (a
+    /// message layer does it around every message) leaves it valid. The
+    /// cache's entries follow the table's version.
     pub fn local<R, P>(&mut self, t: &Table<R, P>, handle: u32, u: Use) -> Option<usize> {
-        let v = t.version();
-        if let Some(i) = self.find(LOCAL, handle, v, u) {
+        let b = t.changes(handle);
+        if let Some(i) = self.find(LOCAL, handle, b, u) {
             return Some(i);
         }
+        let v = t.version();
         let r = match self.cache.hit(LOCAL, handle, v, u) {
             Some(r) => r,
             None => {
@@ -441,7 +447,7 @@ impl Regions {
                 })?
             }
         };
-        Some(self.push(LOCAL, handle, v, r))
+        Some(self.push(LOCAL, handle, b, r))
     }
 
     /// The peer's region of `handle`; its index in the working set.
@@ -590,6 +596,24 @@ mod tests {
             r.trim();
         }
         assert_eq!(r.cache.stats().send.hits, 6);
+        // Another region registered and deregistered (a message layer does
+        // it around every message; one of another bucket of handles):
+        // the kept regions still hit.
+        let (c5, c6) = (t.changes(5), t.changes(6));
+        let other = (100..)
+            .find(|&h| {
+                t.insert(local_region(h, 1));
+                t.remove(h);
+                (t.changes(5), t.changes(6)) == (c5, c6)
+            })
+            .unwrap();
+        assert!(t.get(other).is_none());
+        let a = r.local(&t, 5, Use::Send).unwrap();
+        let b = r.local(&t, 6, Use::Send).unwrap();
+        assert_eq!((r.get(a).len, r.get(b).len), (100, 200));
+        r.trim();
+        let s = r.cache.stats().send;
+        assert_eq!((s.hits, s.compulsory + s.other), (8, 2));
         // A changed region is looked up again, never served from the memo.
         t.remove(5);
         t.insert(local_region(5, 300));
