@@ -373,7 +373,9 @@ pub(crate) struct Verbs {
     mrs: RwLock<KeyMap<u32, Arc<Mr>>>,
     /// Removals from `mrs` (validates the queues' [`KeyCache`]s).
     mr_epoch: Epoch,
-    vis: Box<[Mutex<Option<ViQp>>]>,
+    /// Each VI's QP state: a [`doorbell::Lock`] (no poisoning checks),
+    /// taken by every post.
+    vis: Box<[doorbell::Lock<Option<ViQp>>]>,
     /// Each VI's QP (and generation) for the central poster, which never
     /// takes the VIs' locks (a poster draining a full queue holds one).
     qps: Box<[Mutex<Option<GenQp>>]>,
@@ -461,7 +463,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         pds: Mutex::new(HashMap::new()),
         mrs: RwLock::new(KeyMap::default()),
         mr_epoch: Epoch::default(),
-        vis: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
+        vis: (0..MAX_VI).map(|_| doorbell::Lock::new(None)).collect(),
         qps: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
         central: (Config::get().verbs_doorbell == DoorbellMode::Central).then(Central::new),
         poster: Mutex::new(None),
@@ -640,7 +642,7 @@ impl Verbs {
         // A QP that went to ERROR by itself (an error of this or the peer's
         // side): the VI breaks.
         let broke = {
-            let g = self.vis[slot as usize].lock().unwrap();
+            let g = self.vis[slot as usize].lock();
             match g.as_ref() {
                 Some(v) if v.generation == generation => !ok && !v.erroring,
                 _ => return,
@@ -658,7 +660,7 @@ impl Verbs {
         }
         if recv {
             let rw = {
-                let mut g = self.vis[slot as usize].lock().unwrap();
+                let mut g = self.vis[slot as usize].lock();
                 match g.as_mut().and_then(|v| v.recvs.take(pos)) {
                     Some(r) => r.done,
                     None => return,
@@ -669,7 +671,7 @@ impl Verbs {
             }
         } else {
             let (rec, reliability) = {
-                let mut g = self.vis[slot as usize].lock().unwrap();
+                let mut g = self.vis[slot as usize].lock();
                 let Some(v) = g.as_mut() else { return };
                 match v.sends.take(pos) {
                     Some(r) => (*r, v.reliability),
@@ -827,7 +829,7 @@ impl Verbs {
         for f in failed {
             let (slot, generation) = f.vi;
             let rec = {
-                let mut g = self.vis[slot as usize].lock().unwrap();
+                let mut g = self.vis[slot as usize].lock();
                 match g.as_mut() {
                     Some(v) if v.generation == generation => v.sends.take(f.seq as u64).copied(),
                     _ => None,
@@ -896,7 +898,6 @@ impl Verbs {
             if let Some((slot, generation)) = vi {
                 let erroring = self.vis[slot as usize]
                     .lock()
-                    .unwrap()
                     .as_ref()
                     .is_some_and(|v| v.generation == generation && v.erroring);
                 if !erroring {
@@ -1084,7 +1085,7 @@ impl Device for Verbs {
             .lock()
             .unwrap()
             .insert(qp.qpn, (vi.slot, vi.generation));
-        *self.vis[vi.slot as usize].lock().unwrap() = Some(ViQp {
+        *self.vis[vi.slot as usize].lock() = Some(ViQp {
             generation: vi.generation,
             reliability: a.reliability,
             ptag: a.ptag.id(),
@@ -1104,7 +1105,7 @@ impl Device for Verbs {
     }
 
     fn vi_attributes(&self, vi: &ViCore, a: &ViAttributes) {
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let mut g = self.vis[vi.slot as usize].lock();
         let Some(v) = g.as_mut() else { return };
         if v.reliability == a.reliability && v.ptag == a.ptag.id() && v.access == qp_access(a) {
             return;
@@ -1137,7 +1138,7 @@ impl Device for Verbs {
     }
 
     fn remove_vi(&self, _nic: &NicInner, vi: &ViCore) {
-        let v = self.vis[vi.slot as usize].lock().unwrap().take();
+        let v = self.vis[vi.slot as usize].lock().take();
         self.qps[vi.slot as usize].lock().unwrap().take();
         if let Some(v) = &v {
             self.qpns.lock().unwrap().remove(&v.qp.qpn);
@@ -1173,7 +1174,7 @@ impl Device for Verbs {
     // ---- connections ----
 
     fn endpoint_blob(&self, vi: &ViCore) -> Vec<u8> {
-        let g = self.vis[vi.slot as usize].lock().unwrap();
+        let g = self.vis[vi.slot as usize].lock();
         let Some(v) = g.as_ref() else {
             return Vec::new();
         };
@@ -1193,7 +1194,7 @@ impl Device for Verbs {
             log::warn!("verbs: the peer's endpoint is not a verbs endpoint");
             Error::InvalidParameter
         })?;
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let mut g = self.vis[vi.slot as usize].lock();
         let v = g.as_mut().ok_or(Error::InvalidState)?;
         let mtu = self.mtu.min(b.mtu as u32).max(1);
         v.qp.connect(
@@ -1221,7 +1222,7 @@ impl Device for Verbs {
 
     fn disconnect(&self, nic: &NicInner, vi: &ViCore, _tell_peer: bool) {
         {
-            let mut g = self.vis[vi.slot as usize].lock().unwrap();
+            let mut g = self.vis[vi.slot as usize].lock();
             let Some(v) = g.as_mut() else { return };
             v.connected = false;
             v.erroring = true;
@@ -1233,7 +1234,7 @@ impl Device for Verbs {
         let deadline = Instant::now() + FLUSH_WAIT;
         loop {
             let idle = {
-                let g = self.vis[vi.slot as usize].lock().unwrap();
+                let g = self.vis[vi.slot as usize].lock();
                 g.as_ref()
                     .is_none_or(|v| v.sends.is_empty() && v.recvs.is_empty())
             };
@@ -1255,7 +1256,7 @@ impl Device for Verbs {
             }
         }
         // Back to INIT with a new PSN: the VI may connect again.
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let mut g = self.vis[vi.slot as usize].lock();
         if let Some(v) = g.as_mut() {
             v.sends.clear();
             v.recvs.clear();
@@ -1288,7 +1289,7 @@ impl Device for Verbs {
             self.complete_now(nic, vi, wr, wr.fault | op_status);
             return Ok(());
         }
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let mut g = self.vis[vi.slot as usize].lock();
         let v = match g.as_mut() {
             Some(v) if v.generation == vi.generation => v,
             _ => return Err(Error::InvalidState),
@@ -1382,7 +1383,7 @@ impl Device for Verbs {
     }
 
     fn post_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, wr: &RecvWr) -> Result<()> {
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let mut g = self.vis[vi.slot as usize].lock();
         let v = match g.as_mut() {
             Some(v) if v.generation == vi.generation => v,
             _ => return Err(Error::InvalidState),
@@ -1399,7 +1400,7 @@ impl Device for Verbs {
     }
 
     fn cancel_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, _force: bool) -> bool {
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let mut g = self.vis[vi.slot as usize].lock();
         g.as_mut()
             .is_some_and(|v| v.generation == vi.generation && v.recvs.take(pos).is_some())
     }
@@ -1525,7 +1526,7 @@ impl Device for Verbs {
                 return Err(Error::InvalidReliabilityLevel);
             }
         }
-        let mut g = self.vis[vi.slot as usize].lock().unwrap();
+        let mut g = self.vis[vi.slot as usize].lock();
         let v = match g.as_mut() {
             Some(v) if v.generation == vi.generation => v,
             _ => return Err(Error::InvalidState),
