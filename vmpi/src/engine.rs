@@ -203,6 +203,12 @@ pub struct Config {
     /// wait spins `VIA_SPIN_US`, 20 µs, first anyway). Longer polling was
     /// measured harmful on this shared 2-core machine (docs/vmpi.md).
     pub spin: Duration,
+    /// How many times a receive wait with a single peer reads the status
+    /// of the receive descriptor expected next in memory before it blocks
+    /// in the provider's wait (`VMPI_POLL`, default 128, a few µs; 0 when
+    /// processes outnumber cores): a message that lands meanwhile is taken
+    /// with a dequeue, without the wait's set-up and its locked polls.
+    pub poll: u32,
 }
 
 impl Config {
@@ -220,9 +226,21 @@ impl Config {
             eager_limit: get("VMPI_EAGER_LIMIT", DEFAULT_EAGER_LIMIT).clamp(0, 1 << 20),
             slots: get("VMPI_SLOTS", if size > 8 { 8 } else { 16 }).clamp(2, 256),
             spin: Duration::from_micros(get("VMPI_SPIN_US", 0).min(1_000_000) as u64),
+            poll: get(
+                "VMPI_POLL",
+                if std::env::var_os("VMPI_OVERSUBSCRIBED").is_some() {
+                    0
+                } else {
+                    DEFAULT_POLL
+                },
+            )
+            .min(1 << 20) as u32,
         }
     }
 }
+
+/// Reads of the expected receive's status before a blocking wait.
+pub const DEFAULT_POLL: usize = 128;
 
 /// The default eager limit, chosen by measurement (docs/vmpi.md).
 pub const DEFAULT_EAGER_LIMIT: usize = 65536;
@@ -250,6 +268,7 @@ pub struct Engine {
     unexpected: VecDeque<Unexpected>,
     eager_limit: usize,
     spin: Duration,
+    poll: u32,
     closing: bool,
     /// A receive slot copied out by a direct receive and not yet re-posted
     /// (peer, slot): re-posted off the critical path, once the caller has
@@ -420,6 +439,7 @@ impl Engine {
             unexpected: VecDeque::new(),
             eager_limit: cfg.eager_limit,
             spin: cfg.spin,
+            poll: cfg.poll,
             closing: false,
             deferred: None,
             spare_ids: Vec::new(),
@@ -903,7 +923,8 @@ impl Engine {
         }
         let timeout = Duration::from_millis(500);
         if let Some(peer) = self.single {
-            return Ok(self.ch(peer)?.recv_wait(timeout)?.map(|i| (peer, i)));
+            let poll = self.poll;
+            return Ok(self.ch(peer)?.recv_wait(timeout, poll)?.map(|i| (peer, i)));
         }
         let cq = self
             .cq

@@ -14,7 +14,15 @@ use std::sync::OnceLock;
 
 use common::*;
 
-const PROGRAMS: &[&str] = &["ring", "pi", "transpose", "coll", "errors", "fatal"];
+const PROGRAMS: &[&str] = &[
+    "ring",
+    "pi",
+    "transpose",
+    "coll",
+    "errors",
+    "fatal",
+    "watchdog",
+];
 
 fn programs() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -35,6 +43,7 @@ fn programs() -> &'static PathBuf {
                     "-Wextra",
                     "-Werror",
                     "-pedantic",
+                    "-pthread",
                     "-g",
                     "-o",
                 ])
@@ -96,6 +105,14 @@ fn errors_are_fatal_by_default_and_end_the_job() {
         o.output
     );
     assert!(!o.output.contains("not reached"));
+}
+
+#[test]
+fn another_thread_may_ask_initialized_and_abort_while_a_call_blocks() {
+    let o = run("watchdog", 2);
+    assert_eq!(o.code, Some(42), "{}", o.output);
+    assert!(o.output.contains("initialized 1"), "{}", o.output);
+    assert!(!o.output.contains("not reached"), "{}", o.output);
 }
 
 #[test]

@@ -21,6 +21,15 @@ fn point_to_point() {
 #[test]
 fn short_cuts_of_the_common_case_and_their_fallbacks() {
     check("fast2", 2, &[], &["fastpath"]);
+    // Without the poll of the receive's status before the wait (as when
+    // processes outnumber cores), and with a long one.
+    check("fast2-nopoll", 2, &[("VMPI_POLL", "0")], &["fastpath"]);
+    check(
+        "fast2-longpoll",
+        2,
+        &[("VMPI_POLL", "100000")],
+        &["fastpath"],
+    );
     // Two slots: send descriptor slots cycle through messages, credit
     // returns and rendezvous reads; senders wait for credits.
     check(

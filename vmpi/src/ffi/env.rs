@@ -25,6 +25,8 @@ pub unsafe extern "C" fn MPI_Init(_argc: *mut c_int, _argv: *mut *mut *mut c_cha
         let world = World::init()?;
         let comm = world.comm();
         let me = world.comm_self();
+        *state::JOB.lock().unwrap_or_else(|e| e.into_inner()) = Some(world.clone());
+        state::INITIALIZED.store(true, std::sync::atomic::Ordering::Release);
         *g = Some(State {
             world,
             comms: vec![
@@ -70,7 +72,8 @@ pub unsafe extern "C" fn MPI_Init_thread(
 /// `flag` is writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn MPI_Initialized(flag: *mut c_int) -> c_int {
-    let v = state::lock().is_some() || state::FINALIZED.load(std::sync::atomic::Ordering::Acquire);
+    // Not the state's lock: another thread's blocking call may hold it.
+    let v = state::INITIALIZED.load(std::sync::atomic::Ordering::Acquire);
     // SAFETY: the caller's contract.
     mpi_call!("MPI_Initialized", 1, { unsafe { put(flag, v as c_int) } })
 }
@@ -97,6 +100,7 @@ pub unsafe extern "C" fn MPI_Finalize() -> c_int {
             .take()
             .ok_or_else(|| Error::Intern("MPI_Finalize without MPI_Init".into()))?;
         state::FINALIZED.store(true, std::sync::atomic::Ordering::Release);
+        state::JOB.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(s.comms);
         drop(s.reqs);
         s.world.finalize()
@@ -110,7 +114,9 @@ pub unsafe extern "C" fn MPI_Finalize() -> c_int {
 /// None.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn MPI_Abort(_comm: c_int, errorcode: c_int) -> c_int {
-    let world = state::lock().as_ref().map(|s| s.world.clone());
+    // Not the state's lock: this thread may abort while another blocks
+    // in a call that holds it.
+    let world = state::job();
     match world {
         Some(w) => w.abort(errorcode, "MPI_Abort"),
         None => std::process::exit(errorcode),

@@ -67,6 +67,19 @@ pub(crate) struct State {
 pub(crate) static STATE: Mutex<Option<State>> = Mutex::new(None);
 pub(crate) static FINALIZED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
+/// Set once `MPI_Init` has succeeded (never cleared: `MPI_Initialized`
+/// stays true after `MPI_Finalize`). Read without [`STATE`]'s lock, which a
+/// blocking call may hold for long (see [`with_comm`]).
+pub(crate) static INITIALIZED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+/// The job between `MPI_Init` and `MPI_Finalize`, for `MPI_Abort` and the
+/// fatal error handler from any thread without [`STATE`]'s lock.
+pub(crate) static JOB: Mutex<Option<World>> = Mutex::new(None);
+
+/// The job, if initialised and not finalised (never waits for a call).
+pub(crate) fn job() -> Option<World> {
+    JOB.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
 
 pub(crate) fn lock() -> MutexGuard<'static, Option<State>> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
@@ -279,7 +292,7 @@ pub(crate) fn finish(name: &str, h: i32, r: std::thread::Result<Result<()>>) -> 
         return code;
     }
     log::error!("{name}: {e} (error class {code}); MPI_ERRORS_ARE_FATAL ends the job");
-    let world = lock().as_ref().map(|s| s.world.clone());
+    let world = job();
     match world {
         Some(w) => w.abort(code, &format!("{name}: {e}")),
         None => std::process::exit(code),
