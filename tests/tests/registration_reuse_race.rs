@@ -196,27 +196,19 @@ fn new_memory_where_another_thread_unmapped_freed_or_moved() {
 fn an_unmap_applied_late_spares_memory_registered_since() {
     use via::descriptor::status;
     use via::mem::monitor::MemEvent;
-    use via::{DescBuilder, Reliability, ViAttributes};
+    use via::{DescBuilder, Reliability};
 
-    let nic = Nic::open(None).unwrap();
-    let ptag = nic.create_ptag().unwrap();
-    let ctl = Region::new(&nic, 4096, ptag, false, false).unwrap();
-    let vi = nic
-        .create_vi(
-            &ViAttributes::new(Reliability::ReliableDelivery, ptag),
-            None,
-            None,
-        )
-        .unwrap();
+    let s = via_tests::Setup::new(Reliability::ReliableDelivery, 4096, false, false);
+    let (nic, ptag, ctl, vi) = (&s.nic, s.ptag, &s.mem, &s.vi);
     // A receive into `r` posted with its descriptor at `desc`: its status
     // right after (0 while it waits; DONE with an error if `r` does not
     // translate).
     let posted = |r: &Region, desc: usize| {
         let d = DescBuilder::recv()
             .segment(r, 0, 4096)
-            .write(&ctl, desc)
+            .write(ctl, desc)
             .unwrap();
-        vi.post_recv(&ctl, d).unwrap();
+        vi.post_recv(ctl, d).unwrap();
         ctl.status(desc)
     };
     // Another thread of the process may map something at the freed
@@ -224,12 +216,12 @@ fn an_unmap_applied_late_spares_memory_registered_since() {
     let (a, old) = (0..100)
         .find_map(|_| {
             let a = map(0, LEN, false).unwrap();
-            let old = register(&nic, ptag, a);
+            let old = register(nic, ptag, a);
             unmap(a, LEN);
             map(a, LEN, true).map(|_| (a, old))
         })
         .expect("a freed address came free for this thread");
-    let new = register(&nic, ptag, a);
+    let new = register(nic, ptag, a);
     // The unmap's event once more, as if it were read only now.
     via::apply_memory_event(MemEvent::Unmap(a..a + LEN));
     assert_eq!(
