@@ -22,8 +22,8 @@
 //! spread over the whole 32-bit space.
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
-use std::sync::{Arc, Mutex};
 
 use super::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
 use crate::backend::RegionSlot;
@@ -314,7 +314,9 @@ pub struct NewRegion<'a> {
 /// of handles).
 pub struct TranslationTable {
     map: Arc<Mapping>,
-    alloc: Mutex<Alloc>,
+    /// Without poisoning (`doorbell::Lock`): every registration that comes
+    /// back takes it once.
+    alloc: doorbell::Lock<Alloc>,
 }
 
 impl TranslationTable {
@@ -327,7 +329,7 @@ impl TranslationTable {
         let counter = seed.hash_one("start") as u32;
         TranslationTable {
             map,
-            alloc: Mutex::new(Alloc {
+            alloc: doorbell::Lock::new(Alloc {
                 busy: vec![0; MAX_REGIONS as usize / 64],
                 free: Vec::new(),
                 // Entry 0 is never used.
@@ -376,7 +378,7 @@ impl TranslationTable {
     /// # Errors
     /// `Resource` when the table is full.
     pub fn reserve(&self) -> Result<RegionSlot> {
-        let (handle, index) = self.alloc.lock().unwrap().next().ok_or(Error::Resource)?;
+        let (handle, index) = self.alloc.lock().next().ok_or(Error::Resource)?;
         if let Some(e) = self.view().tpt(index) {
             crate::shm::mapping::prefetch_lines(e);
         }
@@ -385,7 +387,7 @@ impl TranslationTable {
 
     /// Gives back a reservation that was not filled.
     pub fn unreserve(&self, r: RegionSlot) {
-        self.alloc.lock().unwrap().free(r.handle, r.index);
+        self.alloc.lock().free(r.handle, r.index);
     }
 
     /// Fills a reserved entry with the region `r`; returns its memory handle.
@@ -485,7 +487,7 @@ impl TranslationTable {
     pub fn revive(&self, retired: u64) -> Result<u32> {
         let (old, index) = ((retired >> 32) as u32, retired as u32);
         let handle = {
-            let mut a = self.alloc.lock().unwrap();
+            let mut a = self.alloc.lock();
             let h = a.next_handle().ok_or(Error::Resource)?;
             a.free_handle(old);
             h
@@ -502,7 +504,7 @@ impl TranslationTable {
     /// Frees a retired entry, and the slot of the handle it had.
     pub fn release(&self, retired: u64) {
         let (old, index) = ((retired >> 32) as u32, retired as u32);
-        let mut a = self.alloc.lock().unwrap();
+        let mut a = self.alloc.lock();
         a.free_handle(old);
         a.free_index(index);
     }
@@ -612,7 +614,7 @@ mod tests {
         }
         // A retired handle's slot stays taken (retiring takes no lock);
         // reviving frees it: a thousand revivals left one slot busy.
-        assert_eq!(t.alloc.lock().unwrap().busy_slots, 1);
+        assert_eq!(t.alloc.lock().busy_slots, 1);
         // Kept entries count against the table: MAX_REGIONS - 2 more fit.
         let all: Vec<u32> = (0..MAX_REGIONS - 2)
             .map(|_| t.insert(nr(0, 1, 1, 0, &[])).unwrap())
