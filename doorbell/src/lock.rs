@@ -19,6 +19,7 @@
 //! in 2 again (it cannot know whether others sleep).
 
 use core::cell::UnsafeCell;
+use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -45,6 +46,11 @@ unsafe impl<T: Send> Send for Lock<T> {}
 #[must_use = "the lock is released at once if the guard is not kept"]
 pub struct LockGuard<'a, T> {
     lock: &'a Lock<T>,
+    /// Makes the guard `Sync` only if `T` is (a shared guard hands out
+    /// `&T`), and `Send` only if `T` is, as `&mut T` would be: without it
+    /// the guard would be `Sync` whenever the lock is, i.e. for any
+    /// `T: Send`.
+    _access: PhantomData<&'a mut T>,
 }
 
 impl<T> Lock<T> {
@@ -67,7 +73,10 @@ impl<T> Lock<T> {
         {
             self.lock_contended();
         }
-        LockGuard { lock: self }
+        LockGuard {
+            lock: self,
+            _access: PhantomData,
+        }
     }
 
     /// Takes the lock if it is free.
@@ -77,7 +86,10 @@ impl<T> Lock<T> {
         self.state
             .compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed)
             .ok()
-            .map(|_| LockGuard { lock: self })
+            .map(|_| LockGuard {
+                lock: self,
+                _access: PhantomData,
+            })
     }
 
     #[cold]

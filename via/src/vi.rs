@@ -333,6 +333,15 @@ impl ViCore {
         }
     }
 
+    /// Whether [`ViCore::vi_state`] is `Error` (fewer loads and branches).
+    #[inline(always)]
+    fn in_error(&self) -> bool {
+        // Acquire: as in `vi_state`.
+        let s = self.fast.state.load(Ordering::Acquire);
+        s > ViState::ConnectPending.code()
+            || (s == ViState::Connected.code() && self.broken.load(Ordering::Acquire))
+    }
+
     /// Changes the state (caller holds the `state` lock, passed as `st`).
     fn set_state(&self, st: &mut State, s: ViState) {
         st.state = s;
@@ -420,9 +429,11 @@ impl ViCore {
 
     /// `VipPostSend`.
     pub fn post_send(&self, nic: &NicInner, desc_va: u64, handle: u32) -> Result<()> {
-        match self.vi_state() {
-            ViState::Connected | ViState::Error => {}
-            ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
+        // Connected or in error (broken or not): one load, no decoding.
+        // Acquire: as in `vi_state`.
+        let s = self.fast.state.load(Ordering::Acquire);
+        if s == ViState::Idle.code() || s == ViState::ConnectPending.code() {
+            return Err(Error::InvalidState);
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
         {
@@ -483,7 +494,7 @@ impl ViCore {
             return Err(Error::InvalidState);
         }
         let ptag = self.fast.ptag.load(Ordering::Relaxed);
-        let state = self.vi_state();
+        let in_error = self.in_error();
         let mut q = self.recv.lock();
         if q.posted.len() >= nic.limits.queue_depth as usize {
             return Err(Error::Resource);
@@ -506,7 +517,7 @@ impl ViCore {
         slot.status.clear();
         let immediate = if pd.fault != 0 {
             Some(status::DONE | status::OP_RECEIVE | pd.fault)
-        } else if state == ViState::Error {
+        } else if in_error {
             Some(status::DONE | status::OP_RECEIVE | status::DESC_FLUSHED_ERROR)
         } else {
             None

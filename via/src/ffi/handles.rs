@@ -253,8 +253,9 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
 
 /// Runs `f` on the VI named by `h` and its NIC, borrowed (the common path
 /// of posting and polling: no lock, no reference count changes): one of
-/// this thread's recent VIs (through `last_vi`'s cells, else its cache),
-/// else as [`vi_from`] finds them.
+/// this thread's recent VIs through `last_vi`'s cells, else as [`vi_from`]
+/// finds them (taking references: the cells mirror the cache, so a miss
+/// there is a miss of the cache, or a lookup nested in another's `f`).
 ///
 /// `f` may look up other handles; a lookup inside it is not cached.
 ///
@@ -267,10 +268,18 @@ pub(crate) fn with_vi<R>(
     f: impl FnOnce(&NicInner, &ViCore) -> Result<R>,
 ) -> Result<R> {
     let bits = opaque_value(h);
-    match last_vi::with(bits, f) {
-        Ok(r) => r,
-        Err(f) => with_vi_cached(h, bits, crate::sys::getpid(), f),
-    }
+    // `f` has one call site, so it is inlined into the export whatever
+    // else the export does; a miss takes references instead.
+    let entered = last_vi::enter(bits);
+    let held;
+    let (nic, vi) = match &entered {
+        Some(e) => (e.nic(), e.vi()),
+        None => {
+            held = vi_from(h)?;
+            (&*held.0, &*held.1)
+        }
+    };
+    f(nic, vi)
 }
 
 /// The handle bits this thread's VI cache holds, in entry order (tests).
@@ -282,27 +291,6 @@ pub(crate) fn cached_vi_bits() -> Vec<Option<u64>> {
             .iter()
             .map(|e| e.as_ref().map(|e| e.bits))
             .collect()
-    })
-}
-
-/// [`with_vi`] when no cell of `last_vi` names the VI.
-#[inline(never)]
-fn with_vi_cached<R>(
-    h: VIP_VI_HANDLE,
-    bits: u64,
-    pid: i32,
-    f: impl FnOnce(&NicInner, &ViCore) -> Result<R>,
-) -> Result<R> {
-    let live = |v: &ViCore| !v.destroyed.load(Ordering::Acquire);
-    RECENT_VIS.with(|c| {
-        if let Ok(c) = c.try_borrow() {
-            if let Some(e) = c.hit(bits, pid, live) {
-                return f(&e.nic, &e.obj);
-            }
-        }
-        // A miss (the borrow is released: `vi_from` may remember it).
-        let (nic, vi) = vi_from(h)?;
-        f(&nic, &vi)
     })
 }
 

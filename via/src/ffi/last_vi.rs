@@ -63,44 +63,85 @@ thread_local! {
     };
 }
 
-/// Lowers the busy count when the closure returns or unwinds.
-struct Running<'a>(&'a Cell<u32>);
+/// The VI of handle `bits` and its NIC, borrowed from a cell, while the
+/// [`Entered`] lives: the cache replaces no entry meanwhile ([`busy`]).
+/// Not `Send`: it stays on the thread whose cells it counts in.
+pub(crate) struct Entered {
+    fast: *const Fast,
+    nic: *const NicInner,
+    vi: *const ViCore,
+}
 
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.set(self.0.get() - 1);
+impl Entered {
+    /// The NIC.
+    #[inline(always)]
+    pub fn nic(&self) -> &NicInner {
+        // SAFETY: a cell named it when `enter` made `self`, so an entry of
+        // this thread's handle cache owns it; `busy` (raised by `enter`,
+        // lowered only when `self` drops) keeps that entry in place, and
+        // the reference lives no longer than `self`.
+        unsafe { &*self.nic }
+    }
+
+    /// The VI.
+    #[inline(always)]
+    pub fn vi(&self) -> &ViCore {
+        // SAFETY: as in `nic`.
+        unsafe { &*self.vi }
     }
 }
 
-/// Runs `f` on the VI of handle `bits` if a cell names it, it is not
-/// destroyed and its NIC not closed; else gives `f` back.
+impl Drop for Entered {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: `fast` is this thread's storage (an `Entered` never leaves
+        // its thread: raw pointers make it neither `Send` nor `Sync`), alive
+        // as long as the thread.
+        let busy = unsafe { &(*self.fast).busy };
+        busy.set(busy.get() - 1);
+    }
+}
+
+/// The VI of handle `bits` if a cell names it, it is not destroyed and its
+/// NIC not closed. Returned as a guard rather than run as a closure, so
+/// that the caller's work is straight-line code in the export on every
+/// build (one call site, nothing for the inliner to decide).
 #[inline(always)]
-pub(crate) fn with<R, F: FnOnce(&NicInner, &ViCore) -> R>(bits: u64, f: F) -> Result<R, F> {
-    let found = FAST.with(|fast| {
+pub(crate) fn enter(bits: u64) -> Option<Entered> {
+    let (fast, last) = FAST.with(|fast| {
         let last = fast
             .cells
             .iter()
             .map(Cell::get)
             .find(|c| c.bits == bits && !c.vi.is_null())?;
         Some((std::ptr::from_ref(fast), last))
-    });
-    let Some((fast, last)) = found else {
-        return Err(f);
-    };
+    })?;
     // SAFETY: `fast` is this thread's storage, alive as long as the thread
     // (and this call runs on it). A non-null cell names a VI and a NIC that
     // an entry of this thread's handle cache keeps alive until the cell is
-    // forgotten (the module doc); `busy` keeps that entry in place while
-    // `f` runs.
-    let (fast, nic, vi) = unsafe { (&*fast, &*last.nic, &*last.vi) };
+    // forgotten (the module doc).
+    let (fast_ref, nic, vi) = unsafe { (&*fast, &*last.nic, &*last.vi) };
     // Acquire: pairs with the Release stores of `VipDestroyVi` and
     // `VipCloseNic`, as the cache's own check (`handles::Recent::hit`).
     if vi.destroyed.load(Ordering::Acquire) || nic.closed.load(Ordering::Acquire) {
-        return Err(f);
+        return None;
     }
-    fast.busy.set(fast.busy.get() + 1);
-    let _running = Running(&fast.busy);
-    Ok(f(nic, vi))
+    fast_ref.busy.set(fast_ref.busy.get() + 1);
+    Some(Entered {
+        fast,
+        nic: last.nic,
+        vi: last.vi,
+    })
+}
+
+/// Runs `f` on the VI of handle `bits` if a cell names it (see [`enter`]);
+/// else gives `f` back.
+#[cfg(test)]
+pub(crate) fn with<R, F: FnOnce(&NicInner, &ViCore) -> R>(bits: u64, f: F) -> Result<R, F> {
+    match enter(bits) {
+        Some(e) => Ok(f(e.nic(), e.vi())),
+        None => Err(f),
+    }
 }
 
 /// Points cell `i` at `vi` and `nic`, which entry `i` of this thread's

@@ -294,6 +294,60 @@ fn translation_refuses_unusable_descriptors() {
 }
 
 #[test]
+fn a_refused_post_leaves_nothing_in_the_slot_the_next_post_fills() {
+    // A post refused after its descriptor was read (an RDMA write without
+    // its address segment; a receive with a reserved operation) has already
+    // resolved its status location into the ring slot that the next post
+    // fills. The next post, of a descriptor in another region (another
+    // mapping), must complete there, and the refused descriptors' status
+    // words must stay as they were. Several rounds, so slots are reused.
+    let p = pair(Reliability::ReliableReception, false);
+    let m = &p.mem;
+    let other = Region::new(&p.nic, 1 << 16, p.ptag, false, false).unwrap();
+    let marker = 0x5a5a_5a50u32;
+    for round in 0..20u8 {
+        let bad = DescBuilder::send()
+            .control(control::OP_RDMAWRITE)
+            .write(m, 1024)
+            .unwrap();
+        m.write(bad + 28, &marker.to_ne_bytes()).unwrap();
+        assert_eq!(p.a.post_send(m, bad), Err(Error::DescriptorError));
+        let bad_recv = DescBuilder::recv()
+            .control(control::OP_RESERVED)
+            .segment(m, 8192, 64)
+            .write(m, 2048)
+            .unwrap();
+        m.write(bad_recv + 28, &marker.to_ne_bytes()).unwrap();
+        assert_eq!(p.b.post_recv(m, bad_recv), Err(Error::DescriptorError));
+        let r = DescBuilder::recv()
+            .segment(&other, 8192, 64)
+            .write(&other, 0)
+            .unwrap();
+        p.b.post_recv(&other, r).unwrap();
+        let data = pattern(8, round);
+        m.write(4096, &data).unwrap();
+        let d = DescBuilder::send()
+            .segment(m, 4096, 8)
+            .write(&other, 128)
+            .unwrap();
+        p.a.post_send(&other, d).unwrap();
+        let c = p.a.send_wait(Some(T)).unwrap();
+        assert_eq!((c.desc, c.status), (other.addr(d).unwrap(), DONE | OP_SEND));
+        let c = p.b.recv_wait(Some(T)).unwrap();
+        assert_eq!(
+            (c.desc, c.status),
+            (other.addr(r).unwrap(), DONE | OP_RECEIVE)
+        );
+        assert_eq!(other.word(r + 24), 8, "Length");
+        assert_eq!(bytes(&other, 8192, 8), data);
+        assert_eq!(m.word(bad + 28), marker, "refused send's status");
+        assert_eq!(m.word(bad_recv + 28), marker, "refused receive's status");
+    }
+    assert_eq!(p.a.queues_empty(), (true, true));
+    assert_eq!(p.b.queues_empty(), (true, true));
+}
+
+#[test]
 fn post_time_faults_complete_in_order_and_break_reliable_connections() {
     // Unreliable: the faulty descriptor completes with its error, the
     // connection stays.
