@@ -685,6 +685,7 @@ impl Engine {
         Ok(())
     }
 
+    #[inline]
     fn recv_direct(
         &mut self,
         context: u32,
@@ -699,10 +700,11 @@ impl Engine {
             e.posted.is_empty()
                 && e.queued == 0
                 && e.reads_out == 0
-                && !e
-                    .unexpected
-                    .iter()
-                    .any(|u| matches(u.context, u.source, u.tag))
+                && (e.unexpected.is_empty()
+                    || !e
+                        .unexpected
+                        .iter()
+                        .any(|u| matches(u.context, u.source, u.tag)))
         };
         if !direct(self) {
             return Ok(None);
