@@ -564,7 +564,7 @@ impl Engine {
     /// Sends `data` at once, with no request, if it is an eager message
     /// that can go now (a credit, a descriptor slot, nothing queued before
     /// it): whether it went.
-    #[inline]
+    #[inline(always)]
     pub fn send_now(
         &mut self,
         context: u32,
