@@ -7,9 +7,11 @@ other in every round (interleaved, so load changes hit all of them), and
 the per-round ratio vmpi/OMPI is reported with the medians and ranges.
 
     tools/vmpi-ab.py [--rounds N] [--before DIR] [--bind-ompi core|none]
+                     [--also NAME:VAR=VALUE[,VAR=VALUE]]...
 
 --before DIR: DIR/mpibench-vmpi, an earlier build (linked against
-DIR/libvmpi.so), run under the same via-run. Prints the load (uptime)
+DIR/libvmpi.so), run under the same via-run. --also: this build once more
+per round with the given environment (e.g. nopoll:VMPI_POLL=0). Prints the load (uptime)
 before and after. Needs target/release (or $CARGO_TARGET_DIR/release)
 built: cargo build --release -p vmpi -p vmpi-capi.
 """
@@ -61,6 +63,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--before")
     ap.add_argument("--bind-ompi", default="core")
+    ap.add_argument("--also", action="append", default=[])
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="vmpi-ab-")
     src = os.path.join(root, "vmpi/bench/mpibench.c")
@@ -72,6 +75,10 @@ def main():
     variants = [("vmpi", lambda: run_vmpi(now)), ("ompi", lambda: run_ompi(ompi, a.bind_ompi))]
     if a.before:
         variants.append(("before", lambda: run_vmpi(os.path.join(a.before, "mpibench-vmpi"))))
+    for spec in a.also:
+        name, _, kvs = spec.partition(":")
+        env = dict(kv.split("=", 1) for kv in kvs.split(",") if kv)
+        variants.append((name, lambda env=env: run_vmpi(now, env)))
     print("load before:", open("/proc/loadavg").read().split()[:3])
     failed = {v: 0 for v, _ in variants}
     res = {v: [] for v, _ in variants}

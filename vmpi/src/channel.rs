@@ -318,6 +318,7 @@ impl Channel {
     /// Sends `h` followed by `data` (at most [`Shape::eager_room`] bytes);
     /// the data is copied, so the caller's buffer is free on return.
     /// Call only when [`Channel::can_send`].
+    #[inline(always)]
     pub fn send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
         debug_assert!(data.len() <= self.shape.eager_room());
         let j = self.send_next;

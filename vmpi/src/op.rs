@@ -83,6 +83,19 @@ macro_rules! zip {
     ($t:ty, $a:expr, $b:expr, $f:expr) => {{
         const N: usize = std::mem::size_of::<$t>();
         let f = $f;
+        if let (Ok(x), Ok(y)) = (<[u8; N]>::try_from($a), <&mut [u8; N]>::try_from(&mut *$b)) {
+            // One element (an 8-byte allreduce of doubles): no slice casts.
+            *y = f(<$t>::from_ne_bytes(x), <$t>::from_ne_bytes(*y)).to_ne_bytes();
+        } else {
+            zip_slices!($t, $a, $b, f)
+        }
+    }};
+}
+
+macro_rules! zip_slices {
+    ($t:ty, $a:expr, $b:expr, $f:expr) => {{
+        const N: usize = std::mem::size_of::<$t>();
+        let f = $f;
         match (
             bytemuck::try_cast_slice::<u8, $t>($a),
             bytemuck::try_cast_slice_mut::<u8, $t>($b),

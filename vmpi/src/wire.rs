@@ -123,6 +123,7 @@ impl Header {
 
     /// The wire bytes of an eager header: only the first [`SHORT`] are
     /// written (the rest is left 0 for the data).
+    #[inline]
     pub fn encode_short(&self) -> [u8; HEADER] {
         let mut b = [0u8; HEADER];
         b[0] = self.kind as u8;
@@ -136,6 +137,7 @@ impl Header {
 
     /// Decodes; `None` for an unknown kind (the peer is a process of the
     /// same job, but a corrupt header must not be trusted).
+    #[inline]
     pub fn decode(b: &[u8; HEADER]) -> Option<Header> {
         let u32_le = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         if b[0] == Kind::Eager as u8 {
