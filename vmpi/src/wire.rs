@@ -106,13 +106,7 @@ impl Header {
 
     /// The wire bytes (the first [`Header::wire_len`] of them are sent).
     pub fn encode(&self) -> [u8; HEADER] {
-        let mut b = [0u8; HEADER];
-        b[0] = self.kind as u8;
-        b[4..8].copy_from_slice(&self.context.to_le_bytes());
-        b[8..12].copy_from_slice(&self.source.to_le_bytes());
-        b[12..16].copy_from_slice(&self.tag.to_le_bytes());
-        b[16..24].copy_from_slice(&self.len.to_le_bytes());
-        b[24..28].copy_from_slice(&self.freed.to_le_bytes());
+        let mut b = self.encode_short();
         b[32..40].copy_from_slice(&self.sreq.to_le_bytes());
         b[40..48].copy_from_slice(&self.addr.to_le_bytes());
         b[48..52].copy_from_slice(&self.handle.to_le_bytes());
