@@ -66,6 +66,26 @@ unsafe fn send_data(
     unsafe { state::slice(sendbuf, n) }
 }
 
+/// The operands of a reduction whose result lands in `recvbuf`: the send
+/// data ([`send_data`]) and the receive buffer, disjoint (checked, or the
+/// send data is a copy).
+///
+/// # Safety
+/// As the collective's contract.
+#[inline(always)]
+unsafe fn operands(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    n: usize,
+    owned: &mut Vec<u8>,
+) -> Result<(&[u8], &mut [u8])> {
+    // SAFETY: the caller's contract.
+    let s = unsafe { send_data(sendbuf, recvbuf, n, owned) }?;
+    // SAFETY: the caller's contract; disjoint from `s` (checked or a copy).
+    let r = unsafe { state::slice_mut(recvbuf, n) }?;
+    Ok((s, r))
+}
+
 /// Reduces to `root`.
 ///
 /// # Safety
@@ -89,9 +109,7 @@ pub unsafe extern "C" fn MPI_Reduce(
         let mut owned = Vec::new();
         if c.rank() == root {
             // SAFETY: the caller's contract.
-            let s = unsafe { send_data(sendbuf, recvbuf, n, &mut owned) }?;
-            // SAFETY: the caller's contract; disjoint from `s` (checked or a copy).
-            let r = unsafe { state::slice_mut(recvbuf, n) }?;
+            let (s, r) = unsafe { operands(sendbuf, recvbuf, n, &mut owned) }?;
             c.reduce_bytes(s, Some(r), dt, &o, root)
         } else {
             // SAFETY: the caller's contract.
@@ -122,9 +140,7 @@ pub unsafe extern "C" fn MPI_Allreduce(
             let o = state::op(op)?;
             let mut owned = Vec::new();
             // SAFETY: the caller's contract.
-            let s = unsafe { send_data(sendbuf, recvbuf, n, &mut owned) }?;
-            // SAFETY: the caller's contract; disjoint from `s`.
-            let r = unsafe { state::slice_mut(recvbuf, n) }?;
+            let (s, r) = unsafe { operands(sendbuf, recvbuf, n, &mut owned) }?;
             c.allreduce_bytes(s, r, dt, &o)
         };
         if state::is_builtin_op(op) {
@@ -156,9 +172,7 @@ pub unsafe extern "C" fn MPI_Scan(
         let o = state::op(op)?;
         let mut owned = Vec::new();
         // SAFETY: the caller's contract.
-        let s = unsafe { send_data(sendbuf, recvbuf, n, &mut owned) }?;
-        // SAFETY: the caller's contract; disjoint from `s`.
-        let r = unsafe { state::slice_mut(recvbuf, n) }?;
+        let (s, r) = unsafe { operands(sendbuf, recvbuf, n, &mut owned) }?;
         c.scan_bytes(s, r, dt, &o)
     })
 }
