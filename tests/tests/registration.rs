@@ -27,6 +27,7 @@ fn registration_in_this_process_and_a_peer() {
     repeated_registration_hits_and_unmap_invalidates();
     a_peer_unmaps_what_the_owner_retired();
     receives_into_registrations_that_come_back();
+    a_send_after_the_receive_buffer_was_deregistered();
     ranges_without_a_whole_page_register_and_move();
 }
 
@@ -128,6 +129,55 @@ fn receives_into_registrations_that_come_back() {
         }
         assert_eq!(p.cmd(&format!("dereg {idx}")), "OK");
     }
+    p.exit();
+}
+
+/// Sends land in a peer buffer 50 times (the engine keeps the regions of
+/// that connection's receives at hand), then the peer posts one more
+/// receive into the buffer and deregisters it before the send: the send
+/// must find the registration gone, never write the buffer (its memory is
+/// still there, in the same arena), and the receive must not complete as
+/// received. (Reliable reception: the sender hears of the failure too.)
+fn a_send_after_the_receive_buffer_was_deregistered() {
+    let s = Setup::new(Reliability::ReliableReception, 1 << 16, false, false);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rr 65536 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str("lane"));
+    let mem = nums(&p.cmd_expect("memory 16384", "MEMORY"))[0];
+    let idx = nums(&p.cmd_expect(&format!("try_region_in {mem}"), "REGION"))[0];
+    let send = |round: u32| {
+        s.fill(4096, 8, round);
+        let d = DescBuilder::send()
+            .segment(&s.mem, 4096, 8)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        s.vi.send_wait(WAIT).unwrap().status
+    };
+    for round in 0..50u32 {
+        assert_eq!(p.cmd(&format!("recv 0 100:8@{idx}")), "OK");
+        assert_eq!(send(round), DONE, "round {round}");
+        let got = comp(&p.cmd_expect("wait_recv", "RECV"));
+        assert_eq!((got.0, got.1), (DONE | OP_RECEIVE, 8), "round {round}");
+        assert_eq!(p.cmd(&format!("check {idx} 100 8 {round}")), "SAME");
+    }
+    assert_eq!(p.cmd(&format!("recv 0 100:8@{idx}")), "OK");
+    assert_eq!(p.cmd(&format!("dereg {idx}")), "OK");
+    let st = send(50);
+    let got = comp(&p.cmd_expect("wait_recv", "RECV"));
+    let again = nums(&p.cmd_expect(&format!("try_region_in {mem}"), "REGION"))[0];
+    let data = p.cmd(&format!("check {again} 100 8 49"));
+    assert_eq!(data, "SAME", "the deregistered buffer was written");
+    assert_eq!(
+        st,
+        DONE | REMOTE_DESC_ERROR,
+        "send into a deregistered buffer"
+    );
+    assert_eq!(
+        (got.0, got.1),
+        (DONE | OP_RECEIVE | PROTECTION_ERROR, 0),
+        "receive into a deregistered buffer"
+    );
     p.exit();
 }
 

@@ -10,6 +10,7 @@ use crate::completion::{self, wake_cq, wake_queue};
 use crate::cq::entry;
 use crate::mem::region::Resolved;
 use crate::nic::{AsyncError, ErrorCode, ResourceCode};
+use crate::shm::mapping::Mapping;
 use crate::vi::Which;
 
 use super::layout::{CqShared, NicView, ViShared};
@@ -55,6 +56,27 @@ pub(crate) fn remote_recv(
         });
         return;
     }
+    remote_recv_signal(remote, vi, sh);
+}
+
+/// Completes a receive descriptor of a peer whose control segment lies at
+/// `at` in the peer's arena `m` (found by the caller in one span).
+#[inline(always)]
+pub(crate) fn remote_recv_at(
+    remote: &RemoteNic,
+    vi: (u32, u16),
+    sh: Option<&ViShared>,
+    (m, at): (&Mapping, usize),
+    status: u32,
+    len: u32,
+    imm: Option<u32>,
+) {
+    completion::write(m, at, status, Some(len), imm);
+    remote_recv_signal(remote, vi, sh);
+}
+
+/// After a peer's receive descriptor is written: its CQ entry and wakeups.
+fn remote_recv_signal(remote: &RemoteNic, vi: (u32, u16), sh: Option<&ViShared>) {
     let Some(sh) = sh else { return };
     let view = remote.view();
     remote_cq_push(

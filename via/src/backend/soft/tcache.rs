@@ -106,7 +106,7 @@ impl TranslationCache {
         (h as usize) & (self.sets - 1)
     }
 
-    fn counts(&mut self, u: Use) -> &mut CacheCounts {
+    pub(crate) fn counts(&mut self, u: Use) -> &mut CacheCounts {
         match u {
             Use::Send => &mut self.stats.send,
             Use::Recv => &mut self.stats.recv,
@@ -459,8 +459,23 @@ impl Regions {
         local_version: u64,
         u: Use,
     ) -> Option<usize> {
+        let now = tpt::seq(&r.view(), handle)?;
+        self.remote_at(r, handle, now, local_version, u)
+    }
+
+    /// [`Regions::remote`] with the sequence value of the handle's table
+    /// entry already read (`tpt::index_seq`).
+    #[inline]
+    pub fn remote_at(
+        &mut self,
+        r: &Arc<RemoteNic>,
+        handle: u32,
+        now: u32,
+        local_version: u64,
+        u: Use,
+    ) -> Option<usize> {
         let owner = (r.session, r.nic);
-        let now = tpt::seq(&r.view(), handle)? as u64;
+        let now = now as u64;
         if let Some(i) = self.find(owner, handle, now, u) {
             return Some(i);
         }

@@ -133,11 +133,43 @@ pub fn holds(view: &NicView<'_>, handle: u32, snap: &Snapshot) -> Option<u32> {
 /// loads, for checks in the middle of a transfer. Handles never repeat, so
 /// a live handle is the same registration.
 pub fn is_live(view: &NicView<'_>, handle: u32) -> bool {
-    entry_of(view, handle).is_some_and(|e| {
-        // Acquire: pairs with the Release that ends the owner's write.
-        e.seq.load(Ordering::Acquire);
-        e.handle.load(Ordering::Acquire) == handle && e.check.load(Ordering::Acquire) & VALID != 0
-    })
+    entry_of(view, handle).is_some_and(|e| entry_live(e, handle))
+}
+
+/// [`is_live`] on the entry that held `handle` when it was found.
+pub fn entry_live(e: &TptEntry, handle: u32) -> bool {
+    // Acquire: pairs with the Release that ends the owner's write.
+    e.seq.load(Ordering::Acquire);
+    e.handle.load(Ordering::Acquire) == handle && e.check.load(Ordering::Acquire) & VALID != 0
+}
+
+/// The index of the entry that holds `handle` now, with its sequence value
+/// (as [`seq`]): for a cache that later checks that entry in place
+/// ([`unchanged`]) instead of finding it through the handle slot again.
+pub fn index_seq(view: &NicView<'_>, handle: u32) -> Option<(u32, u32)> {
+    // Acquire: as in `entry_of`.
+    let index = view.handle_slot(slot_of(handle))?.load(Ordering::Acquire);
+    let e = view.tpt(index)?;
+    // Acquire: as in `seq`.
+    let s = e.seq.load(Ordering::Acquire);
+    (e.handle.load(Ordering::Acquire) == handle).then_some((index, s))
+}
+
+/// Entry `index` if it still holds `handle` with sequence value `seq`: the
+/// registration [`index_seq`] found, unchanged since (handles never repeat,
+/// and every write of an entry moves its sequence value).
+#[inline(always)]
+pub fn unchanged<'a>(
+    view: &NicView<'a>,
+    index: u32,
+    handle: u32,
+    seq: u32,
+) -> Option<&'a TptEntry> {
+    let e = view.tpt(index)?;
+    // Acquire: pairs with the Release that ends the owner's write, as in
+    // `seq`; the handle is read after the sequence value.
+    (e.seq.load(Ordering::Acquire) == seq && e.handle.load(Ordering::Acquire) == handle)
+        .then_some(e)
 }
 
 /// The current sequence value of the entry of `handle` (cache validation:

@@ -9,10 +9,12 @@ use std::sync::Arc;
 
 use crate::backend::soft::SoftNic;
 use crate::backend::soft::remote::PeerLink;
+
+use super::lane::Lane;
 use crate::vi::ViCore;
 
-/// (VI generation, link epoch, link).
-type CachedLink = (u16, u32, Option<Arc<PeerLink>>);
+/// (VI generation, link epoch, link, the link's lane).
+type CachedLink = (u16, u32, Option<Arc<PeerLink>>, Lane);
 
 /// The links the engine used last, by VI slot.
 #[derive(Default)]
@@ -21,32 +23,35 @@ pub(crate) struct Links {
 }
 
 impl Links {
-    /// The current link of `vi`, if it is connected.
+    /// The current link of `vi`, if it is connected, with its lane.
     #[inline]
-    pub fn get(&mut self, soft: &SoftNic, vi: &ViCore) -> Option<&PeerLink> {
+    pub fn get(&mut self, soft: &SoftNic, vi: &ViCore) -> Option<(&PeerLink, &mut Lane)> {
         let slot = soft.vi_link(vi.slot)?;
         let epoch = slot.epoch();
         let i = vi.slot as usize;
-        let fresh = matches!(self.slots.get(i), Some(Some((g, e, _))) if *g == vi.generation && *e == epoch);
+        let fresh = matches!(self.slots.get(i), Some(Some((g, e, _, _))) if *g == vi.generation && *e == epoch);
         if !fresh {
             self.refresh(i, vi.generation, epoch, slot.link());
         }
-        self.slots[i].as_ref().and_then(|(_, _, l)| l.as_deref())
+        match &mut self.slots[i] {
+            Some((_, _, Some(l), lane)) => Some((&**l, lane)),
+            _ => None,
+        }
     }
 
     #[cold]
     fn refresh(&mut self, i: usize, generation: u16, epoch: u32, link: Option<Arc<PeerLink>>) {
         if self.slots.len() <= i {
-            self.slots.resize(i + 1, None);
+            self.slots.resize_with(i + 1, || None);
         }
-        self.slots[i] = Some((generation, epoch, link));
+        self.slots[i] = Some((generation, epoch, link, Lane::default()));
     }
 
     /// Forgets the links to `session` (it died).
     pub fn forget(&mut self, session: u64) {
         for l in self.slots.iter_mut() {
             if l.as_ref()
-                .and_then(|(_, _, l)| l.as_ref())
+                .and_then(|(_, _, l, _)| l.as_ref())
                 .is_some_and(|l| l.remote.session == session)
             {
                 *l = None;

@@ -26,6 +26,7 @@
 //! the two designs the thesis compares.
 #![forbid(unsafe_code)]
 
+pub(crate) mod lane;
 pub(crate) mod links;
 pub(crate) mod op;
 pub(crate) mod transfer;

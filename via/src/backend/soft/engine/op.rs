@@ -13,10 +13,11 @@ use crate::translate::SendWr;
 use crate::vi::{ViCore, Which};
 
 use super::EngineState;
+use super::lane::Lane;
 use super::transfer::{CUT, NO_SEG, Source, move_fast, move_general, still_registered};
 use crate::backend::soft::SoftNic;
 use crate::backend::soft::complete;
-use crate::backend::soft::layout::{MAX_SEGS, RecvSlot, ViShared, flags, slot};
+use crate::backend::soft::layout::{MAX_SEGS, NicView, RecvSlot, ViShared, flags, slot};
 use crate::backend::soft::remote::PeerLink;
 use crate::backend::soft::tcache::{Regions, Use};
 use crate::backend::soft::tpt;
@@ -56,6 +57,8 @@ struct Op<'a> {
     inline: &'a [u8],
     known: Known<'a>,
     regions: &'a mut Regions,
+    /// The link's flattened peer regions.
+    lane: &'a mut Lane,
     breaks: &'a mut Vec<Break>,
     /// The initiator's status when a transfer stopped because a region was
     /// deregistered under it.
@@ -291,6 +294,9 @@ impl<'a> Op<'a> {
     /// one segment with room, each side in one mapped extent. `None` (and
     /// nothing done yet) when the case does not apply: the general path
     /// then runs, and finds the same errors.
+    ///
+    /// The receive's regions come from the link's lane; when it lacks them
+    /// they are resolved through the translation cache and kept there.
     #[inline(always)]
     fn deliver_one(
         &mut self,
@@ -316,32 +322,39 @@ impl<'a> Op<'a> {
         }
         let desc_handle = s.desc_handle.load(Ordering::Relaxed);
         let desc_off = s.desc_off.load(Ordering::Relaxed);
-        let lv = self.nic.regions.version();
-        let di = self
-            .regions
-            .remote(&link.remote, desc_handle, lv, Use::Recv)?;
-        let dst = if n == 1 {
-            let h = s.segs[0].handle.load(Ordering::Relaxed);
-            let j = if self.regions.get(di).handle == h {
-                di
-            } else {
-                self.regions.remote(&link.remote, h, lv, Use::Recv)?
-            };
-            let off = s.segs[0].off.load(Ordering::Relaxed);
-            let cap = s.segs[0].len.load(Ordering::Relaxed);
-            let r = self.regions.get(j);
-            if len > cap || off.checked_add(cap as u64)? > r.len {
-                return None;
-            }
-            Some(r.span(r.va + off, len as u64)?)
-        } else {
-            None
-        };
-        let d = self.regions.get(di);
-        let desc_va = d.va.checked_add(desc_off)?;
-        if !d.covers(desc_va, 32) {
+        let seg = (n == 1).then(|| {
+            (
+                s.segs[0].handle.load(Ordering::Relaxed),
+                s.segs[0].off.load(Ordering::Relaxed),
+                s.segs[0].len.load(Ordering::Relaxed),
+            )
+        });
+        if seg.is_some_and(|(_, _, cap)| len > cap) {
             return None;
         }
+        let hit = self.lane.find(&view, desc_handle).is_some()
+            && seg.is_none_or(|(h, _, _)| self.lane.find(&view, h).is_some());
+        if hit {
+            self.regions.cache.counts(Use::Recv).hits += 1;
+        } else {
+            self.fill_lane(&view, desc_handle, seg.map(|(h, _, _)| h))?;
+        }
+        let lane = &*self.lane;
+        let (d, entry) = lane.find(&view, desc_handle)?;
+        // Where the status goes, then where the data goes (the region
+        // checked as the whole receive segment, `cap` bytes).
+        let status_at = d.at(desc_off, 32)?;
+        let dst = match seg {
+            Some((h, off, cap)) => {
+                let g = if h == desc_handle {
+                    d
+                } else {
+                    lane.find(&view, h)?.0
+                };
+                Some(g.at(off, cap as u64)?)
+            }
+            None => None,
+        };
         // From here on the receive is ours to finish.
         let mut fault = 0;
         if let (Some((sm, sat)), Some((dm, dat))) = (src, dst) {
@@ -349,25 +362,48 @@ impl<'a> Op<'a> {
                 fault = status::PROTECTION_ERROR;
             }
         }
-        let live = tpt::is_live(&view, d.handle);
+        // The owner may have deregistered the descriptor's memory meanwhile:
+        // nothing is written into it then.
+        let live = tpt::entry_live(entry, desc_handle);
         // The slot is finished before the status becomes visible.
         s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
         if live {
             let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
             let st =
                 status::DONE | recv_op | fault | if imm.is_some() { status::IMMEDIATE } else { 0 };
-            complete::remote_recv(
+            complete::remote_recv_at(
                 &link.remote,
                 (link.vi, link.vi_gen as u16),
                 self.peer,
-                d,
-                desc_va,
+                status_at,
                 st,
                 if fault == 0 { len } else { 0 },
                 imm,
             );
         }
         Some(if fault == 0 { Ok(()) } else { Err(fault) })
+    }
+
+    /// Resolves the receive's regions (descriptor, and data when in another
+    /// region) through the translation cache into the link's lane. `None`
+    /// when one is not registered now (the general path reports it).
+    #[inline(never)]
+    fn fill_lane(&mut self, view: &NicView<'_>, desc_handle: u32, data: Option<u32>) -> Option<()> {
+        let link = self.link;
+        let lv = self.nic.regions.version();
+        let (index, seq) = tpt::index_seq(view, desc_handle)?;
+        let i = self
+            .regions
+            .remote_at(&link.remote, desc_handle, seq, lv, Use::Recv)?;
+        self.lane.keep(0, self.regions.get(i), index, seq);
+        if let Some(h) = data.filter(|&h| h != desc_handle) {
+            let (index, seq) = tpt::index_seq(view, h)?;
+            let j = self
+                .regions
+                .remote_at(&link.remote, h, seq, lv, Use::Recv)?;
+            self.lane.keep(1, self.regions.get(j), index, seq);
+        }
+        Some(())
     }
 
     #[inline(always)]
@@ -574,7 +610,7 @@ pub(crate) fn execute(
         links,
         breaks,
     } = st;
-    let link = match links.get(soft, vi) {
+    let (link, lane) = match links.get(soft, vi) {
         Some(l) if !vi.broken.load(Ordering::Acquire) => l,
         _ => {
             complete_send(
@@ -601,6 +637,7 @@ pub(crate) fn execute(
         inline,
         known,
         regions,
+        lane,
         breaks,
         cut: None,
     };

@@ -1,0 +1,88 @@
+//! The peer regions a connection's receives used last, flattened.
+//!
+//! A stream of sends over one connection lands in the same few regions of
+//! the peer (its receive descriptors and buffers). For a region that lies
+//! in one mapped arena extent (the common case), the lane keeps where its
+//! table entry is, the entry's sequence value when it was resolved, and the
+//! arena mapping and offset. Checking it again is two loads of the entry in
+//! place (the handle and the sequence value: handles never repeat, and any
+//! write of the entry moves its sequence value), and an address is an
+//! offset away: no handle slot, no probe of the kept regions, no walk over
+//! extents.
+//!
+//! A lane holds at most two regions per connection and drops one as soon
+//! as a send finds it changed, so it keeps a retired arena of the peer
+//! mapped no longer than until the next send on that connection.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use crate::backend::soft::layout::{NicView, TptEntry};
+use crate::backend::soft::tpt;
+use crate::mem::region::Resolved;
+use crate::shm::mapping::Mapping;
+
+/// One region in one arena extent.
+pub(crate) struct Flat {
+    handle: u32,
+    /// Its table entry, and the entry's sequence value when resolved.
+    index: u32,
+    seq: u32,
+    len: u64,
+    map: Arc<Mapping>,
+    /// Offset of the region's first byte in `map`.
+    map_off: usize,
+}
+
+impl Flat {
+    /// Where bytes `off..off + len` of the region are: `None` outside it.
+    #[inline(always)]
+    pub fn at(&self, off: u64, len: u64) -> Option<(&Mapping, usize)> {
+        if off.checked_add(len)? > self.len {
+            return None;
+        }
+        // In bounds of the mapping too: `keep` checked that the whole
+        // region lies in it.
+        Some((&self.map, self.map_off + off as usize))
+    }
+}
+
+/// The flattened regions of the last receives of one connection: one for
+/// descriptors, one for data in another region.
+#[derive(Default)]
+pub(crate) struct Lane {
+    regs: [Option<Flat>; 2],
+}
+
+impl Lane {
+    /// The region of `handle` if the lane holds it unchanged, with its table
+    /// entry (to check after a copy that it is still registered).
+    #[inline(always)]
+    pub fn find<'v>(&self, view: &NicView<'v>, handle: u32) -> Option<(&Flat, &'v TptEntry)> {
+        let f = self.regs.iter().flatten().find(|f| f.handle == handle)?;
+        let e = tpt::unchanged(view, f.index, handle, f.seq)?;
+        Some((f, e))
+    }
+
+    /// Remembers region `r` in place `k` (0: descriptors, 1: data) as
+    /// table entry `index` held it at sequence value `seq`, if it lies in
+    /// one mapped extent; else forgets place `k`.
+    pub fn keep(&mut self, k: usize, r: &Resolved, index: u32, seq: u32) {
+        let flat = match &r.extents[..] {
+            [e] if e.va == r.va && e.len >= r.len => e.map.as_ref().and_then(|m| {
+                let map_off = usize::try_from(e.map_off).ok()?;
+                let end = map_off.checked_add(usize::try_from(r.len).ok()?)?;
+                (end <= m.len()).then(|| Flat {
+                    handle: r.handle,
+                    index,
+                    seq,
+                    len: r.len,
+                    map: m.clone(),
+                    map_off,
+                })
+            }),
+            _ => None,
+        };
+        self.regs[k] = flat;
+    }
+}
