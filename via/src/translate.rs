@@ -296,6 +296,346 @@ fn check_local(
     Ok(va)
 }
 
+/// What a post knows of the descriptor's region once its control segment
+/// is read: the segments in the same region (the common layout) are
+/// checked against it without a second lookup (its tag is the VI's: that
+/// was checked first).
+#[derive(Clone, Copy)]
+struct DescRegion {
+    handle: u32,
+    va: u64,
+    len: u64,
+}
+
+impl DescRegion {
+    /// Whether `len` bytes at `addr` lie in the region.
+    #[inline(always)]
+    fn holds(&self, addr: u64, len: u32) -> bool {
+        addr >= self.va
+            && addr
+                .checked_add(len as u64)
+                .is_some_and(|e| e <= self.va + self.len)
+    }
+}
+
+/// The control segment's words a post uses.
+#[derive(Clone, Copy)]
+struct Head {
+    n: usize,
+    control: u16,
+    imm: u32,
+    length: u32,
+}
+
+/// Where a descriptor's segments are copied when they cannot be read in
+/// place (a work queue keeps one, untouched on the common path).
+pub(crate) struct SegCopy([AtomicU64; 2 * MAX_SEGS]);
+
+impl Default for SegCopy {
+    fn default() -> Self {
+        SegCopy(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+/// Locates the descriptor at `va` in the region of `handle` (which the
+/// cache resolves), checks it against the VI's tag `ptag`, reads its
+/// control segment and resolves its status location into `status`; and
+/// returns its segments as 64-bit words, two per segment. The one-arena
+/// case reads them in place (two bounds checks for the whole descriptor),
+/// the rest copies them into `copy` first ([`locate_cold`]).
+///
+/// # Errors
+/// As [`read_desc`].
+#[inline(always)]
+fn locate_desc<'a>(
+    table: &RegionTable,
+    cache: &'a mut RegionCache,
+    va: u64,
+    handle: u32,
+    ptag: u32,
+    status: &mut StatusLoc,
+    copy: &'a mut SegCopy,
+) -> Result<(Head, DescRegion, Segs<'a>)> {
+    let region: &'a Resolved = cache.get(table, handle).ok_or(Error::InvalidParameter)?;
+    if va % crate::descriptor::ALIGNMENT as u64 != 0
+        || region.ptag != ptag
+        || !region.covers(va, 32)
+    {
+        return Err(Error::DescriptorError);
+    }
+    let dr = DescRegion {
+        handle,
+        va: region.va,
+        len: region.len,
+    };
+    let Some((m, at, room)) = region.locate(va, 32) else {
+        return locate_cold(region, va, dr, status, copy);
+    };
+    let head = m.slice::<AtomicU32>(at, 8).ok_or(Error::DescriptorError)?;
+    let word = |o: usize| head[o / 4].load(Ordering::Relaxed);
+    let w = word(offsets::SEG_COUNT);
+    let (first, second) = if cfg!(target_endian = "little") {
+        (w as u16, (w >> 16) as u16)
+    } else {
+        ((w >> 16) as u16, w as u16)
+    };
+    let h = Head {
+        n: first as usize,
+        control: second,
+        imm: word(offsets::IMMEDIATE_DATA),
+        length: word(offsets::LENGTH),
+    };
+    check_head(h.n, h.control)?;
+    let end = (offsets::SEGMENTS + h.n * SEGMENT_SIZE) as u64;
+    if !region.covers(va, end) {
+        return Err(Error::DescriptorError);
+    }
+    if room < end {
+        return locate_cold(region, va, dr, status, copy);
+    }
+    let words = m
+        .slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * h.n)
+        .ok_or(Error::DescriptorError)?;
+    status.set_map(m, at);
+    Ok((h, dr, Segs(words)))
+}
+
+/// The segments of a descriptor as 64-bit words, two per segment (the
+/// descriptor's memory, or a copy of it).
+#[derive(Clone, Copy)]
+struct Segs<'a>(&'a [AtomicU64]);
+
+impl Segs<'_> {
+    /// Segment `i` (in bounds: the count was checked).
+    #[inline(always)]
+    fn get(self, i: usize) -> RawSeg {
+        let hl = self.0[2 * i + 1].load(Ordering::Relaxed);
+        RawSeg {
+            addr: self.0[2 * i].load(Ordering::Relaxed),
+            handle: hl as u32,
+            len: (hl >> 32) as u32,
+        }
+    }
+}
+
+/// [`locate_desc`] for a descriptor read by copy (it straddles extents,
+/// or the region is reached by cross-memory attach).
+#[cold]
+fn locate_cold<'a>(
+    region: &Resolved,
+    va: u64,
+    dr: DescRegion,
+    status: &mut StatusLoc,
+    copy: &'a mut SegCopy,
+) -> Result<(Head, DescRegion, Segs<'a>)> {
+    let mut cs = [0u8; 32];
+    region
+        .read(va, &mut cs)
+        .map_err(|_| Error::DescriptorError)?;
+    let at = |o: usize| [cs[o], cs[o + 1]];
+    let h = Head {
+        n: u16::from_ne_bytes(at(offsets::SEG_COUNT)) as usize,
+        control: u16::from_ne_bytes(at(offsets::CONTROL)),
+        imm: u32_at(&cs, offsets::IMMEDIATE_DATA),
+        length: u32_at(&cs, offsets::LENGTH),
+    };
+    check_head(h.n, h.control)?;
+    let end = offsets::SEGMENTS + h.n * SEGMENT_SIZE;
+    if !region.covers(va, end as u64) {
+        return Err(Error::DescriptorError);
+    }
+    let mut segs = [RawSeg::default(); MAX_SEGS];
+    read_segs(region, va, h.n, &mut segs)?;
+    for (w, s) in copy.0.chunks_exact_mut(2).zip(&segs[..h.n]) {
+        *w[0].get_mut() = s.addr;
+        *w[1].get_mut() = s.handle as u64 | (s.len as u64) << 32;
+    }
+    *status = StatusLoc::of(region, va);
+    Ok((h, dr, Segs(&copy.0[..2 * h.n])))
+}
+
+/// Reads the send, RDMA write or RDMA read descriptor at `va` (in the
+/// region of `cx.desc_handle`) straight into the work request `wr`,
+/// checking each segment as it goes, and resolves its status location into
+/// `status`: [`read_desc`] and [`send_wr`] in one pass, with no copy of the
+/// descriptor in between. Problems the NIC would report in the status
+/// become `wr.fault`.
+///
+/// # Errors
+/// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
+/// descriptor [`read_desc`] refuses, an RDMA descriptor without address
+/// segment, RDMA read with immediate data, or RDMA read on an unreliable
+/// VI.
+#[inline(always)]
+pub(crate) fn read_send(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    cx: &SendCtx,
+    wr: &mut SendWr,
+    status: &mut StatusLoc,
+    copy: &mut SegCopy,
+) -> Result<()> {
+    let (h, dr, seg) = locate_desc(
+        table,
+        cache,
+        cx.desc_va,
+        cx.desc_handle,
+        cx.ptag,
+        status,
+        copy,
+    )?;
+    let op = h.control & control::OP_MASK;
+    let first = if op == control::OP_SENDRECV {
+        0
+    } else {
+        // RDMA: the address segment comes first.
+        if h.n == 0
+            || (op == control::OP_RDMAREAD && (!cx.reliable || h.control & control::IMMEDIATE != 0))
+        {
+            return Err(Error::DescriptorError);
+        }
+        let a = seg.get(0);
+        wr.remote_va = a.addr;
+        wr.remote_handle = a.handle;
+        1
+    };
+    wr.vi = cx.vi.0;
+    wr.vi_gen = cx.vi.1 as u32;
+    wr.control = h.control;
+    wr.imm = h.imm;
+    wr.desc_va = cx.desc_va;
+    wr.desc_handle = cx.desc_handle;
+    wr.seq = cx.seq;
+    let mut fault = 0;
+    let mut others = false;
+    let mut total: u64 = 0;
+    for (i, d) in (first..h.n).zip(wr.segs.iter_mut()) {
+        let s = seg.get(i);
+        if s.handle == dr.handle {
+            if !dr.holds(s.addr, s.len) {
+                fault = status::PROTECTION_ERROR;
+            }
+        } else {
+            others = true;
+        }
+        *d = WrSeg {
+            va: s.addr,
+            len: s.len,
+            handle: s.handle,
+        };
+        total += s.len as u64;
+    }
+    wr.seg_count = (h.n - first) as u16;
+    if total > cx.mtu as u64 || (op != control::OP_RDMAREAD && total != h.length as u64) {
+        fault |= status::LENGTH_ERROR;
+    }
+    wr.fault = fault;
+    wr.length = total.min(u32::MAX as u64) as u32;
+    if others {
+        check_others(table, cache, cx.ptag, wr);
+    }
+    Ok(())
+}
+
+/// Checks the segments of `wr` in other regions than its descriptor's
+/// (the descriptor's own region was checked while reading).
+#[cold]
+fn check_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, wr: &mut SendWr) {
+    let n = (wr.seg_count as usize).min(MAX_SEGS);
+    for s in &wr.segs[..n] {
+        if s.handle != wr.desc_handle
+            && other_base(table, cache, ptag, s.handle, s.va, s.len).is_none()
+        {
+            wr.fault |= status::PROTECTION_ERROR;
+        }
+    }
+}
+
+/// The first address of the region of `handle` if `len` bytes at `addr`
+/// lie in it and its tag is `ptag`.
+#[inline(never)]
+fn other_base(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    ptag: u32,
+    handle: u32,
+    addr: u64,
+    len: u32,
+) -> Option<u64> {
+    let r = cache.get(table, handle)?;
+    let inside = addr >= r.va
+        && addr
+            .checked_add(len as u64)
+            .is_some_and(|e| e <= r.va + r.len);
+    (r.ptag == ptag && inside).then_some(r.va)
+}
+
+/// Reads the receive descriptor at `desc_va` (in the region of `handle`)
+/// straight into the work request `pd`, checking each segment as it goes,
+/// and resolves its status location into `status`: [`read_desc`] and
+/// [`recv_wr`] in one pass. A bad segment or operation becomes `pd.fault`
+/// (the receive then completes at once; its segments do not matter).
+///
+/// # Errors
+/// As [`read_desc`].
+#[inline(always)]
+pub(crate) fn read_recv(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    desc_va: u64,
+    handle: u32,
+    ptag: u32,
+    pd: &mut RecvWr,
+    status: &mut StatusLoc,
+    copy: &mut SegCopy,
+) -> Result<()> {
+    let (h, dr, seg) = locate_desc(table, cache, desc_va, handle, ptag, status, copy)?;
+    pd.desc_off = desc_va - dr.va;
+    pd.desc_handle = handle;
+    let mut fault = if h.control & control::OP_MASK != control::OP_SENDRECV {
+        status::FORMAT_ERROR
+    } else {
+        0
+    };
+    let mut others = false;
+    for (i, d) in pd.segs.iter_mut().enumerate().take(h.n) {
+        let s = seg.get(i);
+        if s.handle == dr.handle {
+            if !dr.holds(s.addr, s.len) {
+                fault |= status::PROTECTION_ERROR;
+            }
+            *d = (s.addr.wrapping_sub(dr.va), s.len, s.handle);
+        } else {
+            others = true;
+            // The address until `recv_others` makes it an offset.
+            *d = (s.addr, s.len, s.handle);
+        }
+    }
+    pd.n = h.n;
+    pd.fault = fault;
+    if others {
+        recv_others(table, cache, ptag, pd);
+    }
+    Ok(())
+}
+
+/// Checks the segments of `pd` in other regions than its descriptor's and
+/// turns their addresses into offsets.
+#[cold]
+fn recv_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, pd: &mut RecvWr) {
+    let n = pd.n.min(MAX_SEGS);
+    let handle = pd.desc_handle;
+    for s in &mut pd.segs[..n] {
+        if s.2 == handle {
+            continue;
+        }
+        match other_base(table, cache, ptag, s.2, s.0, s.1) {
+            Some(base) => s.0 -= base,
+            None => pd.fault |= status::PROTECTION_ERROR,
+        }
+    }
+}
+
 /// The regions translation found for a request: the one holding its
 /// descriptor and the one holding its first local segment, for a device
 /// that runs the request at once (it need not look them up again).
@@ -328,7 +668,7 @@ impl<'a> WrRegions<'a> {
     }
 }
 
-/// What [`send_wr`] needs to know about the VI and the post.
+/// What [`read_send`] needs to know about the VI and the post.
 pub(crate) struct SendCtx {
     pub vi: (u32, u16),
     pub ptag: u32,
@@ -337,67 +677,6 @@ pub(crate) struct SendCtx {
     pub desc_va: u64,
     pub desc_handle: u32,
     pub seq: u32,
-}
-
-/// Builds the work request of a send, RDMA write or RDMA read into `wr`.
-/// Problems the NIC would report in the status become `wr.fault`.
-///
-/// # Errors
-/// `DescriptorError` for an RDMA descriptor without address segment, RDMA
-/// read with immediate data, or RDMA read on an unreliable VI.
-#[inline(always)]
-pub(crate) fn send_wr(
-    table: &RegionTable,
-    d: &UserDesc,
-    cx: &SendCtx,
-    wr: &mut SendWr,
-    cache: &mut RegionCache,
-) -> Result<()> {
-    let op = d.control & control::OP_MASK;
-    if op == control::OP_RDMAREAD && !cx.reliable {
-        return Err(Error::DescriptorError);
-    }
-    wr.vi = cx.vi.0;
-    wr.vi_gen = cx.vi.1 as u32;
-    wr.control = d.control;
-    wr.imm = d.imm;
-    wr.desc_va = cx.desc_va;
-    wr.desc_handle = cx.desc_handle;
-    wr.seq = cx.seq;
-    wr.fault = 0;
-    let local: &[RawSeg] = match op {
-        control::OP_SENDRECV => &d.segs[..d.n],
-        _ => {
-            // RDMA: the address segment comes first.
-            if d.n == 0 {
-                return Err(Error::DescriptorError);
-            }
-            if op == control::OP_RDMAREAD && d.control & control::IMMEDIATE != 0 {
-                return Err(Error::DescriptorError);
-            }
-            wr.remote_va = d.segs[0].addr;
-            wr.remote_handle = d.segs[0].handle;
-            &d.segs[1..d.n]
-        }
-    };
-    let mut total: u64 = 0;
-    for (i, s) in local.iter().enumerate() {
-        if let Err(st) = check_local(table, s, cx.ptag, cache, d) {
-            wr.fault |= st;
-        }
-        wr.segs[i] = WrSeg {
-            va: s.addr,
-            len: s.len,
-            handle: s.handle,
-        };
-        total += s.len as u64;
-    }
-    wr.seg_count = local.len() as u16;
-    if total > cx.mtu as u64 || (op != control::OP_RDMAREAD && total != d.length as u64) {
-        wr.fault |= status::LENGTH_ERROR;
-    }
-    wr.length = total.min(u32::MAX as u64) as u32;
-    Ok(())
 }
 
 /// A validated receive: what every kind of NIC gets from `VipPostRecv`.
