@@ -10,6 +10,7 @@
 //! (the NIC would have found them while processing it).
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::completion::StatusLoc;
@@ -17,6 +18,7 @@ use crate::descriptor::{MAX_SEGMENTS as MAX_SEGS, SEGMENT_SIZE, control, offsets
 use crate::error::{Error, Result};
 use crate::mem::region::Resolved;
 use crate::regions::{RegionCache, RegionTable};
+use crate::shm::mapping::Mapping;
 
 /// One local data segment of a work request: `len` bytes at virtual address
 /// `va` in the region of `handle` (checked at post time).
@@ -337,25 +339,181 @@ impl Default for SegCopy {
     }
 }
 
-/// Locates the descriptor at `va` in the region of `handle` (which the
-/// cache resolves), checks it against the VI's tag `ptag`, reads its
-/// control segment and resolves its status location into `status`; and
-/// returns its segments as 64-bit words, two per segment. The one-arena
-/// case reads them in place (two bounds checks for the whole descriptor),
-/// the rest copies them into `copy` first ([`locate_cold`]).
+/// The arena extent a work queue's last descriptor was read from, with
+/// what the checks need of its region: a post of the next descriptor in
+/// the same extent (the common case: a program's descriptors sit in one
+/// registered area) checks the handle, the region's change count, the tag,
+/// the alignment and the bounds against it, and reads the descriptor's
+/// words in place through one bounds check, without the region lookup
+/// and extent search of [`locate_desc`]'s full path. Valid while the
+/// table's change count for the handle is the one read before the region
+/// was looked up (as [`RegionCache`] entries are).
+#[derive(Default)]
+pub(crate) struct DescCache {
+    /// Memory handle (0: empty; never a region's).
+    handle: u32,
+    /// The table's change count for `handle` when filled.
+    stamp: u64,
+    /// The region's tag, first address and length.
+    ptag: u32,
+    va: u64,
+    len: u64,
+    /// The extent's first address and the end of what is mapped of it.
+    ext_va: u64,
+    ext_end: u64,
+    /// The arena mapping and the offset of `ext_va` in it.
+    map: Option<Arc<Mapping>>,
+    map_off: usize,
+}
+
+impl DescCache {
+    /// The control segment of the descriptor at `va`, and its offset in
+    /// the cached mapping, if it lies with its segments in the cached
+    /// extent of `handle` and the entry is current (`None`: take the full
+    /// path, which gives the same answers and refills the entry).
+    #[inline(always)]
+    fn head(
+        &self,
+        table: &RegionTable,
+        va: u64,
+        handle: u32,
+        ptag: u32,
+    ) -> Option<Result<(Head, usize)>> {
+        let m = self.map.as_ref()?;
+        if handle != self.handle
+            || ptag != self.ptag
+            || va % crate::descriptor::ALIGNMENT as u64 != 0
+            || va < self.ext_va
+            || va >= self.ext_end
+            || table.changes(handle) != self.stamp
+        {
+            return None;
+        }
+        // Everything from `va` to the end of the mapped extent, at most a
+        // full descriptor: one bounds check for the header and segments.
+        let room = (((self.ext_end - va) / 8) as usize).min(4 + 2 * MAX_SEGS);
+        let at = self.map_off + (va - self.ext_va) as usize;
+        let words = m.slice::<AtomicU64>(at, room)?;
+        if room < 4 {
+            return None;
+        }
+        let (w1, w2, w3) = (
+            words[1].load(Ordering::Relaxed),
+            words[2].load(Ordering::Relaxed),
+            words[3].load(Ordering::Relaxed),
+        );
+        // Bytes 12..16: SegCount, Control; 20..24 ImmediateData; 24..28
+        // Length.
+        let h = if cfg!(target_endian = "little") {
+            Head {
+                n: (w1 >> 32) as u16 as usize,
+                control: (w1 >> 48) as u16,
+                imm: (w2 >> 32) as u32,
+                length: w3 as u32,
+            }
+        } else {
+            Head {
+                n: (w1 >> 16) as u16 as usize,
+                control: w1 as u16,
+                imm: w2 as u32,
+                length: (w3 >> 32) as u32,
+            }
+        };
+        if let Err(e) = check_head(h.n, h.control) {
+            return Some(Err(e));
+        }
+        (4 + 2 * h.n <= room).then_some(Ok((h, at)))
+    }
+
+    /// Fills the entry with the extent of `region` holding `va`, the
+    /// region looked up after the table's change count was `stamp`.
+    #[cold]
+    fn fill(&mut self, region: &Resolved, va: u64, stamp: u64) {
+        self.map = None;
+        for e in &region.extents {
+            if va >= e.va && va - e.va < e.len {
+                let (Some(m), Ok(off)) = (e.map.as_ref(), usize::try_from(e.map_off)) else {
+                    return;
+                };
+                // What of the extent is mapped (the mapping may end first),
+                // and inside the region (an extent may be wider).
+                let mapped = (m.len().saturating_sub(off) as u64).min(e.len);
+                let first = e.va.max(region.va);
+                let end = (e.va + mapped).min(region.va + region.len);
+                if first >= end {
+                    return;
+                }
+                self.handle = region.handle;
+                self.stamp = stamp;
+                self.ptag = region.ptag;
+                self.va = region.va;
+                self.len = region.len;
+                self.ext_va = first;
+                self.ext_end = end;
+                self.map_off = off + (first - e.va) as usize;
+                self.map = Some(m.clone());
+                return;
+            }
+        }
+    }
+}
+
+/// Locates the descriptor at `va` in the region of `handle`, checks it
+/// against the VI's tag `ptag`, reads its control segment and resolves its
+/// status location into `status`; and returns its segments as 64-bit
+/// words, two per segment. A descriptor in the extent of the previous one
+/// takes [`DescCache::head`]; otherwise the cache resolves the region
+/// ([`locate_full`]).
 ///
 /// # Errors
 /// As [`read_desc`].
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn locate_desc<'a>(
     table: &RegionTable,
     cache: &'a mut RegionCache,
+    descs: &'a mut DescCache,
     va: u64,
     handle: u32,
     ptag: u32,
     status: &mut StatusLoc,
     copy: &'a mut SegCopy,
 ) -> Result<(Head, DescRegion, Segs<'a>)> {
+    match descs.head(table, va, handle, ptag) {
+        Some(Ok((h, at))) => {
+            // `head` found the words in the mapping: these cannot fail.
+            let m = descs.map.as_ref().ok_or(Error::DescriptorError)?;
+            let segs = m
+                .slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * h.n)
+                .ok_or(Error::DescriptorError)?;
+            status.set_map(m, at);
+            let dr = DescRegion {
+                handle,
+                va: descs.va,
+                len: descs.len,
+            };
+            return Ok((h, dr, Segs(segs)));
+        }
+        Some(Err(e)) => return Err(e),
+        None => {}
+    }
+    locate_full(table, cache, descs, va, handle, ptag, status, copy)
+}
+
+/// [`locate_desc`] through the region cache; refills `descs`.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn locate_full<'a>(
+    table: &RegionTable,
+    cache: &'a mut RegionCache,
+    descs: &mut DescCache,
+    va: u64,
+    handle: u32,
+    ptag: u32,
+    status: &mut StatusLoc,
+    copy: &'a mut SegCopy,
+) -> Result<(Head, DescRegion, Segs<'a>)> {
+    let stamp = table.changes(handle);
     let region: &'a Resolved = cache.get(table, handle).ok_or(Error::InvalidParameter)?;
     if va % crate::descriptor::ALIGNMENT as u64 != 0
         || region.ptag != ptag
@@ -363,6 +521,7 @@ fn locate_desc<'a>(
     {
         return Err(Error::DescriptorError);
     }
+    descs.fill(region, va, stamp);
     let dr = DescRegion {
         handle,
         va: region.va,
@@ -410,10 +569,16 @@ impl Segs<'_> {
     #[inline(always)]
     fn get(self, i: usize) -> RawSeg {
         let hl = self.0[2 * i + 1].load(Ordering::Relaxed);
+        // Bytes 8..12 of a segment: its handle; 12..16: its length.
+        let (handle, len) = if cfg!(target_endian = "little") {
+            (hl as u32, (hl >> 32) as u32)
+        } else {
+            ((hl >> 32) as u32, hl as u32)
+        };
         RawSeg {
             addr: self.0[2 * i].load(Ordering::Relaxed),
-            handle: hl as u32,
-            len: (hl >> 32) as u32,
+            handle,
+            len,
         }
     }
 }
@@ -448,7 +613,13 @@ fn locate_cold<'a>(
     read_segs(region, va, h.n, &mut segs)?;
     for (w, s) in copy.0.chunks_exact_mut(2).zip(&segs[..h.n]) {
         *w[0].get_mut() = s.addr;
-        *w[1].get_mut() = s.handle as u64 | (s.len as u64) << 32;
+        // As the descriptor's memory holds them (`Segs::get`).
+        *w[1].get_mut() = u64::from_ne_bytes(
+            [s.handle.to_ne_bytes(), s.len.to_ne_bytes()]
+                .concat()
+                .try_into()
+                .unwrap(),
+        );
     }
     *status = StatusLoc::of(region, va);
     Ok((h, dr, Segs(&copy.0[..2 * h.n])))
@@ -470,6 +641,7 @@ fn locate_cold<'a>(
 pub(crate) fn read_send(
     table: &RegionTable,
     cache: &mut RegionCache,
+    descs: &mut DescCache,
     cx: &SendCtx,
     wr: &mut SendWr,
     status: &mut StatusLoc,
@@ -478,6 +650,7 @@ pub(crate) fn read_send(
     let (h, dr, seg) = locate_desc(
         table,
         cache,
+        descs,
         cx.desc_va,
         cx.desc_handle,
         cx.ptag,
@@ -579,9 +752,11 @@ fn other_base(
 /// # Errors
 /// As [`read_desc`].
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn read_recv(
     table: &RegionTable,
     cache: &mut RegionCache,
+    descs: &mut DescCache,
     desc_va: u64,
     handle: u32,
     ptag: u32,
@@ -589,7 +764,7 @@ pub(crate) fn read_recv(
     status: &mut StatusLoc,
     copy: &mut SegCopy,
 ) -> Result<()> {
-    let (h, dr, seg) = locate_desc(table, cache, desc_va, handle, ptag, status, copy)?;
+    let (h, dr, seg) = locate_desc(table, cache, descs, desc_va, handle, ptag, status, copy)?;
     pd.desc_off = desc_va - dr.va;
     pd.desc_handle = handle;
     let mut fault = if h.control & control::OP_MASK != control::OP_SENDRECV {

@@ -155,6 +155,8 @@ pub(crate) struct Queue {
     /// Where a descriptor's segments are copied when they cannot be read
     /// in place.
     copy: translate::SegCopy,
+    /// The extent the last descriptor was read from.
+    descs: translate::DescCache,
 }
 
 /// A completed descriptor, dequeued.
@@ -456,6 +458,7 @@ impl ViCore {
                 regions,
                 wr,
                 copy,
+                descs,
                 ..
             } = &mut *q;
             let cx = translate::SendCtx {
@@ -467,7 +470,15 @@ impl ViCore {
             // fills (no copy, no reference count change when the slot last
             // held a descriptor of the same mapping).
             let slot = posted.next_slot();
-            translate::read_send(&nic.regions, regions, &cx, wr, &mut slot.status, copy)?;
+            translate::read_send(
+                &nic.regions,
+                regions,
+                descs,
+                &cx,
+                wr,
+                &mut slot.status,
+                copy,
+            )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
             slot.status.clear();
@@ -500,6 +511,7 @@ impl ViCore {
             posted,
             tail,
             copy,
+            descs,
             ..
         } = &mut *q;
         // As in `post_send`: the descriptor straight into the queue's work
@@ -508,6 +520,7 @@ impl ViCore {
         translate::read_recv(
             &nic.regions,
             regions,
+            descs,
             desc_va,
             handle,
             ptag,
