@@ -10,6 +10,7 @@
 //! (the NIC would have found them while processing it).
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::completion::StatusLoc;
@@ -17,6 +18,7 @@ use crate::descriptor::{MAX_SEGMENTS as MAX_SEGS, SEGMENT_SIZE, control, offsets
 use crate::error::{Error, Result};
 use crate::mem::region::Resolved;
 use crate::regions::{RegionCache, RegionTable};
+use crate::shm::mapping::Mapping;
 
 /// One local data segment of a work request: `len` bytes at virtual address
 /// `va` in the region of `handle` (checked at post time).
@@ -296,6 +298,519 @@ fn check_local(
     Ok(va)
 }
 
+/// What a post knows of the descriptor's region once its control segment
+/// is read: the segments in the same region (the common layout) are
+/// checked against it without a second lookup (its tag is the VI's: that
+/// was checked first).
+#[derive(Clone, Copy)]
+struct DescRegion {
+    handle: u32,
+    va: u64,
+    len: u64,
+}
+
+impl DescRegion {
+    /// Whether `len` bytes at `addr` lie in the region.
+    #[inline(always)]
+    fn holds(&self, addr: u64, len: u32) -> bool {
+        addr >= self.va
+            && addr
+                .checked_add(len as u64)
+                .is_some_and(|e| e <= self.va + self.len)
+    }
+}
+
+/// The control segment's words a post uses.
+#[derive(Clone, Copy)]
+struct Head {
+    n: usize,
+    control: u16,
+    imm: u32,
+    length: u32,
+}
+
+/// Where a descriptor's segments are copied when they cannot be read in
+/// place (a work queue keeps one, untouched on the common path).
+pub(crate) struct SegCopy([AtomicU64; 2 * MAX_SEGS]);
+
+impl Default for SegCopy {
+    fn default() -> Self {
+        SegCopy(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+/// The arena extent a work queue's last descriptor was read from, with
+/// what the checks need of its region: a post of the next descriptor in
+/// the same extent (the common case: a program's descriptors sit in one
+/// registered area) checks the handle, the region's change count, the tag,
+/// the alignment and the bounds against it, and reads the descriptor's
+/// words in place through one bounds check, without the region lookup
+/// and extent search of [`locate_desc`]'s full path. Valid while the
+/// table's change count for the handle is the one read before the region
+/// was looked up (as [`RegionCache`] entries are).
+#[derive(Default)]
+pub(crate) struct DescCache {
+    /// Memory handle (0: empty; never a region's).
+    handle: u32,
+    /// The table's change count for `handle` when filled.
+    stamp: u64,
+    /// The region's tag, first address and length.
+    ptag: u32,
+    va: u64,
+    len: u64,
+    /// The extent's first address and the end of what is mapped of it.
+    ext_va: u64,
+    ext_end: u64,
+    /// The arena mapping and the offset of `ext_va` in it.
+    map: Option<Arc<Mapping>>,
+    map_off: usize,
+}
+
+impl DescCache {
+    /// The control segment of the descriptor at `va`, and its offset in
+    /// the cached mapping, if it lies with its segments in the cached
+    /// extent of `handle` and the entry is current (`None`: take the full
+    /// path, which gives the same answers and refills the entry).
+    #[inline(always)]
+    fn head(
+        &self,
+        table: &RegionTable,
+        va: u64,
+        handle: u32,
+        ptag: u32,
+    ) -> Option<Result<(Head, usize)>> {
+        let m = self.map.as_ref()?;
+        if handle != self.handle
+            || ptag != self.ptag
+            || va % crate::descriptor::ALIGNMENT as u64 != 0
+            || va < self.ext_va
+            || va >= self.ext_end
+            || table.changes(handle) != self.stamp
+        {
+            return None;
+        }
+        // Everything from `va` to the end of the mapped extent, at most a
+        // full descriptor: one bounds check for the header and segments.
+        let room = (((self.ext_end - va) / 8) as usize).min(4 + 2 * MAX_SEGS);
+        let at = self.map_off + (va - self.ext_va) as usize;
+        let words = m.slice::<AtomicU64>(at, room)?;
+        if room < 4 {
+            return None;
+        }
+        let (w1, w2, w3) = (
+            words[1].load(Ordering::Relaxed),
+            words[2].load(Ordering::Relaxed),
+            words[3].load(Ordering::Relaxed),
+        );
+        // Bytes 12..16: SegCount, Control; 20..24 ImmediateData; 24..28
+        // Length.
+        let h = if cfg!(target_endian = "little") {
+            Head {
+                n: (w1 >> 32) as u16 as usize,
+                control: (w1 >> 48) as u16,
+                imm: (w2 >> 32) as u32,
+                length: w3 as u32,
+            }
+        } else {
+            Head {
+                n: (w1 >> 16) as u16 as usize,
+                control: w1 as u16,
+                imm: w2 as u32,
+                length: (w3 >> 32) as u32,
+            }
+        };
+        if let Err(e) = check_head(h.n, h.control) {
+            return Some(Err(e));
+        }
+        (4 + 2 * h.n <= room).then_some(Ok((h, at)))
+    }
+
+    /// Fills the entry with the extent of `region` holding `va`, the
+    /// region looked up after the table's change count was `stamp`.
+    #[cold]
+    fn fill(&mut self, region: &Resolved, va: u64, stamp: u64) {
+        self.map = None;
+        for e in &region.extents {
+            if va >= e.va && va - e.va < e.len {
+                let (Some(m), Ok(off)) = (e.map.as_ref(), usize::try_from(e.map_off)) else {
+                    return;
+                };
+                // What of the extent is mapped (the mapping may end first),
+                // and inside the region (an extent may be wider).
+                let mapped = (m.len().saturating_sub(off) as u64).min(e.len);
+                let first = e.va.max(region.va);
+                let end = (e.va + mapped).min(region.va + region.len);
+                if first >= end {
+                    return;
+                }
+                self.handle = region.handle;
+                self.stamp = stamp;
+                self.ptag = region.ptag;
+                self.va = region.va;
+                self.len = region.len;
+                self.ext_va = first;
+                self.ext_end = end;
+                self.map_off = off + (first - e.va) as usize;
+                self.map = Some(m.clone());
+                return;
+            }
+        }
+    }
+}
+
+/// Locates the descriptor at `va` in the region of `handle`, checks it
+/// against the VI's tag `ptag`, reads its control segment and resolves its
+/// status location into `status`; and returns its segments as 64-bit
+/// words, two per segment. A descriptor in the extent of the previous one
+/// takes [`DescCache::head`]; otherwise the cache resolves the region
+/// ([`locate_full`]).
+///
+/// # Errors
+/// As [`read_desc`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn locate_desc<'a>(
+    table: &RegionTable,
+    cache: &'a mut RegionCache,
+    descs: &'a mut DescCache,
+    va: u64,
+    handle: u32,
+    ptag: u32,
+    status: &mut StatusLoc,
+    copy: &'a mut SegCopy,
+) -> Result<(Head, DescRegion, Segs<'a>)> {
+    match descs.head(table, va, handle, ptag) {
+        Some(Ok((h, at))) => {
+            // `head` found the words in the mapping: these cannot fail.
+            let m = descs.map.as_ref().ok_or(Error::DescriptorError)?;
+            let segs = m
+                .slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * h.n)
+                .ok_or(Error::DescriptorError)?;
+            status.set_map(m, at);
+            let dr = DescRegion {
+                handle,
+                va: descs.va,
+                len: descs.len,
+            };
+            return Ok((h, dr, Segs(segs)));
+        }
+        Some(Err(e)) => return Err(e),
+        None => {}
+    }
+    locate_full(table, cache, descs, va, handle, ptag, status, copy)
+}
+
+/// [`locate_desc`] through the region cache; refills `descs`.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn locate_full<'a>(
+    table: &RegionTable,
+    cache: &'a mut RegionCache,
+    descs: &mut DescCache,
+    va: u64,
+    handle: u32,
+    ptag: u32,
+    status: &mut StatusLoc,
+    copy: &'a mut SegCopy,
+) -> Result<(Head, DescRegion, Segs<'a>)> {
+    let stamp = table.changes(handle);
+    let region: &'a Resolved = cache.get(table, handle).ok_or(Error::InvalidParameter)?;
+    if va % crate::descriptor::ALIGNMENT as u64 != 0
+        || region.ptag != ptag
+        || !region.covers(va, 32)
+    {
+        return Err(Error::DescriptorError);
+    }
+    descs.fill(region, va, stamp);
+    let dr = DescRegion {
+        handle,
+        va: region.va,
+        len: region.len,
+    };
+    let Some((m, at, room)) = region.locate(va, 32) else {
+        return locate_cold(region, va, dr, status, copy);
+    };
+    let head = m.slice::<AtomicU32>(at, 8).ok_or(Error::DescriptorError)?;
+    let word = |o: usize| head[o / 4].load(Ordering::Relaxed);
+    let w = word(offsets::SEG_COUNT);
+    let (first, second) = if cfg!(target_endian = "little") {
+        (w as u16, (w >> 16) as u16)
+    } else {
+        ((w >> 16) as u16, w as u16)
+    };
+    let h = Head {
+        n: first as usize,
+        control: second,
+        imm: word(offsets::IMMEDIATE_DATA),
+        length: word(offsets::LENGTH),
+    };
+    check_head(h.n, h.control)?;
+    let end = (offsets::SEGMENTS + h.n * SEGMENT_SIZE) as u64;
+    if !region.covers(va, end) {
+        return Err(Error::DescriptorError);
+    }
+    if room < end {
+        return locate_cold(region, va, dr, status, copy);
+    }
+    let words = m
+        .slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * h.n)
+        .ok_or(Error::DescriptorError)?;
+    status.set_map(m, at);
+    Ok((h, dr, Segs(words)))
+}
+
+/// The segments of a descriptor as 64-bit words, two per segment (the
+/// descriptor's memory, or a copy of it).
+#[derive(Clone, Copy)]
+struct Segs<'a>(&'a [AtomicU64]);
+
+impl Segs<'_> {
+    /// Segment `i` (in bounds: the count was checked).
+    #[inline(always)]
+    fn get(self, i: usize) -> RawSeg {
+        let hl = self.0[2 * i + 1].load(Ordering::Relaxed);
+        // Bytes 8..12 of a segment: its handle; 12..16: its length.
+        let (handle, len) = if cfg!(target_endian = "little") {
+            (hl as u32, (hl >> 32) as u32)
+        } else {
+            ((hl >> 32) as u32, hl as u32)
+        };
+        RawSeg {
+            addr: self.0[2 * i].load(Ordering::Relaxed),
+            handle,
+            len,
+        }
+    }
+}
+
+/// [`locate_desc`] for a descriptor read by copy (it straddles extents,
+/// or the region is reached by cross-memory attach).
+#[cold]
+fn locate_cold<'a>(
+    region: &Resolved,
+    va: u64,
+    dr: DescRegion,
+    status: &mut StatusLoc,
+    copy: &'a mut SegCopy,
+) -> Result<(Head, DescRegion, Segs<'a>)> {
+    let mut cs = [0u8; 32];
+    region
+        .read(va, &mut cs)
+        .map_err(|_| Error::DescriptorError)?;
+    let at = |o: usize| [cs[o], cs[o + 1]];
+    let h = Head {
+        n: u16::from_ne_bytes(at(offsets::SEG_COUNT)) as usize,
+        control: u16::from_ne_bytes(at(offsets::CONTROL)),
+        imm: u32_at(&cs, offsets::IMMEDIATE_DATA),
+        length: u32_at(&cs, offsets::LENGTH),
+    };
+    check_head(h.n, h.control)?;
+    let end = offsets::SEGMENTS + h.n * SEGMENT_SIZE;
+    if !region.covers(va, end as u64) {
+        return Err(Error::DescriptorError);
+    }
+    let mut segs = [RawSeg::default(); MAX_SEGS];
+    read_segs(region, va, h.n, &mut segs)?;
+    for (w, s) in copy.0.chunks_exact_mut(2).zip(&segs[..h.n]) {
+        *w[0].get_mut() = s.addr;
+        // As the descriptor's memory holds them (`Segs::get`).
+        *w[1].get_mut() = u64::from_ne_bytes(
+            [s.handle.to_ne_bytes(), s.len.to_ne_bytes()]
+                .concat()
+                .try_into()
+                .unwrap(),
+        );
+    }
+    *status = StatusLoc::of(region, va);
+    Ok((h, dr, Segs(&copy.0[..2 * h.n])))
+}
+
+/// Reads the send, RDMA write or RDMA read descriptor at `va` (in the
+/// region of `cx.desc_handle`) straight into the work request `wr`,
+/// checking each segment as it goes, and resolves its status location into
+/// `status`: [`read_desc`] and [`send_wr`] in one pass, with no copy of the
+/// descriptor in between. Problems the NIC would report in the status
+/// become `wr.fault`.
+///
+/// # Errors
+/// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
+/// descriptor [`read_desc`] refuses, an RDMA descriptor without address
+/// segment, RDMA read with immediate data, or RDMA read on an unreliable
+/// VI.
+#[inline(always)]
+pub(crate) fn read_send(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    descs: &mut DescCache,
+    cx: &SendCtx,
+    wr: &mut SendWr,
+    status: &mut StatusLoc,
+    copy: &mut SegCopy,
+) -> Result<()> {
+    let (h, dr, seg) = locate_desc(
+        table,
+        cache,
+        descs,
+        cx.desc_va,
+        cx.desc_handle,
+        cx.ptag,
+        status,
+        copy,
+    )?;
+    let op = h.control & control::OP_MASK;
+    let first = if op == control::OP_SENDRECV {
+        0
+    } else {
+        // RDMA: the address segment comes first.
+        if h.n == 0
+            || (op == control::OP_RDMAREAD && (!cx.reliable || h.control & control::IMMEDIATE != 0))
+        {
+            return Err(Error::DescriptorError);
+        }
+        let a = seg.get(0);
+        wr.remote_va = a.addr;
+        wr.remote_handle = a.handle;
+        1
+    };
+    wr.vi = cx.vi.0;
+    wr.vi_gen = cx.vi.1 as u32;
+    wr.control = h.control;
+    wr.imm = h.imm;
+    wr.desc_va = cx.desc_va;
+    wr.desc_handle = cx.desc_handle;
+    wr.seq = cx.seq;
+    let mut fault = 0;
+    let mut others = false;
+    let mut total: u64 = 0;
+    for (i, d) in (first..h.n).zip(wr.segs.iter_mut()) {
+        let s = seg.get(i);
+        if s.handle == dr.handle {
+            if !dr.holds(s.addr, s.len) {
+                fault = status::PROTECTION_ERROR;
+            }
+        } else {
+            others = true;
+        }
+        *d = WrSeg {
+            va: s.addr,
+            len: s.len,
+            handle: s.handle,
+        };
+        total += s.len as u64;
+    }
+    wr.seg_count = (h.n - first) as u16;
+    if total > cx.mtu as u64 || (op != control::OP_RDMAREAD && total != h.length as u64) {
+        fault |= status::LENGTH_ERROR;
+    }
+    wr.fault = fault;
+    wr.length = total.min(u32::MAX as u64) as u32;
+    if others {
+        check_others(table, cache, cx.ptag, wr);
+    }
+    Ok(())
+}
+
+/// Checks the segments of `wr` in other regions than its descriptor's
+/// (the descriptor's own region was checked while reading).
+#[cold]
+fn check_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, wr: &mut SendWr) {
+    let n = (wr.seg_count as usize).min(MAX_SEGS);
+    for s in &wr.segs[..n] {
+        if s.handle != wr.desc_handle
+            && other_base(table, cache, ptag, s.handle, s.va, s.len).is_none()
+        {
+            wr.fault |= status::PROTECTION_ERROR;
+        }
+    }
+}
+
+/// The first address of the region of `handle` if `len` bytes at `addr`
+/// lie in it and its tag is `ptag`.
+#[inline(never)]
+fn other_base(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    ptag: u32,
+    handle: u32,
+    addr: u64,
+    len: u32,
+) -> Option<u64> {
+    let r = cache.get(table, handle)?;
+    let inside = addr >= r.va
+        && addr
+            .checked_add(len as u64)
+            .is_some_and(|e| e <= r.va + r.len);
+    (r.ptag == ptag && inside).then_some(r.va)
+}
+
+/// Reads the receive descriptor at `desc_va` (in the region of `handle`)
+/// straight into the work request `pd`, checking each segment as it goes,
+/// and resolves its status location into `status`: [`read_desc`] and
+/// [`recv_wr`] in one pass. A bad segment or operation becomes `pd.fault`
+/// (the receive then completes at once; its segments do not matter).
+///
+/// # Errors
+/// As [`read_desc`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn read_recv(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    descs: &mut DescCache,
+    desc_va: u64,
+    handle: u32,
+    ptag: u32,
+    pd: &mut RecvWr,
+    status: &mut StatusLoc,
+    copy: &mut SegCopy,
+) -> Result<()> {
+    let (h, dr, seg) = locate_desc(table, cache, descs, desc_va, handle, ptag, status, copy)?;
+    pd.desc_off = desc_va - dr.va;
+    pd.desc_handle = handle;
+    let mut fault = if h.control & control::OP_MASK != control::OP_SENDRECV {
+        status::FORMAT_ERROR
+    } else {
+        0
+    };
+    let mut others = false;
+    for (i, d) in pd.segs.iter_mut().enumerate().take(h.n) {
+        let s = seg.get(i);
+        if s.handle == dr.handle {
+            if !dr.holds(s.addr, s.len) {
+                fault |= status::PROTECTION_ERROR;
+            }
+            *d = (s.addr.wrapping_sub(dr.va), s.len, s.handle);
+        } else {
+            others = true;
+            // The address until `recv_others` makes it an offset.
+            *d = (s.addr, s.len, s.handle);
+        }
+    }
+    pd.n = h.n;
+    pd.fault = fault;
+    if others {
+        recv_others(table, cache, ptag, pd);
+    }
+    Ok(())
+}
+
+/// Checks the segments of `pd` in other regions than its descriptor's and
+/// turns their addresses into offsets.
+#[cold]
+fn recv_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, pd: &mut RecvWr) {
+    let n = pd.n.min(MAX_SEGS);
+    let handle = pd.desc_handle;
+    for s in &mut pd.segs[..n] {
+        if s.2 == handle {
+            continue;
+        }
+        match other_base(table, cache, ptag, s.2, s.0, s.1) {
+            Some(base) => s.0 -= base,
+            None => pd.fault |= status::PROTECTION_ERROR,
+        }
+    }
+}
+
 /// The regions translation found for a request: the one holding its
 /// descriptor and the one holding its first local segment, for a device
 /// that runs the request at once (it need not look them up again).
@@ -328,7 +843,7 @@ impl<'a> WrRegions<'a> {
     }
 }
 
-/// What [`send_wr`] needs to know about the VI and the post.
+/// What [`read_send`] needs to know about the VI and the post.
 pub(crate) struct SendCtx {
     pub vi: (u32, u16),
     pub ptag: u32,
@@ -337,67 +852,6 @@ pub(crate) struct SendCtx {
     pub desc_va: u64,
     pub desc_handle: u32,
     pub seq: u32,
-}
-
-/// Builds the work request of a send, RDMA write or RDMA read into `wr`.
-/// Problems the NIC would report in the status become `wr.fault`.
-///
-/// # Errors
-/// `DescriptorError` for an RDMA descriptor without address segment, RDMA
-/// read with immediate data, or RDMA read on an unreliable VI.
-#[inline(always)]
-pub(crate) fn send_wr(
-    table: &RegionTable,
-    d: &UserDesc,
-    cx: &SendCtx,
-    wr: &mut SendWr,
-    cache: &mut RegionCache,
-) -> Result<()> {
-    let op = d.control & control::OP_MASK;
-    if op == control::OP_RDMAREAD && !cx.reliable {
-        return Err(Error::DescriptorError);
-    }
-    wr.vi = cx.vi.0;
-    wr.vi_gen = cx.vi.1 as u32;
-    wr.control = d.control;
-    wr.imm = d.imm;
-    wr.desc_va = cx.desc_va;
-    wr.desc_handle = cx.desc_handle;
-    wr.seq = cx.seq;
-    wr.fault = 0;
-    let local: &[RawSeg] = match op {
-        control::OP_SENDRECV => &d.segs[..d.n],
-        _ => {
-            // RDMA: the address segment comes first.
-            if d.n == 0 {
-                return Err(Error::DescriptorError);
-            }
-            if op == control::OP_RDMAREAD && d.control & control::IMMEDIATE != 0 {
-                return Err(Error::DescriptorError);
-            }
-            wr.remote_va = d.segs[0].addr;
-            wr.remote_handle = d.segs[0].handle;
-            &d.segs[1..d.n]
-        }
-    };
-    let mut total: u64 = 0;
-    for (i, s) in local.iter().enumerate() {
-        if let Err(st) = check_local(table, s, cx.ptag, cache, d) {
-            wr.fault |= st;
-        }
-        wr.segs[i] = WrSeg {
-            va: s.addr,
-            len: s.len,
-            handle: s.handle,
-        };
-        total += s.len as u64;
-    }
-    wr.seg_count = local.len() as u16;
-    if total > cx.mtu as u64 || (op != control::OP_RDMAREAD && total != d.length as u64) {
-        wr.fault |= status::LENGTH_ERROR;
-    }
-    wr.length = total.min(u32::MAX as u64) as u32;
-    Ok(())
 }
 
 /// A validated receive: what every kind of NIC gets from `VipPostRecv`.

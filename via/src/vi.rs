@@ -148,12 +148,15 @@ pub(crate) struct Queue {
     pub consumer_pos: u64,
     /// Translations of the regions this queue's descriptors use.
     pub regions: crate::regions::RegionCache,
-    /// The descriptor being posted, read from memory.
-    desc: translate::UserDesc,
     /// The work request being posted (send queue).
     wr: translate::SendWr,
     /// The work request being posted (receive queue).
     rwr: translate::RecvWr,
+    /// Where a descriptor's segments are copied when they cannot be read
+    /// in place.
+    copy: translate::SegCopy,
+    /// The extent the last descriptor was read from.
+    descs: translate::DescCache,
 }
 
 /// A completed descriptor, dequeued.
@@ -435,7 +438,15 @@ impl ViCore {
         if s == ViState::Idle.code() || s == ViState::ConnectPending.code() {
             return Err(Error::InvalidState);
         }
-        let ptag = self.fast.ptag.load(Ordering::Relaxed);
+        let cx = translate::SendCtx {
+            vi: (self.slot, self.generation),
+            ptag: self.fast.ptag.load(Ordering::Relaxed),
+            mtu: self.fast.mtu.load(Ordering::Relaxed),
+            reliable: self.fast.reliable.load(Ordering::Relaxed),
+            desc_va,
+            desc_handle: handle,
+            seq: 0,
+        };
         {
             let mut q = self.send.lock();
             if q.posted.len() >= nic.limits.queue_depth as usize {
@@ -445,43 +456,38 @@ impl ViCore {
                 posted,
                 tail,
                 regions,
-                desc: d,
                 wr,
+                copy,
+                descs,
                 ..
             } = &mut *q;
-            // The status location goes straight into the ring slot the
-            // post fills (no copy, no reference count change when the slot
-            // last held a descriptor of the same mapping).
-            let loc = &mut posted.next_slot().status;
-            translate::read_desc_at(&nic.regions, desc_va, handle, ptag, regions, d, loc)?;
-            translate::send_wr(
+            let cx = translate::SendCtx {
+                seq: *tail as u32,
+                ..cx
+            };
+            // The descriptor is read straight into the queue's work request,
+            // and its status location straight into the ring slot the post
+            // fills (no copy, no reference count change when the slot last
+            // held a descriptor of the same mapping).
+            let slot = posted.next_slot();
+            translate::read_send(
                 &nic.regions,
-                d,
-                &translate::SendCtx {
-                    vi: (self.slot, self.generation),
-                    ptag,
-                    mtu: self.fast.mtu.load(Ordering::Relaxed),
-                    reliable: self.fast.reliable.load(Ordering::Relaxed),
-                    desc_va,
-                    desc_handle: handle,
-                    seq: *tail as u32,
-                },
-                wr,
                 regions,
+                descs,
+                &cx,
+                wr,
+                &mut slot.status,
+                copy,
             )?;
             // Clear the status so that polling the descriptor in memory is
             // meaningful from now on.
-            posted.next_slot().status.clear();
+            slot.status.clear();
             *tail += 1;
             let posted = posted.commit(desc_va);
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
-            nic.dev.post_send(
-                nic,
-                self,
-                wr,
-                translate::WrRegions::of(wr, regions, &posted.status),
-            )?;
+            nic.dev
+                .post_send_queued(nic, self, wr, regions, &posted.status)?;
         }
         nic.dev.kick(nic, Some(self));
         Ok(())
@@ -501,16 +507,27 @@ impl ViCore {
         }
         let Queue {
             regions,
-            desc: d,
             rwr: pd,
             posted,
             tail,
+            copy,
+            descs,
             ..
         } = &mut *q;
-        // As in `post_send`: the status location straight into the slot.
-        let loc = &mut posted.next_slot().status;
-        translate::read_desc_at(&nic.regions, desc_va, handle, ptag, regions, d, loc)?;
-        translate::recv_wr(&nic.regions, d, desc_va, handle, ptag, regions, pd);
+        // As in `post_send`: the descriptor straight into the queue's work
+        // request, the status location straight into the slot.
+        let slot = posted.next_slot();
+        translate::read_recv(
+            &nic.regions,
+            regions,
+            descs,
+            desc_va,
+            handle,
+            ptag,
+            pd,
+            &mut slot.status,
+            copy,
+        )?;
         let pos = *tail;
         *tail += 1;
         let slot = posted.commit(desc_va);

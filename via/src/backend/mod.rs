@@ -35,11 +35,13 @@ use std::sync::atomic::AtomicU32;
 use doorbell::EventCount;
 
 use crate::attrs::ViAttributes;
+use crate::completion::StatusLoc;
 use crate::error::{Error, Result};
 use crate::mem::arena::Extent;
 use crate::nic::{AsyncError, NicInner};
 use crate::process::Process;
 use crate::proto::{Endpoint, NetAddr};
+use crate::regions::RegionCache;
 use crate::shm::rings::MappedRing;
 use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
@@ -346,6 +348,24 @@ pub(crate) trait Device: Send + Sync {
         _regions: WrRegions<'_>,
     ) -> Result<()> {
         Err(Error::Resource)
+    }
+
+    /// [`Device::post_send`] of the request translation just read into the
+    /// VI's send queue: `cache` holds the regions it resolved and `status`
+    /// is the descriptor's status location. The default hands them on as
+    /// [`WrRegions`]; a kind that uses neither overrides this to skip
+    /// finding them (the caller holds the send-queue lock, as for
+    /// `post_send`).
+    #[inline]
+    fn post_send_queued(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        wr: &SendWr,
+        cache: &RegionCache,
+        status: &StatusLoc,
+    ) -> Result<()> {
+        self.post_send(nic, vi, wr, WrRegions::of(wr, cache, status))
     }
 
     /// A thread polls for a completion of `vi` that has not come: the

@@ -294,6 +294,50 @@ fn translation_refuses_unusable_descriptors() {
 }
 
 #[test]
+fn a_queue_s_descriptor_cache_follows_the_region_table() {
+    // A work queue remembers the extent its last descriptor came from
+    // (`translate::DescCache`); the answers must be those of a cold post:
+    // a deregistered region's handle is refused, a descriptor running past
+    // the region's end is a descriptor error, a segment outside the region
+    // a protection error.
+    let p = pair(Reliability::Unreliable, false);
+    let (a, b) = (&p.a, &p.b);
+    let r = Region::new(&p.nic, 8192, p.ptag, false, false).unwrap();
+    let send = DescBuilder::send().segment(&r, 4096, 8);
+    for at in [0, 64, 0] {
+        let d = send.write(&r, at).unwrap();
+        a.post_send(&r, d).unwrap();
+        let c = a.send_wait(Some(T)).unwrap();
+        assert_eq!((c.desc, c.status), (r.addr(d).unwrap(), DONE | OP_SEND));
+    }
+    // Past the end, with the cache warm for this region.
+    let mut cs = [0u8; 32];
+    cs[12..14].copy_from_slice(&3u16.to_ne_bytes());
+    r.write(r.len() - 64, &cs).unwrap();
+    assert_eq!(a.post_send(&r, r.len() - 64), Err(Error::DescriptorError));
+    // Misaligned, warm.
+    assert_eq!(a.post_send(&r, 8), Err(Error::DescriptorError));
+    // A segment outside the region, warm: a protection error at once.
+    let d = DescBuilder::recv()
+        .segment(&r, 8192 - 4, 8)
+        .write(&r, 128)
+        .unwrap();
+    b.post_recv(&r, d).unwrap();
+    let c = b.recv_wait(Some(T)).unwrap();
+    assert_eq!(c.status, DONE | OP_RECEIVE | PROTECTION_ERROR);
+    // Deregistered: the handle is dead.
+    let d = send.write(&r, 192).unwrap();
+    let (h, addr) = (r.handle(), r.addr(d).unwrap());
+    r.deregister().unwrap();
+    assert_eq!(
+        a.core().post_send(&p.nic.inner, addr, h),
+        Err(Error::InvalidParameter)
+    );
+    assert_eq!(a.queues_empty(), (true, true));
+    assert_eq!(b.queues_empty(), (true, true));
+}
+
+#[test]
 fn a_refused_post_leaves_nothing_in_the_slot_the_next_post_fills() {
     // A post refused after its descriptor was read (an RDMA write without
     // its address segment; a receive with a reserved operation) has already

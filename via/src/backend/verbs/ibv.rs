@@ -588,6 +588,25 @@ fn fill_send(w: &mut sys::ibv_send_wr, r: &SendReq<'_>) {
     }
 }
 
+/// A send work request its poster keeps from one post to the next (one
+/// per VI, under the VI's lock): a post sets only what changes (no zeroed
+/// 128-byte request per post, as [`Qp::post_send`] builds).
+pub(crate) struct SendWrBuf(sys::ibv_send_wr);
+
+// SAFETY: the raw pointers in the request (`sg_list`; `next` stays null)
+// point into the poster's scatter list only during a post, under the
+// owner's lock; between posts they are not dereferenced by anyone.
+unsafe impl Send for SendWrBuf {}
+
+impl Default for SendWrBuf {
+    fn default() -> Self {
+        // SAFETY: plain data, zero is valid for every field.
+        let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        SendWrBuf(w)
+    }
+}
+
 /// A queue pair.
 pub(crate) struct Qp {
     qp: *mut sys::ibv_qp,
@@ -786,6 +805,58 @@ impl Qp {
         }
         // SAFETY: `base` points to the first of `len` linked requests.
         self.post_chain(unsafe { &mut *base }, reqs.len())
+    }
+
+    /// Posts one signalled request through the poster's `buf`: as
+    /// [`Qp::post_send`] of one [`SendReq`], setting only the fields that
+    /// change between posts (a field another opcode used, such as the
+    /// immediate data of an earlier send, is ignored by the provider).
+    ///
+    /// # Errors
+    /// The provider's.
+    #[inline]
+    pub fn post_send_buf(
+        &self,
+        buf: &mut SendWrBuf,
+        wr_id: u64,
+        op: SendOp,
+        imm: Option<u32>,
+        sges: &[Sge],
+    ) -> io::Result<()> {
+        let w = &mut buf.0;
+        w.wr_id = wr_id;
+        (w.sg_list, w.num_sge) = sg_list(sges);
+        w.opcode = match op {
+            SendOp::Send => match imm {
+                None => sys::ibv_wr_opcode::IBV_WR_SEND,
+                Some(_) => sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
+            },
+            SendOp::Write { remote_va, rkey } => {
+                w.wr.rdma = sys::rdma_t {
+                    remote_addr: remote_va,
+                    rkey,
+                };
+                match imm {
+                    None => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                    Some(_) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                }
+            }
+            SendOp::Read { remote_va, rkey } => {
+                w.wr.rdma = sys::rdma_t {
+                    remote_addr: remote_va,
+                    rkey,
+                };
+                sys::ibv_wr_opcode::IBV_WR_RDMA_READ
+            }
+        };
+        if let Some(i) = imm {
+            w.imm_data_invalidated_rkey_union.imm_data = i.to_be();
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: live QP; the request (`next` null) and its scatter list
+        // live until the call returns (the provider copies them).
+        let rc = unsafe { sys::ibv_post_send(self.qp, w, &mut bad) };
+        check(rc, "ibv_post_send")
     }
 
     /// Posts the chain that starts at `first` (`len` requests in one

@@ -44,19 +44,21 @@ use doorbell::EventCount;
 use crate::attrs::{Reliability, ViAttributes, ViState};
 use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, SrqDone, ViSignals};
 use crate::completion;
+use crate::completion::StatusLoc;
 use crate::config::{Config, DoorbellMode};
 use crate::descriptor::{control, status};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{AsyncError, ErrorCode, NicInner, flags};
 use crate::process::Process;
 use crate::proto::{Endpoint, Request};
+use crate::regions::RegionCache;
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
 use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
-use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, Sge, Srq, Transport, Wc};
+use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, SendWrBuf, Sge, Srq, Transport, Wc};
 use keys::{Epoch, Key, KeyCache};
 use records::{PosRing, RecvDone, RecvRec, RecvSlab};
 
@@ -155,6 +157,8 @@ struct ViQp {
     /// The scatter list of the send being posted (filled up to its
     /// segments: no clearing per post).
     sges: [Sge; crate::descriptor::MAX_SEGMENTS],
+    /// The work request of the send being posted (kept between posts).
+    send_wr: SendWrBuf,
     /// The SRQ the QP receives from.
     srq: Option<u32>,
 }
@@ -923,6 +927,92 @@ impl Verbs {
         self.srq_wakes[id as usize].notify_all();
     }
 
+    /// Posts the checked send `wr` of `vi` (under its send-queue lock):
+    /// the device half of `VipPostSend`.
+    #[inline(always)]
+    fn send(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr) -> Result<()> {
+        let (op_status, rdma) = match wr.op() {
+            control::OP_RDMAWRITE => (status::OP_RDMA_WRITE, true),
+            control::OP_RDMAREAD => (status::OP_RDMA_READ, true),
+            _ => (status::OP_SEND, false),
+        };
+        if wr.fault != 0 {
+            if vi.reliability().is_reliable() {
+                self.brk((vi.slot, vi.generation), ErrorCode::PostDesc);
+            }
+            self.complete_now(nic, vi, wr, wr.fault | op_status);
+            return Ok(());
+        }
+        let mut g = self.vis[vi.slot as usize].lock();
+        let v = match g.as_mut() {
+            Some(v) if v.generation == vi.generation => v,
+            _ => return Err(Error::InvalidState),
+        };
+        let local = wr.local();
+        let sges = &mut v.sges[..local.len()];
+        v.keys.validate(self.mr_epoch.now());
+        for (d, s) in sges.iter_mut().zip(local) {
+            let Some(k) = v.keys.get(s.handle, |h| self.mr_key(h)) else {
+                drop(g);
+                self.complete_now(nic, vi, wr, status::PROTECTION_ERROR | op_status);
+                return Ok(());
+            };
+            *d = Sge {
+                addr: s.va,
+                len: s.len,
+                lkey: k.lkey,
+            };
+        }
+        if !v.connected || vi.broken.load(Ordering::Acquire) {
+            drop(g);
+            self.complete_now(nic, vi, wr, status::DESC_FLUSHED_ERROR | op_status);
+            return Ok(());
+        }
+        if wr.length > v.mtu {
+            // Beyond the connection's MaxTransferSize (the peer's may be
+            // smaller than ours): refused here, as the soft NIC does.
+            drop(g);
+            self.complete_now(nic, vi, wr, status::LENGTH_ERROR | op_status);
+            return Ok(());
+        }
+        *v.sends.insert(wr.seq as u64) = SendRec {
+            desc_handle: wr.desc_handle,
+            desc_va: wr.desc_va,
+            op_status,
+            rdma,
+        };
+        let sges = &v.sges[..local.len()];
+        if let Some(c) = &self.central {
+            // In this VI's order (under its lock); the poster posts it.
+            let mut q = Queued {
+                wr: *wr,
+                lkeys: [0; crate::descriptor::MAX_SEGMENTS],
+            };
+            for (k, s) in q.lkeys.iter_mut().zip(sges) {
+                *k = s.lkey;
+            }
+            while let Err(full) = c.db.ring(q) {
+                q = full.0;
+                self.flush_central(c);
+            }
+            drop(g);
+            self.settle_failed(nic);
+            return Ok(());
+        }
+        let (op, imm) = send_op(wr);
+        let id = wr_id(vi.slot, vi.generation, false, wr.seq as u64);
+        if let Err(e) = v.qp.post_send_buf(&mut v.send_wr, id, op, imm, sges) {
+            v.sends.take(wr.seq as u64);
+            drop(g);
+            log::warn!("verbs: VI {}: {e}", vi.slot);
+            if vi.reliability().is_reliable() {
+                self.brk((vi.slot, vi.generation), ErrorCode::ConnLost);
+            }
+            self.complete_now(nic, vi, wr, status::TRANSPORT_ERROR | op_status);
+        }
+        Ok(())
+    }
+
     fn complete_now(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr, st: u32) {
         complete_send(nic, vi, wr.desc_handle, wr.desc_va, st);
     }
@@ -1099,6 +1189,7 @@ impl Device for Verbs {
             recvs: PosRing::new(QUEUE_DEPTH as usize),
             keys: KeyCache::default(),
             sges: [Sge::default(); crate::descriptor::MAX_SEGMENTS],
+            send_wr: SendWrBuf::default(),
             srq: None,
         });
         Ok(())
@@ -1277,91 +1368,20 @@ impl Device for Verbs {
         wr: &SendWr,
         _regions: WrRegions<'_>,
     ) -> Result<()> {
-        let (op_status, rdma) = match wr.op() {
-            control::OP_RDMAWRITE => (status::OP_RDMA_WRITE, true),
-            control::OP_RDMAREAD => (status::OP_RDMA_READ, true),
-            _ => (status::OP_SEND, false),
-        };
-        if wr.fault != 0 {
-            if vi.reliability().is_reliable() {
-                self.brk((vi.slot, vi.generation), ErrorCode::PostDesc);
-            }
-            self.complete_now(nic, vi, wr, wr.fault | op_status);
-            return Ok(());
-        }
-        let mut g = self.vis[vi.slot as usize].lock();
-        let v = match g.as_mut() {
-            Some(v) if v.generation == vi.generation => v,
-            _ => return Err(Error::InvalidState),
-        };
-        let local = wr.local();
-        let sges = &mut v.sges[..local.len()];
-        v.keys.validate(self.mr_epoch.now());
-        for (d, s) in sges.iter_mut().zip(local) {
-            let Some(k) = v.keys.get(s.handle, |h| self.mr_key(h)) else {
-                drop(g);
-                self.complete_now(nic, vi, wr, status::PROTECTION_ERROR | op_status);
-                return Ok(());
-            };
-            *d = Sge {
-                addr: s.va,
-                len: s.len,
-                lkey: k.lkey,
-            };
-        }
-        if !v.connected || vi.broken.load(Ordering::Acquire) {
-            drop(g);
-            self.complete_now(nic, vi, wr, status::DESC_FLUSHED_ERROR | op_status);
-            return Ok(());
-        }
-        if wr.length > v.mtu {
-            // Beyond the connection's MaxTransferSize (the peer's may be
-            // smaller than ours): refused here, as the soft NIC does.
-            drop(g);
-            self.complete_now(nic, vi, wr, status::LENGTH_ERROR | op_status);
-            return Ok(());
-        }
-        *v.sends.insert(wr.seq as u64) = SendRec {
-            desc_handle: wr.desc_handle,
-            desc_va: wr.desc_va,
-            op_status,
-            rdma,
-        };
-        let sges = &v.sges[..local.len()];
-        if let Some(c) = &self.central {
-            // In this VI's order (under its lock); the poster posts it.
-            let mut q = Queued {
-                wr: *wr,
-                lkeys: [0; crate::descriptor::MAX_SEGMENTS],
-            };
-            for (k, s) in q.lkeys.iter_mut().zip(sges) {
-                *k = s.lkey;
-            }
-            while let Err(full) = c.db.ring(q) {
-                q = full.0;
-                self.flush_central(c);
-            }
-            drop(g);
-            self.settle_failed(nic);
-            return Ok(());
-        }
-        let (op, imm) = send_op(wr);
-        let req = SendReq {
-            wr_id: wr_id(vi.slot, vi.generation, false, wr.seq as u64),
-            op,
-            imm,
-            sges,
-        };
-        if let Err((_, e)) = v.qp.post_send(&[req]) {
-            v.sends.take(wr.seq as u64);
-            drop(g);
-            log::warn!("verbs: VI {}: {e}", vi.slot);
-            if vi.reliability().is_reliable() {
-                self.brk((vi.slot, vi.generation), ErrorCode::ConnLost);
-            }
-            self.complete_now(nic, vi, wr, status::TRANSPORT_ERROR | op_status);
-        }
-        Ok(())
+        self.send(nic, vi, wr)
+    }
+
+    fn post_send_queued(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        wr: &SendWr,
+        _cache: &RegionCache,
+        _status: &StatusLoc,
+    ) -> Result<()> {
+        // The lkeys come from the VI's own cache: the regions translation
+        // found are not needed (nor looked up again).
+        self.send(nic, vi, wr)
     }
 
     fn poll(&self, nic: &NicInner, _vi: &ViCore) {
