@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::ffi::boundary::{CContext, Out, address, opaque, opaque_value, pointer, timeout};
-use crate::ffi::handles::{nic_handle, vi_from, vi_handle, with_vi};
+use crate::ffi::handles::{nic_handle, vi_from, vi_handle, vi_ref, with_vi};
 use crate::ffi::types::*;
 use crate::vi::{Completion, Which};
 
@@ -52,7 +52,8 @@ pub(crate) unsafe fn done(
 ) -> Result<()> {
     // SAFETY: the caller's contract for `out`.
     let out = unsafe { Out::new(out) }?;
-    let c = with_vi(vi_h, |nic, vi| vi.done_polling(nic, w))?;
+    let v = vi_ref(vi_h)?;
+    let c = v.vi().done_polling(v.nic(), w)?;
     out.write(descriptor(c));
     Ok(())
 }
