@@ -55,13 +55,37 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    /// The region of `handle` if the lane holds it unchanged, with its table
-    /// entry (to check after a copy that it is still registered).
+    /// The place holding `handle` unchanged, with its table entry (to check
+    /// after a copy that it is still registered).
     #[inline(always)]
-    pub fn find<'v>(&self, view: &NicView<'v>, handle: u32) -> Option<(&Flat, &'v TptEntry)> {
-        let f = self.regs.iter().flatten().find(|f| f.handle == handle)?;
+    fn find<'v>(&self, view: &NicView<'v>, handle: u32) -> Option<(&Flat, &'v TptEntry)> {
+        let f = match &self.regs {
+            [Some(f), _] if f.handle == handle => f,
+            [_, Some(f)] if f.handle == handle => f,
+            _ => return None,
+        };
         let e = tpt::unchanged(view, f.index, handle, f.seq)?;
         Some((f, e))
+    }
+
+    /// The regions of a receive whose descriptor is in region `desc` and
+    /// whose data (if any) is in region `data`, if the lane holds them
+    /// unchanged: the descriptor's region with its table entry, and the
+    /// data's region.
+    #[inline(always)]
+    pub fn locate<'v>(
+        &self,
+        view: &NicView<'v>,
+        desc: u32,
+        data: Option<u32>,
+    ) -> Option<(&Flat, &'v TptEntry, Option<&Flat>)> {
+        let (d, e) = self.find(view, desc)?;
+        let g = match data {
+            Some(h) if h == desc => Some(d),
+            Some(h) => Some(self.find(view, h)?.0),
+            None => None,
+        };
+        Some((d, e, g))
     }
 
     /// Remembers region `r` in place `k` (0: descriptors, 1: data) as

@@ -332,28 +332,20 @@ impl<'a> Op<'a> {
         if seg.is_some_and(|(_, _, cap)| len > cap) {
             return None;
         }
-        let hit = self.lane.find(&view, desc_handle).is_some()
-            && seg.is_none_or(|(h, _, _)| self.lane.find(&view, h).is_some());
-        if hit {
+        let data = seg.map(|(h, _, _)| h);
+        if self.lane.locate(&view, desc_handle, data).is_some() {
             self.regions.cache.counts(Use::Recv).hits += 1;
         } else {
-            self.fill_lane(&view, desc_handle, seg.map(|(h, _, _)| h))?;
+            // Not there, or changed since: the translation cache refills it.
+            self.fill_lane(&view, desc_handle, data)?;
         }
-        let lane = &*self.lane;
-        let (d, entry) = lane.find(&view, desc_handle)?;
+        let (d, entry, g) = self.lane.locate(&view, desc_handle, data)?;
         // Where the status goes, then where the data goes (the region
         // checked as the whole receive segment, `cap` bytes).
         let status_at = d.at(desc_off, 32)?;
-        let dst = match seg {
-            Some((h, off, cap)) => {
-                let g = if h == desc_handle {
-                    d
-                } else {
-                    lane.find(&view, h)?.0
-                };
-                Some(g.at(off, cap as u64)?)
-            }
-            None => None,
+        let dst = match (seg, g) {
+            (Some((_, off, cap)), Some(g)) => Some(g.at(off, cap as u64)?),
+            _ => None,
         };
         // From here on the receive is ours to finish.
         let mut fault = 0;
