@@ -125,8 +125,50 @@ pub(crate) fn nic_from(h: VIP_NIC_HANDLE) -> Result<Arc<NicInner>> {
         return Ok(nic);
     }
     let (nic, _, _) = decode(h, Kind::Nic)?;
-    RECENT_NICS.with(|c| c.borrow_mut().remember(bits, pid, &nic, &nic));
+    RECENT_NICS.with(|c| {
+        // Busy only while a guard of `last_vi` lives: then uncached.
+        if let Ok(mut c) = c.try_borrow_mut() {
+            if let Some(i) = c.remember(bits, pid, &nic, &nic) {
+                // Entry `i` owns it now.
+                last_vi::point_nic(i, bits, &nic);
+            }
+        }
+    });
     Ok(nic)
+}
+
+/// The open NIC named by `h`, borrowed from this thread's cells when it
+/// can (no reference count change, no thread-local destructor check),
+/// else as [`nic_from`] finds it.
+///
+/// # Errors
+/// As [`nic_from`].
+#[inline(always)]
+pub(crate) fn nic_ref(h: VIP_NIC_HANDLE) -> Result<NicRef> {
+    match last_vi::enter_nic(opaque_value(h)) {
+        Some(e) => Ok(NicRef::Cell(e)),
+        None => nic_from(h).map(NicRef::Held),
+    }
+}
+
+/// A NIC as [`nic_ref`] found it.
+pub(crate) enum NicRef {
+    /// Borrowed from this thread's cells.
+    Cell(last_vi::EnteredNic),
+    /// Held by a reference (a miss of the cells).
+    Held(Arc<NicInner>),
+}
+
+impl std::ops::Deref for NicRef {
+    type Target = NicInner;
+
+    #[inline(always)]
+    fn deref(&self) -> &NicInner {
+        match self {
+            NicRef::Cell(e) => e.nic(),
+            NicRef::Held(n) => n,
+        }
+    }
 }
 
 /// An object handle this thread used lately, with what it names.

@@ -1,6 +1,7 @@
-//! The VIs this thread used lately, found without a lock, a reference count
-//! change or a thread-local destructor check: the first look of
-//! `handles::with_vi` (posting and polling).
+//! The VIs (and NICs) this thread used lately, found without a lock, a
+//! reference count change or a thread-local destructor check: the first
+//! look of `handles::with_vi` (posting and polling) and of
+//! `handles::nic_ref` (registering around every message).
 //!
 //! One cell per entry of this thread's cache of VI handles
 //! (`handles::Recent`, which owns an `Arc` of each VI and NIC, and so needs
@@ -48,8 +49,24 @@ const NONE: Last = Last {
 /// Cells: as many as the cache has entries.
 pub(crate) const CELLS: usize = 4;
 
+/// A cell naming a NIC (as `Last` names a VI with its NIC).
+#[derive(Clone, Copy)]
+struct LastNic {
+    bits: u64,
+    nic: *const NicInner,
+}
+
+const NO_NIC: LastNic = LastNic {
+    bits: 0,
+    nic: std::ptr::null(),
+};
+
 struct Fast {
     cells: [Cell<Last>; CELLS],
+    /// NIC handles (`VipRegisterMem` and `VipDeregisterMem` around every
+    /// message), one cell per entry of the thread's cache of NIC handles,
+    /// under the same rules as the VI cells.
+    nics: [Cell<LastNic>; CELLS],
     /// Closures running on a cell's VI (nested calls count each).
     busy: Cell<u32>,
 }
@@ -58,6 +75,7 @@ thread_local! {
     static FAST: Fast = const {
         Fast {
             cells: [const { Cell::new(NONE) }; CELLS],
+            nics: [const { Cell::new(NO_NIC) }; CELLS],
             busy: Cell::new(0),
         }
     };
@@ -134,6 +152,65 @@ pub(crate) fn enter(bits: u64) -> Option<Entered> {
     })
 }
 
+/// The NIC of handle `bits`, borrowed from a cell while the guard lives
+/// (as [`Entered`]).
+pub(crate) struct EnteredNic {
+    fast: *const Fast,
+    nic: *const NicInner,
+}
+
+impl EnteredNic {
+    /// The NIC.
+    #[inline(always)]
+    pub fn nic(&self) -> &NicInner {
+        // SAFETY: as in `Entered::nic`: a cell named it when `enter_nic`
+        // made `self`, and `busy` keeps the cache entry that owns it.
+        unsafe { &*self.nic }
+    }
+}
+
+impl Drop for EnteredNic {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: as in `Entered::drop`.
+        let busy = unsafe { &(*self.fast).busy };
+        busy.set(busy.get() - 1);
+    }
+}
+
+/// The NIC of handle `bits` if a cell names it and it is not closed.
+#[inline(always)]
+pub(crate) fn enter_nic(bits: u64) -> Option<EnteredNic> {
+    let (fast, last) = FAST.with(|fast| {
+        let last = fast
+            .nics
+            .iter()
+            .map(Cell::get)
+            .find(|c| c.bits == bits && !c.nic.is_null())?;
+        Some((std::ptr::from_ref(fast), last))
+    })?;
+    // SAFETY: as in `enter`: this thread's storage, and a NIC that an entry
+    // of this thread's handle cache keeps alive until the cell is
+    // forgotten.
+    let (fast_ref, nic) = unsafe { (&*fast, &*last.nic) };
+    // Acquire: pairs with the Release store of `VipCloseNic`.
+    if nic.closed.load(Ordering::Acquire) {
+        return None;
+    }
+    fast_ref.busy.set(fast_ref.busy.get() + 1);
+    Some(EnteredNic {
+        fast,
+        nic: last.nic,
+    })
+}
+
+/// Points NIC cell `i` at `nic`, which entry `i` of this thread's cache of
+/// NIC handles owns (handle `bits`, made in this process).
+pub(crate) fn point_nic(i: usize, bits: u64, nic: &NicInner) {
+    install_fork_handler();
+    FAST.with(|fast| fast.nics[i % CELLS].set(LastNic { bits, nic }));
+}
+
 /// Runs `f` on the VI of handle `bits` if a cell names it (see [`enter`]);
 /// else gives `f` back.
 #[cfg(test)]
@@ -147,6 +224,13 @@ pub(crate) fn with<R, F: FnOnce(&NicInner, &ViCore) -> R>(bits: u64, f: F) -> Re
 /// Points cell `i` at `vi` and `nic`, which entry `i` of this thread's
 /// cache of VI handles owns (handle `bits`, made in this process).
 pub(crate) fn point(i: usize, bits: u64, nic: &NicInner, vi: &ViCore) {
+    install_fork_handler();
+    FAST.with(|fast| fast.cells[i % CELLS].set(Last { bits, nic, vi }));
+}
+
+/// The fork handler that empties the cells in the child (installed with
+/// the first cell).
+fn install_fork_handler() {
     static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
     FORK_HANDLER.call_once(|| {
         unsafe extern "C" fn keep() {}
@@ -157,12 +241,13 @@ pub(crate) fn point(i: usize, bits: u64, nic: &NicInner, vi: &ViCore) {
             log::warn!("cannot install the fork handler of the VI cells: {e}");
         }
     });
-    FAST.with(|fast| fast.cells[i % CELLS].set(Last { bits, nic, vi }));
 }
 
 /// Forgets the cells that name the object at `addr` (`None`: all), before
-/// the cache drops the entry that owns it. (A live object of another kind
-/// never has the address of a VI a cell names.)
+/// the cache drops the entry that owns it: a VI cell naming it as its VI,
+/// a NIC cell naming it as its NIC. (A live object of another kind never
+/// has the address of an object a cell names; a VI cell's NIC is owned by
+/// the VI's entry, so dropping a NIC entry leaves it alone.)
 pub(crate) fn forget(addr: Option<*const ()>) {
     // `try_with` for form's sake: storage without a destructor stays
     // readable while the thread's destructors run.
@@ -170,6 +255,11 @@ pub(crate) fn forget(addr: Option<*const ()>) {
         for c in &fast.cells {
             if addr.is_none_or(|a| std::ptr::eq(c.get().vi.cast(), a)) {
                 c.set(NONE);
+            }
+        }
+        for c in &fast.nics {
+            if addr.is_none_or(|a| std::ptr::eq(c.get().nic.cast(), a)) {
+                c.set(NO_NIC);
             }
         }
     });

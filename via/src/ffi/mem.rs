@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::attrs::MemAttributes;
 use crate::error::{Error, Result};
 use crate::ffi::boundary::{Out, address, boolean, ffi_boundary, read_in, vip_bool};
-use crate::ffi::handles::{nic_from, ptag_handle, ptag_named_by, ptag_of};
+use crate::ffi::handles::{nic_from, nic_ref, ptag_handle, ptag_named_by, ptag_of};
 use crate::ffi::types::*;
 use crate::mem::arena::UserRange;
 use crate::nic::NicInner;
@@ -19,7 +19,7 @@ fn mem_attrs_in(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttrib
 /// The attributes `a` names, the tag not checked for liveness (for
 /// `VipRegisterMem`: `NicInner::register` checks it, without a lock when
 /// a parked registration of that tag comes back).
-fn mem_attrs_named(nic: &Arc<NicInner>, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttributes> {
+fn mem_attrs_named(nic: &NicInner, a: &VIP_MEM_ATTRIBUTES) -> Result<MemAttributes> {
     let ptag = ptag_named_by(nic, a.Ptag).ok_or(Error::InvalidPtag)?;
     // The limit itself: `attributes()` builds the whole set (a name, the
     // memory size) on a path every message may take.
@@ -70,7 +70,7 @@ pub unsafe extern "C" fn VipRegisterMem(
     MemHandle: *mut VIP_MEM_HANDLE,
 ) -> VIP_RETURN {
     ffi_boundary!("VipRegisterMem", {
-        let nic = nic_from(NicHandle)?;
+        let nic = nic_ref(NicHandle)?;
         // SAFETY: the caller's contract for `MemAttrs` and `MemHandle`.
         let (attrs, out) = unsafe { (read_in(MemAttrs)?, Out::new(MemHandle)?) };
         let addr = address(VirtualAddress);
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn VipDeregisterMem(
     MemHandle: VIP_MEM_HANDLE,
 ) -> VIP_RETURN {
     ffi_boundary!("VipDeregisterMem", {
-        let nic = nic_from(NicHandle)?;
+        let nic = nic_ref(NicHandle)?;
         nic.deregister(address(VirtualAddress), MemHandle)
     })
 }

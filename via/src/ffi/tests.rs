@@ -643,6 +643,62 @@ fn more_vis_than_cached_and_nested_lookups() {
     unsafe { assert_eq!(VipCloseNic(nic), VIP_SUCCESS) };
 }
 
+/// `VipRegisterMem` and `VipDeregisterMem` find their NIC through this
+/// thread's cells: with more NICs in use than cells, each registers and
+/// deregisters right, a closed one is refused while its cell still names it,
+/// and the others go on.
+#[test]
+fn more_nics_than_cached_register_through_cells() {
+    if !viad_available() {
+        return;
+    }
+    let nics: Vec<_> = (0..6).map(|_| open()).collect();
+    let tags: Vec<_> = nics.iter().map(|&n| ptag(n)).collect();
+    let mut buf = vec![0u8; 3 * 4096];
+    let addr = buf
+        .as_mut_ptr()
+        .wrapping_add(4096 - buf.as_ptr().addr() % 4096);
+    let addr = addr.cast::<c_void>();
+    let round = |i: usize| {
+        let mut a = VIP_MEM_ATTRIBUTES {
+            Ptag: tags[i],
+            EnableRdmaWrite: 0,
+            EnableRdmaRead: 0,
+        };
+        let mut mh = 0;
+        // SAFETY: `addr` is 8 KiB inside `buf`, which outlives every
+        // registration; the other arguments are checked values.
+        unsafe {
+            let r = VipRegisterMem(nics[i], addr, 4096, &mut a, &mut mh);
+            if r != VIP_SUCCESS {
+                return r;
+            }
+            // Another NIC's handle does not name this region.
+            let other = nics[(i + 1) % nics.len()];
+            assert_eq!(VipDeregisterMem(other, addr, mh), VIP_INVALID_PARAMETER);
+            VipDeregisterMem(nics[i], addr, mh)
+        }
+    };
+    for _ in 0..3 {
+        for i in 0..nics.len() {
+            assert_eq!(round(i), VIP_SUCCESS, "NIC {i}");
+        }
+    }
+    // The last one used sits in a cell now: closed, it is refused there.
+    assert_eq!(round(5), VIP_SUCCESS);
+    // SAFETY: a checked handle.
+    unsafe { assert_eq!(VipCloseNic(nics[5]), VIP_SUCCESS) };
+    assert_eq!(round(5), VIP_INVALID_PARAMETER);
+    refuses_nic(nics[5]);
+    for (i, &n) in nics[..5].iter().enumerate() {
+        assert_eq!(round(i), VIP_SUCCESS, "NIC {i} after another closed");
+        // SAFETY: as above.
+        unsafe { assert_eq!(VipCloseNic(n), VIP_SUCCESS) };
+        assert_eq!(round(i), VIP_INVALID_PARAMETER);
+    }
+    drop(buf);
+}
+
 /// `VipRegisterMem` checks the tag in the registration, not at the C
 /// boundary: a destroyed tag is refused whether or not a registration of
 /// it was parked before, and a parked one comes back only for its own tag.
