@@ -110,8 +110,9 @@ pub(crate) struct RawSeg {
     pub len: u32,
 }
 
-/// A user descriptor read from memory (each work queue keeps one to read
-/// into, so no post builds or moves one).
+/// A user descriptor read from memory (a shared receive queue keeps one to
+/// read into, so no post builds or moves one; a VI's work queues read
+/// straight into their request with [`read_send`] and [`read_recv`]).
 #[derive(Default)]
 pub(crate) struct UserDesc {
     pub control: u16,
@@ -628,9 +629,9 @@ fn locate_cold<'a>(
 /// Reads the send, RDMA write or RDMA read descriptor at `va` (in the
 /// region of `cx.desc_handle`) straight into the work request `wr`,
 /// checking each segment as it goes, and resolves its status location into
-/// `status`: [`read_desc`] and [`send_wr`] in one pass, with no copy of the
-/// descriptor in between. Problems the NIC would report in the status
-/// become `wr.fault`.
+/// `status`: [`read_desc`] and the building of the request in one pass,
+/// with no copy of the descriptor in between. Problems the NIC would
+/// report in the status become `wr.fault`.
 ///
 /// # Errors
 /// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
@@ -818,7 +819,7 @@ fn recv_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, pd: &mut
 pub(crate) struct WrRegions<'a> {
     pub desc: Option<&'a Resolved>,
     pub seg: Option<&'a Resolved>,
-    /// Where the descriptor's status is written (found by [`read_desc`]).
+    /// Where the descriptor's status is written (found by [`read_send`]).
     pub status: Option<&'a StatusLoc>,
 }
 

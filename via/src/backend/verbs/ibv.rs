@@ -607,6 +607,30 @@ impl Default for SendWrBuf {
     }
 }
 
+/// A send opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Opcode(sys::ibv_wr_opcode::Type);
+
+impl Opcode {
+    pub const SEND: Opcode = Opcode(sys::ibv_wr_opcode::IBV_WR_SEND);
+    pub const SEND_WITH_IMM: Opcode = Opcode(sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM);
+    pub const RDMA_WRITE: Opcode = Opcode(sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE);
+    pub const RDMA_WRITE_WITH_IMM: Opcode = Opcode(sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM);
+    pub const RDMA_READ: Opcode = Opcode(sys::ibv_wr_opcode::IBV_WR_RDMA_READ);
+}
+
+/// What [`Qp::post_send_buf`] sets in the kept request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BufReq {
+    pub wr_id: u64,
+    pub opcode: Opcode,
+    /// Immediate data (host order), for the `WITH_IMM` opcodes.
+    pub imm: u32,
+    /// Remote address and key, for the RDMA opcodes.
+    pub remote_va: u64,
+    pub rkey: u32,
+}
+
 /// A queue pair.
 pub(crate) struct Qp {
     qp: *mut sys::ibv_qp,
@@ -808,50 +832,24 @@ impl Qp {
     }
 
     /// Posts one signalled request through the poster's `buf`: as
-    /// [`Qp::post_send`] of one [`SendReq`], setting only the fields that
-    /// change between posts (a field another opcode used, such as the
-    /// immediate data of an earlier send, is ignored by the provider).
+    /// [`Qp::post_send`] of one request, setting only the fields that
+    /// change between posts, all of them unconditionally (the provider
+    /// reads the immediate data and the RDMA address only for the opcodes
+    /// that have them).
     ///
     /// # Errors
     /// The provider's.
     #[inline]
-    pub fn post_send_buf(
-        &self,
-        buf: &mut SendWrBuf,
-        wr_id: u64,
-        op: SendOp,
-        imm: Option<u32>,
-        sges: &[Sge],
-    ) -> io::Result<()> {
+    pub fn post_send_buf(&self, buf: &mut SendWrBuf, r: &BufReq, sges: &[Sge]) -> io::Result<()> {
         let w = &mut buf.0;
-        w.wr_id = wr_id;
+        w.wr_id = r.wr_id;
         (w.sg_list, w.num_sge) = sg_list(sges);
-        w.opcode = match op {
-            SendOp::Send => match imm {
-                None => sys::ibv_wr_opcode::IBV_WR_SEND,
-                Some(_) => sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
-            },
-            SendOp::Write { remote_va, rkey } => {
-                w.wr.rdma = sys::rdma_t {
-                    remote_addr: remote_va,
-                    rkey,
-                };
-                match imm {
-                    None => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                    Some(_) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                }
-            }
-            SendOp::Read { remote_va, rkey } => {
-                w.wr.rdma = sys::rdma_t {
-                    remote_addr: remote_va,
-                    rkey,
-                };
-                sys::ibv_wr_opcode::IBV_WR_RDMA_READ
-            }
+        w.opcode = r.opcode.0;
+        w.imm_data_invalidated_rkey_union.imm_data = r.imm.to_be();
+        w.wr.rdma = sys::rdma_t {
+            remote_addr: r.remote_va,
+            rkey: r.rkey,
         };
-        if let Some(i) = imm {
-            w.imm_data_invalidated_rkey_union.imm_data = i.to_be();
-        }
         let mut bad = ptr::null_mut();
         // SAFETY: live QP; the request (`next` null) and its scatter list
         // live until the call returns (the provider copies them).

@@ -58,7 +58,10 @@ use crate::translate::{RecvWr, SendWr, WrRegions};
 use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
-use ibv::{Context, Cq, Mr, Pd, Qp, Remote, SendOp, SendReq, SendWrBuf, Sge, Srq, Transport, Wc};
+use ibv::{
+    BufReq, Context, Cq, Mr, Opcode, Pd, Qp, Remote, SendOp, SendReq, SendWrBuf, Sge, Srq,
+    Transport, Wc,
+};
 use keys::{Epoch, Key, KeyCache};
 use records::{PosRing, RecvDone, RecvRec, RecvSlab};
 
@@ -336,6 +339,28 @@ fn write_recv(nic: &NicInner, rw: &RecvDone, wc: &Wc) -> Option<u32> {
 }
 
 /// The verbs operation and immediate data of a validated send.
+/// Per `CS.Control & 7` (operation and immediate flag): the verbs opcode,
+/// the completion's operation status and whether it is RDMA.
+const SEND_OPS: [(Opcode, u32, bool); 8] = {
+    let (send, write, read) = (status::OP_SEND, status::OP_RDMA_WRITE, status::OP_RDMA_READ);
+    [
+        (Opcode::SEND, send, false),
+        (Opcode::RDMA_WRITE, write, true),
+        (Opcode::RDMA_READ, read, true),
+        (Opcode::SEND, send, false),
+        (Opcode::SEND_WITH_IMM, send, false),
+        (Opcode::RDMA_WRITE_WITH_IMM, write, true),
+        (Opcode::RDMA_READ, read, true),
+        (Opcode::SEND_WITH_IMM, send, false),
+    ]
+};
+
+const _: () = {
+    assert!(control::OP_MASK == 3 && control::IMMEDIATE == 4);
+    assert!(control::OP_SENDRECV == 0 && control::OP_RDMAWRITE == 1);
+    assert!(control::OP_RDMAREAD == 2);
+};
+
 fn send_op(wr: &SendWr) -> (SendOp, Option<u32>) {
     let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
     let op = match wr.op() {
@@ -931,11 +956,9 @@ impl Verbs {
     /// the device half of `VipPostSend`.
     #[inline(always)]
     fn send(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr) -> Result<()> {
-        let (op_status, rdma) = match wr.op() {
-            control::OP_RDMAWRITE => (status::OP_RDMA_WRITE, true),
-            control::OP_RDMAREAD => (status::OP_RDMA_READ, true),
-            _ => (status::OP_SEND, false),
-        };
+        // Translation refused the reserved operation and RDMA read with
+        // immediate data; the table has them for completeness.
+        let (opcode, op_status, rdma) = SEND_OPS[(wr.control & 7) as usize];
         if wr.fault != 0 {
             if vi.reliability().is_reliable() {
                 self.brk((vi.slot, vi.generation), ErrorCode::PostDesc);
@@ -999,9 +1022,14 @@ impl Verbs {
             self.settle_failed(nic);
             return Ok(());
         }
-        let (op, imm) = send_op(wr);
-        let id = wr_id(vi.slot, vi.generation, false, wr.seq as u64);
-        if let Err(e) = v.qp.post_send_buf(&mut v.send_wr, id, op, imm, sges) {
+        let req = BufReq {
+            wr_id: wr_id(vi.slot, vi.generation, false, wr.seq as u64),
+            opcode,
+            imm: wr.imm,
+            remote_va: wr.remote_va,
+            rkey: wr.remote_handle,
+        };
+        if let Err(e) = v.qp.post_send_buf(&mut v.send_wr, &req, sges) {
             v.sends.take(wr.seq as u64);
             drop(g);
             log::warn!("verbs: VI {}: {e}", vi.slot);
