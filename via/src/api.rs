@@ -345,7 +345,9 @@ pub struct Srq {
 #[derive(Default)]
 struct SrqPost {
     regions: crate::regions::RegionCache,
-    desc: crate::translate::UserDesc,
+    descs: crate::translate::DescCache,
+    copy: crate::translate::SegCopy,
+    status: crate::completion::StatusLoc,
     rwr: crate::translate::RecvWr,
 }
 
@@ -420,12 +422,23 @@ impl Srq {
         let mut p = self.post.lock().unwrap();
         let SrqPost {
             regions,
-            desc: d,
+            descs,
+            copy,
+            status,
             rwr,
         } = &mut **p;
-        crate::translate::read_desc(&nic.regions, va, handle, ptag, regions, d)?;
-        crate::translate::recv_wr(&nic.regions, d, va, handle, ptag, regions, rwr);
-        d.status.complete(0, None, None);
+        crate::translate::read_recv(
+            &nic.regions,
+            regions,
+            descs,
+            va,
+            handle,
+            ptag,
+            rwr,
+            status,
+            copy,
+        )?;
+        status.complete(0, None, None);
         nic.dev.post_srq_recv(nic, self.id, va, rwr)
     }
 

@@ -110,146 +110,8 @@ pub(crate) struct RawSeg {
     pub len: u32,
 }
 
-/// A user descriptor read from memory (a shared receive queue keeps one to
-/// read into, so no post builds or moves one; a VI's work queues read
-/// straight into their request with [`read_send`] and [`read_recv`]).
-#[derive(Default)]
-pub(crate) struct UserDesc {
-    pub control: u16,
-    pub imm: u32,
-    pub length: u32,
-    pub n: usize,
-    pub segs: [RawSeg; MAX_SEGS],
-    /// The region holding the descriptor, as [`read_desc`] checked it: its
-    /// handle, first address, length and protection tag.
-    pub region_handle: u32,
-    pub region_va: u64,
-    pub region_len: u64,
-    pub region_ptag: u32,
-    pub status: StatusLoc,
-}
-
 fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_ne_bytes(b[i..i + 4].try_into().unwrap())
-}
-
-/// Reads the descriptor at `va`, which `handle` must cover.
-///
-/// # Errors
-/// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
-/// misaligned descriptor, one outside the region or of another protection
-/// tag, more than [`MAX_SEGS`] segments, or a reserved control bit or
-/// operation.
-#[inline(always)]
-pub(crate) fn read_desc(
-    table: &RegionTable,
-    va: u64,
-    handle: u32,
-    ptag: u32,
-    cache: &mut RegionCache,
-    out: &mut UserDesc,
-) -> Result<()> {
-    let mut status = std::mem::take(&mut out.status);
-    let r = read_desc_at(table, va, handle, ptag, cache, out, &mut status);
-    out.status = status;
-    r
-}
-
-/// [`read_desc`], with the descriptor's status location resolved into
-/// `status` (a work queue's slot) instead of `out.status`.
-#[inline(always)]
-pub(crate) fn read_desc_at(
-    table: &RegionTable,
-    va: u64,
-    handle: u32,
-    ptag: u32,
-    cache: &mut RegionCache,
-    out: &mut UserDesc,
-    status: &mut StatusLoc,
-) -> Result<()> {
-    let region = cache.get(table, handle).ok_or(Error::InvalidParameter)?;
-    if va % crate::descriptor::ALIGNMENT as u64 != 0
-        || !region.covers(va, 32)
-        || region.ptag != ptag
-    {
-        return Err(Error::DescriptorError);
-    }
-    let segs = &mut out.segs;
-    let (n, control, imm, length);
-    if let Some((m, at, room)) = region.locate(va, 32) {
-        // Fast path: the descriptor lies in one arena; read its words
-        // through one bounds check (the 32-byte control segment).
-        let head = m.slice::<AtomicU32>(at, 8).ok_or(Error::DescriptorError)?;
-        let word = |o: usize| head[o / 4].load(Ordering::Relaxed);
-        let w = word(offsets::SEG_COUNT);
-        let (first, second) = if cfg!(target_endian = "little") {
-            (w as u16, (w >> 16) as u16)
-        } else {
-            ((w >> 16) as u16, w as u16)
-        };
-        (n, control) = (first as usize, second);
-        imm = word(offsets::IMMEDIATE_DATA);
-        length = word(offsets::LENGTH);
-        check_head(n, control)?;
-        let end = offsets::SEGMENTS + n * SEGMENT_SIZE;
-        if !region.covers(va, end as u64) {
-            return Err(Error::DescriptorError);
-        }
-        let words = (room >= end as u64)
-            .then(|| m.slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * n))
-            .flatten();
-        if let Some(words) = words {
-            for (s, w) in segs.iter_mut().zip(words.chunks_exact(2)) {
-                let hl = w[1].load(Ordering::Relaxed);
-                *s = RawSeg {
-                    addr: w[0].load(Ordering::Relaxed),
-                    handle: hl as u32,
-                    len: (hl >> 32) as u32,
-                };
-            }
-        } else {
-            read_segs(region, va, n, segs)?;
-        }
-        status.set_map(m, at);
-    } else {
-        let mut cs = [0u8; 32];
-        region
-            .read(va, &mut cs)
-            .map_err(|_| Error::DescriptorError)?;
-        let at = |o: usize| [cs[o], cs[o + 1]];
-        n = u16::from_ne_bytes(at(offsets::SEG_COUNT)) as usize;
-        control = u16::from_ne_bytes(at(offsets::CONTROL));
-        imm = u32_at(&cs, offsets::IMMEDIATE_DATA);
-        length = u32_at(&cs, offsets::LENGTH);
-        check_head(n, control)?;
-        let end = offsets::SEGMENTS + n * SEGMENT_SIZE;
-        if !region.covers(va, end as u64) {
-            return Err(Error::DescriptorError);
-        }
-        read_segs(region, va, n, segs)?;
-        *status = StatusLoc::of(region, va);
-    }
-    out.control = control;
-    out.imm = imm;
-    out.length = length;
-    out.n = n;
-    out.region_handle = handle;
-    out.region_va = region.va;
-    out.region_len = region.len;
-    out.region_ptag = region.ptag;
-    Ok(())
-}
-
-/// Refuses a segment count or control word no descriptor may have.
-#[inline(always)]
-fn check_head(n: usize, control: u16) -> Result<()> {
-    if n > MAX_SEGS
-        || control & control::RESERVED != 0
-        || control & control::OP_MASK == control::OP_RESERVED
-    {
-        return Err(Error::DescriptorError);
-    }
-    Ok(())
 }
 
 /// Reads the `n` segments of the descriptor at `va` by copy (they straddle
@@ -271,32 +133,16 @@ fn read_segs(region: &Resolved, va: u64, n: usize, segs: &mut [RawSeg; MAX_SEGS]
     Ok(())
 }
 
-/// Checks a local data segment; the error status if it is not allowed.
-/// A segment in the descriptor's own region (the common layout) is checked
-/// against what [`read_desc`] found for it a moment ago under the same
-/// queue lock, without a second lookup.
+/// Refuses a segment count or control word no descriptor may have.
 #[inline(always)]
-fn check_local(
-    table: &RegionTable,
-    s: &RawSeg,
-    ptag: u32,
-    cache: &mut RegionCache,
-    d: &UserDesc,
-) -> std::result::Result<u64, u32> {
-    let (va, len, region_ptag) = if s.handle == d.region_handle {
-        (d.region_va, d.region_len, d.region_ptag)
-    } else {
-        let r = cache.get(table, s.handle).ok_or(status::PROTECTION_ERROR)?;
-        (r.va, r.len, r.ptag)
-    };
-    let inside = s.addr >= va
-        && s.addr
-            .checked_add(s.len as u64)
-            .is_some_and(|e| e <= va + len);
-    if region_ptag != ptag || !inside {
-        return Err(status::PROTECTION_ERROR);
+fn check_head(n: usize, control: u16) -> Result<()> {
+    if n > MAX_SEGS
+        || control & control::RESERVED != 0
+        || control & control::OP_MASK == control::OP_RESERVED
+    {
+        return Err(Error::DescriptorError);
     }
-    Ok(va)
+    Ok(())
 }
 
 /// What a post knows of the descriptor's region once its control segment
@@ -467,7 +313,10 @@ impl DescCache {
 /// ([`locate_full`]).
 ///
 /// # Errors
-/// As [`read_desc`].
+/// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
+/// misaligned descriptor, one outside the region or of another protection
+/// tag, more than [`MAX_SEGS`] segments, or a reserved control bit or
+/// operation.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn locate_desc<'a>(
@@ -629,13 +478,13 @@ fn locate_cold<'a>(
 /// Reads the send, RDMA write or RDMA read descriptor at `va` (in the
 /// region of `cx.desc_handle`) straight into the work request `wr`,
 /// checking each segment as it goes, and resolves its status location into
-/// `status`: [`read_desc`] and the building of the request in one pass,
-/// with no copy of the descriptor in between. Problems the NIC would
+/// `status`: the descriptor read and the request built in one pass, with
+/// no copy of the descriptor in between. Problems the NIC would
 /// report in the status become `wr.fault`.
 ///
 /// # Errors
 /// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
-/// descriptor [`read_desc`] refuses, an RDMA descriptor without address
+/// descriptor [`locate_desc`] refuses, an RDMA descriptor without address
 /// segment, RDMA read with immediate data, or RDMA read on an unreliable
 /// VI.
 #[inline(always)]
@@ -746,12 +595,12 @@ fn other_base(
 
 /// Reads the receive descriptor at `desc_va` (in the region of `handle`)
 /// straight into the work request `pd`, checking each segment as it goes,
-/// and resolves its status location into `status`: [`read_desc`] and
-/// [`recv_wr`] in one pass. A bad segment or operation becomes `pd.fault`
+/// and resolves its status location into `status`, in one pass. A bad
+/// segment or operation becomes `pd.fault`
 /// (the receive then completes at once; its segments do not matter).
 ///
 /// # Errors
-/// As [`read_desc`].
+/// As [`locate_desc`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn read_recv(
@@ -864,33 +713,4 @@ pub(crate) struct RecvWr {
     /// (offset in region, length, handle) per segment.
     pub segs: [(u64, u32, u32); MAX_SEGS],
     pub fault: u32,
-}
-
-/// Builds the work request of a receive descriptor into `pd`.
-#[inline(always)]
-pub(crate) fn recv_wr(
-    table: &RegionTable,
-    d: &UserDesc,
-    desc_va: u64,
-    desc_handle: u32,
-    ptag: u32,
-    cache: &mut RegionCache,
-    pd: &mut RecvWr,
-) {
-    pd.desc_off = desc_va - d.region_va;
-    pd.desc_handle = desc_handle;
-    pd.n = 0;
-    pd.fault = 0;
-    if d.control & control::OP_MASK != control::OP_SENDRECV {
-        pd.fault |= status::FORMAT_ERROR;
-    }
-    for s in &d.segs[..d.n] {
-        match check_local(table, s, ptag, cache, d) {
-            Ok(base) => {
-                pd.segs[pd.n] = (s.addr - base, s.len, s.handle);
-                pd.n += 1;
-            }
-            Err(st) => pd.fault |= st,
-        }
-    }
 }
