@@ -589,9 +589,6 @@ impl ViCore {
     #[inline(always)]
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
         if let Some(c) = self.take_done(w) {
-            if w == Which::Recv {
-                nic.dev.received(self);
-            }
             return Ok(c);
         }
         if nic.dev.polls() {
