@@ -112,6 +112,11 @@ def latency(builds, rounds, tmp):
         ratio = [x[0] / x[1] for x in v]
         print(f"latency 8 B {k}: {med(via):.3f} us ({min(via):.3f}-{max(via):.3f}), floor "
               f"{med([x[1] for x in v]):.3f} us, {med(ratio):.1f}x the floor ({min(ratio):.1f}-{max(ratio):.1f})")
+    # Each round's new/old pair ran back to back: their ratio drifts less
+    # than either series.
+    pairs = [n[0] / o[0] for n, o in zip(res["new"], res["old"])]
+    print(f"latency 8 B new/old, per round: median {med(pairs):.3f} ({min(pairs):.3f}-{max(pairs):.3f}), "
+          f"new faster in {sum(p < 1 for p in pairs)} of {len(pairs)} rounds")
 
 
 def main():
