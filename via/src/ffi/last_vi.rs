@@ -81,11 +81,46 @@ thread_local! {
     };
 }
 
+/// This thread's count of guards alive ([`busy`]), raised while a `Busy`
+/// lives. Not `Send`: it stays on the thread whose count it raised.
+struct Busy(*const Fast);
+
+impl Busy {
+    #[inline(always)]
+    fn raise(fast: &Fast) -> Busy {
+        fast.busy.set(fast.busy.get() + 1);
+        Busy(fast)
+    }
+}
+
+impl Drop for Busy {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is this thread's storage (a `Busy` never leaves
+        // its thread: a raw pointer makes it neither `Send` nor `Sync`),
+        // alive as long as the thread.
+        let busy = unsafe { &(*self.0).busy };
+        busy.set(busy.get() - 1);
+    }
+}
+
+/// The cell of `cells` (this thread's VI or NIC cells) that `hit` picks,
+/// with this thread's storage.
+#[inline(always)]
+fn find<C: Copy>(
+    cells: impl Fn(&Fast) -> &[Cell<C>; CELLS],
+    hit: impl Fn(&C) -> bool,
+) -> Option<(*const Fast, C)> {
+    FAST.with(|fast| {
+        let c = cells(fast).iter().map(Cell::get).find(|c| hit(c))?;
+        Some((std::ptr::from_ref(fast), c))
+    })
+}
+
 /// The VI of handle `bits` and its NIC, borrowed from a cell, while the
 /// [`Entered`] lives: the cache replaces no entry meanwhile ([`busy`]).
-/// Not `Send`: it stays on the thread whose cells it counts in.
 pub(crate) struct Entered {
-    fast: *const Fast,
+    _busy: Busy,
     nic: *const NicInner,
     vi: *const ViCore,
 }
@@ -109,31 +144,13 @@ impl Entered {
     }
 }
 
-impl Drop for Entered {
-    #[inline(always)]
-    fn drop(&mut self) {
-        // SAFETY: `fast` is this thread's storage (an `Entered` never leaves
-        // its thread: raw pointers make it neither `Send` nor `Sync`), alive
-        // as long as the thread.
-        let busy = unsafe { &(*self.fast).busy };
-        busy.set(busy.get() - 1);
-    }
-}
-
 /// The VI of handle `bits` if a cell names it, it is not destroyed and its
 /// NIC not closed. Returned as a guard rather than run as a closure, so
 /// that the caller's work is straight-line code in the export on every
 /// build (one call site, nothing for the inliner to decide).
 #[inline(always)]
 pub(crate) fn enter(bits: u64) -> Option<Entered> {
-    let (fast, last) = FAST.with(|fast| {
-        let last = fast
-            .cells
-            .iter()
-            .map(Cell::get)
-            .find(|c| c.bits == bits && !c.vi.is_null())?;
-        Some((std::ptr::from_ref(fast), last))
-    })?;
+    let (fast, last) = find(|f| &f.cells, |c| c.bits == bits && !c.vi.is_null())?;
     // SAFETY: `fast` is this thread's storage, alive as long as the thread
     // (and this call runs on it). A non-null cell names a VI and a NIC that
     // an entry of this thread's handle cache keeps alive until the cell is
@@ -144,9 +161,8 @@ pub(crate) fn enter(bits: u64) -> Option<Entered> {
     if vi.destroyed.load(Ordering::Acquire) || nic.closed.load(Ordering::Acquire) {
         return None;
     }
-    fast_ref.busy.set(fast_ref.busy.get() + 1);
     Some(Entered {
-        fast,
+        _busy: Busy::raise(fast_ref),
         nic: last.nic,
         vi: last.vi,
     })
@@ -155,7 +171,7 @@ pub(crate) fn enter(bits: u64) -> Option<Entered> {
 /// The NIC of handle `bits`, borrowed from a cell while the guard lives
 /// (as [`Entered`]).
 pub(crate) struct EnteredNic {
-    fast: *const Fast,
+    _busy: Busy,
     nic: *const NicInner,
 }
 
@@ -169,26 +185,10 @@ impl EnteredNic {
     }
 }
 
-impl Drop for EnteredNic {
-    #[inline(always)]
-    fn drop(&mut self) {
-        // SAFETY: as in `Entered::drop`.
-        let busy = unsafe { &(*self.fast).busy };
-        busy.set(busy.get() - 1);
-    }
-}
-
 /// The NIC of handle `bits` if a cell names it and it is not closed.
 #[inline(always)]
 pub(crate) fn enter_nic(bits: u64) -> Option<EnteredNic> {
-    let (fast, last) = FAST.with(|fast| {
-        let last = fast
-            .nics
-            .iter()
-            .map(Cell::get)
-            .find(|c| c.bits == bits && !c.nic.is_null())?;
-        Some((std::ptr::from_ref(fast), last))
-    })?;
+    let (fast, last) = find(|f| &f.nics, |c| c.bits == bits && !c.nic.is_null())?;
     // SAFETY: as in `enter`: this thread's storage, and a NIC that an entry
     // of this thread's handle cache keeps alive until the cell is
     // forgotten.
@@ -197,9 +197,8 @@ pub(crate) fn enter_nic(bits: u64) -> Option<EnteredNic> {
     if nic.closed.load(Ordering::Acquire) {
         return None;
     }
-    fast_ref.busy.set(fast_ref.busy.get() + 1);
     Some(EnteredNic {
-        fast,
+        _busy: Busy::raise(fast_ref),
         nic: last.nic,
     })
 }
