@@ -58,27 +58,28 @@ impl Lane {
     /// The place holding `handle` unchanged, with its table entry (to check
     /// after a copy that it is still registered).
     #[inline(always)]
-    fn find<'v>(&self, view: &NicView<'v>, handle: u32) -> Option<(&Flat, &'v TptEntry)> {
-        let f = match &self.regs {
-            [Some(f), _] if f.handle == handle => f,
-            [_, Some(f)] if f.handle == handle => f,
+    fn find<'v>(&self, view: &NicView<'v>, handle: u32) -> Option<(usize, &'v TptEntry)> {
+        let k = match &self.regs {
+            [Some(f), _] if f.handle == handle => 0,
+            [_, Some(f)] if f.handle == handle => 1,
             _ => return None,
         };
+        let f = self.regs[k].as_ref()?;
         let e = tpt::unchanged(view, f.index, handle, f.seq)?;
-        Some((f, e))
+        Some((k, e))
     }
 
-    /// The regions of a receive whose descriptor is in region `desc` and
-    /// whose data (if any) is in region `data`, if the lane holds them
-    /// unchanged: the descriptor's region with its table entry, and the
-    /// data's region.
+    /// The places of a receive's regions, if the lane holds them unchanged:
+    /// the descriptor's region `desc` with its table entry, and the data's
+    /// region `data` (if any). Places, not references, so that a caller
+    /// may refill the lane on a miss and look again.
     #[inline(always)]
     pub fn locate<'v>(
         &self,
         view: &NicView<'v>,
         desc: u32,
         data: Option<u32>,
-    ) -> Option<(&Flat, &'v TptEntry, Option<&Flat>)> {
+    ) -> Option<(usize, &'v TptEntry, Option<usize>)> {
         let (d, e) = self.find(view, desc)?;
         let g = match data {
             Some(h) if h == desc => Some(d),
@@ -86,6 +87,12 @@ impl Lane {
             None => None,
         };
         Some((d, e, g))
+    }
+
+    /// The region in place `k` (one [`Lane::locate`] returned).
+    #[inline(always)]
+    pub fn place(&self, k: usize) -> Option<&Flat> {
+        self.regs[k].as_ref()
     }
 
     /// Remembers region `r` in place `k` (0: descriptors, 1: data) as

@@ -333,18 +333,24 @@ impl<'a> Op<'a> {
             return None;
         }
         let data = seg.map(|(h, _, _)| h);
-        if self.lane.locate(&view, desc_handle, data).is_some() {
-            self.regions.cache.counts(Use::Recv).hits += 1;
-        } else {
-            // Not there, or changed since: the translation cache refills it.
-            self.fill_lane(&view, desc_handle, data)?;
-        }
-        let (d, entry, g) = self.lane.locate(&view, desc_handle, data)?;
+        let (d, entry, g) = match self.lane.locate(&view, desc_handle, data) {
+            Some(found) => {
+                self.regions.cache.counts(Use::Recv).hits += 1;
+                found
+            }
+            None => {
+                // Not there, or changed since: the translation cache
+                // refills it.
+                self.fill_lane(&view, desc_handle, data)?;
+                self.lane.locate(&view, desc_handle, data)?
+            }
+        };
+        let lane = &*self.lane;
         // Where the status goes, then where the data goes (the region
         // checked as the whole receive segment, `cap` bytes).
-        let status_at = d.at(desc_off, 32)?;
+        let status_at = lane.place(d)?.at(desc_off, 32)?;
         let dst = match (seg, g) {
-            (Some((_, off, cap)), Some(g)) => Some(g.at(off, cap as u64)?),
+            (Some((_, off, cap)), Some(g)) => Some(lane.place(g)?.at(off, cap as u64)?),
             _ => None,
         };
         // From here on the receive is ours to finish.
