@@ -785,14 +785,37 @@ fn a_forked_child_finds_no_vi_in_its_cells() {
     // thread's cells.
     assert_eq!(unsafe { VipSendDone(v, &mut d) }, VIP_NOT_DONE);
     assert!(super::last_vi::with(bits, |_, _| ()).is_ok(), "in a cell");
+    // A registration puts the NIC in one of this thread's NIC cells.
+    let nic_bits = super::boundary::opaque_value(nic);
+    let mut buf = vec![0u8; 2 * 4096];
+    let addr = buf.as_mut_ptr().cast::<c_void>();
+    let mut ma = VIP_MEM_ATTRIBUTES {
+        Ptag: p,
+        EnableRdmaWrite: 0,
+        EnableRdmaRead: 0,
+    };
+    let mut mh = 0;
+    // SAFETY: `buf` outlives the registration; checked values.
+    unsafe {
+        assert_eq!(
+            VipRegisterMem(nic, addr, 4096, &mut ma, &mut mh),
+            VIP_SUCCESS
+        );
+        assert_eq!(VipDeregisterMem(nic, addr, mh), VIP_SUCCESS);
+    }
+    assert!(
+        super::last_vi::enter_nic(nic_bits).is_some(),
+        "NIC in a cell"
+    );
     // SAFETY: the child runs thread-local code only, then `_exit` (no
     // destructors, no harness).
     let child = unsafe { libc::fork() };
     assert!(child >= 0);
     if child == 0 {
-        let found = super::last_vi::with(bits, |_, _| ()).is_ok();
+        let vi_found = super::last_vi::with(bits, |_, _| ()).is_ok();
+        let nic_found = super::last_vi::enter_nic(nic_bits).is_some();
         // SAFETY: ends the child at once.
-        unsafe { libc::_exit(if found { 1 } else { 0 }) };
+        unsafe { libc::_exit(i32::from(vi_found) + 2 * i32::from(nic_found)) };
     }
     let mut st = 0;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -807,10 +830,12 @@ fn a_forked_child_finds_no_vi_in_its_cells() {
     }
     assert!(
         libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
-        "the child found its parent's VI in a cell (status {st:#x})"
+        "the child found its parent's VI (exit 1) or NIC (exit 2) in a cell (status {st:#x})"
     );
-    // The parent's cell still answers.
+    // The parent's cells still answer.
     assert!(super::last_vi::with(bits, |_, _| ()).is_ok());
+    assert!(super::last_vi::enter_nic(nic_bits).is_some());
+    drop(buf);
     // SAFETY: checked handles.
     unsafe {
         assert_eq!(VipDestroyVi(v), VIP_SUCCESS);
