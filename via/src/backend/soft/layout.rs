@@ -32,7 +32,7 @@ use crate::translate::SendWr;
 /// "VIANIC" + layout generation, first word of the segment.
 pub const NIC_MAGIC: u64 = u64::from_le_bytes(*b"VIANIC\x00\x01");
 /// Layout version; bumped on any change below.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// VIs per NIC.
 pub const MAX_VI: u32 = 1024;
 /// Receive descriptors outstanding per VI (`MaxDescriptorsPerQueue`).
@@ -112,15 +112,30 @@ pub struct ViShared {
     pub send_cq: AtomicU32,
     /// `completion::interest` bits, read by completers after each completion.
     pub interest: AtomicU32,
+    _pad: [AtomicU32; 9],
     /// Access epoch: odd while the connected peer's engine is inside an
     /// operation that touches this process's memory for this VI (see
-    /// `NicInner::quiesce_accessors`). Written by that engine only.
-    pub access: AtomicU32,
-    _pad: [AtomicU32; 8],
+    /// `NicInner::quiesce_accessors`). Written by that engine only, at every
+    /// operation, and read by the owner only when it deregisters: on a line
+    /// of its own, so that the write (and the fence after it) is a cache hit
+    /// rather than taking the line from the owner, who reads the fields
+    /// above at each of its own completions.
+    pub access: AccessEpoch,
     /// Sleepers in `VipRecvWait` on this VI.
     pub recv_wake: EventCount,
     /// Sleepers in `VipSendWait` on this VI.
     pub send_wake: EventCount,
+}
+
+/// [`ViShared::access`]: one counter alone on its cache line.
+#[repr(C, align(64))]
+pub struct AccessEpoch(pub AtomicU32);
+
+impl std::ops::Deref for AccessEpoch {
+    type Target = AtomicU32;
+    fn deref(&self) -> &AtomicU32 {
+        &self.0
+    }
 }
 
 /// What a peer's engine needs to know about one of the owner's CQs.
@@ -283,7 +298,7 @@ unsafe impl Shared for RecvSlot {}
 const _: () = {
     assert!(size_of::<NicHeader>() == 192);
     assert!(std::mem::offset_of!(NicHeader, notify) == 128);
-    assert!(size_of::<ViShared>() == 192);
+    assert!(size_of::<ViShared>() == 256);
     assert!(size_of::<CqShared>() == 128);
     assert!(size_of::<TptExtent>() == 32);
     assert!(size_of::<TptEntry>() == 320);
