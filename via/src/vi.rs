@@ -589,6 +589,9 @@ impl ViCore {
     #[inline(always)]
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
         if let Some(c) = self.take_done(w) {
+            if w == Which::Recv {
+                nic.dev.received(self);
+            }
             return Ok(c);
         }
         if nic.dev.polls() {

@@ -379,6 +379,10 @@ pub(crate) trait Device: Send + Sync {
         true
     }
 
+    /// A receive of `vi` was dequeued (a hint: a kind may prepare for the
+    /// answer that often follows).
+    fn received(&self, _vi: &ViCore) {}
+
     /// Lets queued work run (after the send-queue lock is released); `vi`
     /// is the VI that just posted, if any.
     fn kick(&self, _nic: &NicInner, _vi: Option<&ViCore>) {}

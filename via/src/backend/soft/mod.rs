@@ -35,7 +35,7 @@ pub(crate) mod tpt;
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use doorbell::EventCount;
@@ -105,6 +105,14 @@ pub(crate) struct ViLink {
     link: RwLock<Option<Arc<PeerLink>>>,
     /// Session of the last peer (kept after a disconnect, for `peer_gone`).
     session: AtomicU64,
+    /// Where the peer's next receive slot probably is (its address in this
+    /// process, 0 for unknown): written by the engine after it takes a
+    /// receive, read only as a prefetch hint ([`crate::shm::prefetch_write`]), so
+    /// a stale or wrong address costs nothing but the hint.
+    next_recv: AtomicUsize,
+    /// Where this VI's next receive will be offered (as `next_recv`, a
+    /// hint): the slot the peer's engine claimed last time round the ring.
+    next_offer: AtomicUsize,
 }
 
 impl ViLink {
@@ -112,6 +120,18 @@ impl ViLink {
     pub fn epoch(&self) -> u32 {
         // Acquire: pairs with the Release bump in `set`.
         self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Records the address of the peer's next receive slot (a hint).
+    #[inline(always)]
+    pub fn hint_next_recv(&self, addr: usize) {
+        self.next_recv.store(addr, Ordering::Relaxed);
+    }
+
+    /// Records the address of this VI's next receive slot (a hint).
+    #[inline(always)]
+    pub fn hint_next_offer(&self, addr: usize) {
+        self.next_offer.store(addr, Ordering::Relaxed);
     }
 
     /// The current link.
@@ -555,6 +575,18 @@ impl Device for SoftNic {
     fn polls(&self) -> bool {
         // The peer's engine writes our completions; nothing runs here.
         false
+    }
+
+    fn received(&self, vi: &ViCore) {
+        // A receive completed: an answer often follows, and its send claims
+        // the peer's next receive slot, a line the peer wrote last. Ask for
+        // it now, so that the transfer overlaps the application's work.
+        // The receive that is re-posted first writes this VI's next slot,
+        // which the peer's engine wrote last: asked for too.
+        if let Some(l) = self.links.get(vi.slot as usize) {
+            crate::shm::prefetch_write(l.next_recv.load(Ordering::Relaxed));
+            crate::shm::prefetch_write(l.next_offer.load(Ordering::Relaxed));
+        }
     }
 
     fn kick(&self, nic: &NicInner, vi: Option<&ViCore>) {

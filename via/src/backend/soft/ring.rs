@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use crate::translate::RecvWr;
 
 use super::SoftNic;
-use super::layout::slot;
+use super::layout::{RecvSlot, slot};
 
 /// Publishes `pd` at ring position `pos` of VI `vi`.
 pub(crate) fn offer(soft: &SoftNic, vi: u32, pos: u64, pd: &RecvWr) {
@@ -33,6 +33,10 @@ pub(crate) fn offer(soft: &SoftNic, vi: u32, pos: u64, pd: &RecvWr) {
     // Release: publishes the fields above; pairs with the Acquire load of
     // `seq` in the peer engine's `take_receive`.
     s.seq.store(slot::seq(pos, slot::POSTED), Ordering::Release);
+    // The next slot (wrong at the ring's end: only a prefetch hint).
+    if let Some(l) = soft.vi_link(vi) {
+        l.hint_next_offer(std::ptr::from_ref(s).addr() + size_of::<RecvSlot>());
+    }
 }
 
 /// Marks position `pos` as finished without offering it.

@@ -116,6 +116,11 @@ impl<'a> Op<'a> {
             ) {
                 Ok(_) => {
                     link.rq_pos.store(pos + 1, Ordering::Relaxed);
+                    // The next slot, for the prefetch when this VI next
+                    // receives (wrong at the ring's end: only a hint).
+                    if let Some(l) = self.soft.vi_link(self.vi.slot) {
+                        l.hint_next_recv(std::ptr::from_ref(s).addr() + size_of::<RecvSlot>());
+                    }
                     return Some((pos, s));
                 }
                 Err(seq) => seq,
