@@ -4,14 +4,14 @@ closing notes' "interleaved with the previous build" figures: on this
 2-core machine the load, and the host's speed, move within minutes, so
 only measurements taken in alternation are comparable.
 
-    tools/ab.py --old DIR [--rounds N] [reghit] [regpp] [latency]
+    tools/ab.py --old DIR [--rounds N] [reghit] [regpp] [latency] [cpingpong]
 
 DIR is the `release` directory of the older build (`via-bench`, `viad`,
 `libvipl.so`), e.g. a worktree of the previous head built with
 `CARGO_TARGET_DIR=/work/tgt-old cargo build --release -p via-tools -p vipl`
 and given as `/work/tgt-old/release`. This build is `target/release` (or
 `$CARGO_TARGET_DIR/release`), built the same way. With no benchmark named,
-all three run:
+reghit, regpp and latency run:
 
 * reghit: `benches/c/vipl_reghit.c` (what `tools/reghit.sh` runs), 32
   buffers and 1, short runs pinned to CPU 1 at real-time priority when
@@ -21,6 +21,10 @@ all three run:
   the ratios.
 * latency: `via-bench report --sizes 8 --reps 5`; medians of the 8-byte
   half round trip and of the floor measured in the same run.
+* cpingpong: `benches/c/vipl_pingpong.c`, an 8-byte ping-pong of two
+  processes through the C API (200,000 rounds), with the half round trip
+  split into its steps by the time-stamp counter; medians, and the
+  per-round new/old ratio.
 
 Each round runs the old build, then this one. Prints the load before and
 after: a load above 1.5 means another job shared the machine.
@@ -119,15 +123,38 @@ def latency(builds, rounds, tmp):
           f"new faster in {sum(p < 1 for p in pairs)} of {len(pairs)} rounds")
 
 
+def cpingpong(builds, rounds, tmp):
+    libs = {k: lib_dir(tmp, rel, k) for k, rel in builds.items()}
+    exe = {}
+    for k in builds:
+        exe[k] = os.path.join(tmp, f"vipl_pingpong-{k}")
+        subprocess.run(["cc", "-O2", "-Wall", "-I" + os.path.join(root, "include"), "-o", exe[k],
+                        os.path.join(root, "benches/c/vipl_pingpong.c"), "-L" + libs[k], "-lvipl",
+                        "-Wl,-rpath," + libs[k]], check=True)
+    res = {k: [] for k in builds}
+    for _ in range(rounds):
+        for k in builds:
+            env = dict(os.environ, VIA_INSTANCE=f"ab-cpp-{k}", VIA_VIAD=os.path.join(builds[k], "viad"))
+            out = subprocess.run([exe[k], "200000"], env=env, capture_output=True, text=True,
+                                 check=True).stdout
+            res[k].append(json.loads(out.splitlines()[-1]))
+    keys = ["half_rtt_ns", "send_to_notice_ns", "notice_to_send_ns", "post_send_ns", "send_done_ns"]
+    for k, v in res.items():
+        print(f"cpingpong {k}: " + ", ".join(f"{x[:-3]} {med([r[x] for r in v]):.1f}" for x in keys) + " (ns, medians)")
+    pairs = [n["half_rtt_ns"] / o["half_rtt_ns"] for n, o in zip(res["new"], res["old"])]
+    print(f"cpingpong half round trip new/old, per round: median {med(pairs):.3f} "
+          f"({min(pairs):.3f}-{max(pairs):.3f}), new faster in {sum(p < 1 for p in pairs)} of {len(pairs)} rounds")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, help="release directory of the older build")
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("bench", nargs="*", help="reghit, regpp, latency (default: all)")
+    ap.add_argument("bench", nargs="*", help="reghit, regpp, latency, cpingpong (default: the first three)")
     a = ap.parse_args()
     for b in a.bench:
-        if b not in ("reghit", "regpp", "latency"):
-            ap.error(f"unknown benchmark {b!r} (reghit, regpp, latency)")
+        if b not in ("reghit", "regpp", "latency", "cpingpong"):
+            ap.error(f"unknown benchmark {b!r} (reghit, regpp, latency, cpingpong)")
     builds = {"old": os.path.abspath(a.old), "new": new_rel}
     for k, rel in builds.items():
         for f in ("via-bench", "viad", "libvipl.so"):
@@ -142,6 +169,8 @@ def main():
             regpp(builds, max(1, a.rounds // 2))
         if "latency" in todo:
             latency(builds, a.rounds, tmp)
+        if "cpingpong" in todo:
+            cpingpong(builds, a.rounds, tmp)
     print(f"load after: {load()}")
 
 
