@@ -272,6 +272,20 @@ impl DescCache {
         (4 + 2 * h.n <= room).then_some(Ok((h, at)))
     }
 
+    /// Where `len` bytes at `va` in the region of `handle` are, if they lie
+    /// in the cached extent: the mapping and the offset in it. Only right
+    /// after a descriptor of `handle` was read through this entry (which
+    /// checked, or refilled, it against the table's change count).
+    #[inline(always)]
+    fn place(&self, handle: u32, va: u64, len: u64) -> Option<(&Mapping, usize)> {
+        let m = self.map.as_deref()?;
+        if handle != self.handle || va < self.ext_va || va > self.ext_end || self.ext_end - va < len
+        {
+            return None;
+        }
+        Some((m, self.map_off + (va - self.ext_va) as usize))
+    }
+
     /// Fills the entry with the extent of `region` holding `va`, the
     /// region looked up after the table's change count was `stamp`.
     #[cold]
@@ -661,34 +675,47 @@ fn recv_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, pd: &mut
     }
 }
 
-/// The regions translation found for a request: the one holding its
-/// descriptor and the one holding its first local segment, for a device
-/// that runs the request at once (it need not look them up again).
+/// What translation found while reading a request into the send queue:
+/// the queue's region cache (the regions of segments outside the
+/// descriptor's region, just validated), the extent the descriptor was
+/// read from, and where its status goes. A device that runs the request
+/// at once takes [`WrRegions`] from it.
+#[derive(Clone, Copy)]
+pub(crate) struct Translated<'a> {
+    pub cache: &'a RegionCache,
+    pub descs: &'a DescCache,
+    pub status: &'a StatusLoc,
+}
+
+/// What a device that runs a request at once need not look up again.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct WrRegions<'a> {
-    pub desc: Option<&'a Resolved>,
-    pub seg: Option<&'a Resolved>,
+    /// The bytes of a send's one data segment: the mapping and the offset
+    /// in it (`None`: another shape, or not in one mapped extent).
+    pub src: Option<(&'a Mapping, usize)>,
     /// Where the descriptor's status is written (found by [`read_send`]).
     pub status: Option<&'a StatusLoc>,
 }
 
 impl<'a> WrRegions<'a> {
-    /// The regions of `wr` in `cache` (just filled by translating it), and
-    /// its descriptor's status location.
+    /// What `t` holds for `wr`, just translated. The common layout (data
+    /// in the descriptor's own region, in the extent the descriptor was
+    /// read from) costs no lookup at all; a segment elsewhere is found in
+    /// the cache, which validated it while translating.
     #[inline(always)]
-    pub fn of(wr: &SendWr, cache: &'a RegionCache, status: &'a StatusLoc) -> WrRegions<'a> {
-        let desc = cache.peek(wr.desc_handle);
-        // The common layout: the data in the descriptor's own region (one
-        // lookup, not two).
-        let seg = match wr.local().first() {
-            Some(s) if s.handle == wr.desc_handle => desc,
-            Some(s) => cache.peek(s.handle),
-            None => None,
+    pub fn of(wr: &SendWr, t: Translated<'a>) -> WrRegions<'a> {
+        let src = match wr.local() {
+            [s] if wr.op() == control::OP_SENDRECV => {
+                let len = s.len as u64;
+                t.descs
+                    .place(s.handle, s.va, len)
+                    .or_else(|| t.cache.peek(s.handle).and_then(|r| r.span(s.va, len)))
+            }
+            _ => None,
         };
         WrRegions {
-            desc,
-            seg,
-            status: Some(status),
+            src,
+            status: Some(t.status),
         }
     }
 }

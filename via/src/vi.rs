@@ -486,8 +486,12 @@ impl ViCore {
             let posted = posted.commit(desc_va);
             // Handed over under the queue lock: the device sees this VI's
             // requests in posting order.
-            nic.dev
-                .post_send_queued(nic, self, wr, regions, &posted.status)?;
+            let t = translate::Translated {
+                cache: regions,
+                descs,
+                status: &posted.status,
+            };
+            nic.dev.post_send_queued(nic, self, wr, t)?;
         }
         nic.dev.kick(nic, Some(self));
         Ok(())

@@ -35,15 +35,13 @@ use std::sync::atomic::AtomicU32;
 use doorbell::EventCount;
 
 use crate::attrs::ViAttributes;
-use crate::completion::StatusLoc;
 use crate::error::{Error, Result};
 use crate::mem::arena::Extent;
 use crate::nic::{AsyncError, NicInner};
 use crate::process::Process;
 use crate::proto::{Endpoint, NetAddr};
-use crate::regions::RegionCache;
 use crate::shm::rings::MappedRing;
-use crate::translate::{RecvWr, SendWr, WrRegions};
+use crate::translate::{RecvWr, SendWr, Translated, WrRegions};
 use crate::vi::{ViCore, Which};
 
 /// What a kind of NIC supports (`VipQueryNic` reports these).
@@ -351,9 +349,8 @@ pub(crate) trait Device: Send + Sync {
     }
 
     /// [`Device::post_send`] of the request translation just read into the
-    /// VI's send queue: `cache` holds the regions it resolved and `status`
-    /// is the descriptor's status location. The default hands them on as
-    /// [`WrRegions`]; a kind that uses neither overrides this to skip
+    /// VI's send queue (`t`: what it found). The default hands it on as
+    /// [`WrRegions`]; a kind that uses none of it overrides this to skip
     /// finding them (the caller holds the send-queue lock, as for
     /// `post_send`).
     #[inline]
@@ -362,10 +359,9 @@ pub(crate) trait Device: Send + Sync {
         nic: &NicInner,
         vi: &ViCore,
         wr: &SendWr,
-        cache: &RegionCache,
-        status: &StatusLoc,
+        t: Translated<'_>,
     ) -> Result<()> {
-        self.post_send(nic, vi, wr, WrRegions::of(wr, cache, status))
+        self.post_send(nic, vi, wr, WrRegions::of(wr, t))
     }
 
     /// A thread polls for a completion of `vi` that has not come: the

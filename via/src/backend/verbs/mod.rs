@@ -44,17 +44,15 @@ use doorbell::EventCount;
 use crate::attrs::{Reliability, ViAttributes, ViState};
 use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, SrqDone, ViSignals};
 use crate::completion;
-use crate::completion::StatusLoc;
 use crate::config::{Config, DoorbellMode};
 use crate::descriptor::{control, status};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{AsyncError, ErrorCode, NicInner, flags};
 use crate::process::Process;
 use crate::proto::{Endpoint, Request};
-use crate::regions::RegionCache;
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
-use crate::translate::{RecvWr, SendWr, WrRegions};
+use crate::translate::{RecvWr, SendWr, Translated, WrRegions};
 use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
@@ -1404,8 +1402,7 @@ impl Device for Verbs {
         nic: &NicInner,
         vi: &ViCore,
         wr: &SendWr,
-        _cache: &RegionCache,
-        _status: &StatusLoc,
+        _t: Translated<'_>,
     ) -> Result<()> {
         // The lkeys come from the VI's own cache: the regions translation
         // found are not needed (nor looked up again).

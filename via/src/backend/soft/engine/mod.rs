@@ -163,8 +163,7 @@ impl Engine {
             if let Some(mut g) = self.try_lock() {
                 if !self.pending() {
                     let known = Known {
-                        desc: regions.desc,
-                        seg: regions.seg,
+                        src: regions.src,
                         status: regions.status,
                     };
                     execute(soft, nic, &mut g, wr, &[], known, Some(vi));

@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering;
 
 use crate::completion::{self, StatusLoc};
 use crate::descriptor::{control, status};
-use crate::mem::region::{self, Cursor, Fault, Resolved, Seg};
+use crate::mem::region::{self, Cursor, Fault, Seg};
 use crate::nic::{ErrorCode, NicInner};
+use crate::shm::mapping::Mapping;
 use crate::translate::SendWr;
 use crate::vi::{ViCore, Which};
 
@@ -30,17 +31,15 @@ pub(crate) struct Break {
     tell_peer: bool,
 }
 
-/// Regions of the request the poster already resolved (direct execution):
-/// the one holding its descriptor, and the one holding its first local
-/// segment. They were registered when the request was posted; a
-/// deregistration since waits for the engine lock this request runs under
+/// What the poster already found for the request (direct execution): the
+/// bytes of a send's one data segment, and where the descriptor's status
+/// goes (the same mappings and offsets a lookup would find). Their regions
+/// were registered when the request was posted; a deregistration since
+/// waits for the engine lock this request runs under
 /// (`Device::quiesce_region_users`), so they stay valid until it is done.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Known<'a> {
-    pub desc: Option<&'a Resolved>,
-    pub seg: Option<&'a Resolved>,
-    /// Where the descriptor's status goes (resolved with `desc` at post
-    /// time: the same mapping and offset a lookup would find).
+    pub src: Option<(&'a Mapping, usize)>,
     pub status: Option<&'a StatusLoc>,
 }
 
@@ -313,12 +312,11 @@ impl<'a> Op<'a> {
         if wr.seg_count > 1 || !self.inline.is_empty() || len as u64 > region::CHUNK {
             return None;
         }
+        // One segment: its bytes (`len` of them, the request's length)
+        // as the poster found them.
         let src = match wr.seg_count {
             0 => None,
-            _ => {
-                let r = self.known.seg.filter(|r| r.handle == wr.segs[0].handle)?;
-                Some(r.span(wr.segs[0].va, len as u64)?)
-            }
+            _ => Some(self.known.src?),
         };
         let view = link.remote.view();
         let n = s.seg_count.load(Ordering::Relaxed);
@@ -560,12 +558,9 @@ fn complete_send(
         completion::after_local_with(nic, vi, Which::Send, &signals, &view.header().notify);
         return;
     }
-    let r = match known.desc.filter(|r| r.handle == wr.desc_handle) {
-        Some(r) => Some(r),
-        None => regions
-            .local(&nic.regions, wr.desc_handle, Use::Send)
-            .map(|i| regions.get(i)),
-    };
+    let r = regions
+        .local(&nic.regions, wr.desc_handle, Use::Send)
+        .map(|i| regions.get(i));
     let r = r.filter(|r| r.covers(wr.desc_va, 32));
     completion::send_with(
         nic,
