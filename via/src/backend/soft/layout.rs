@@ -299,6 +299,11 @@ const _: () = {
     assert!(size_of::<NicHeader>() == 192);
     assert!(std::mem::offset_of!(NicHeader, notify) == 128);
     assert!(size_of::<ViShared>() == 256);
+    // The access epoch alone on its line (the peer's engine writes it at
+    // every operation; the fields the owner reads are on the line before).
+    assert!(std::mem::offset_of!(ViShared, access) == 64);
+    assert!(size_of::<AccessEpoch>() == 64);
+    assert!(std::mem::offset_of!(ViShared, recv_wake) == 128);
     assert!(size_of::<CqShared>() == 128);
     assert!(size_of::<TptExtent>() == 32);
     assert!(size_of::<TptEntry>() == 320);
