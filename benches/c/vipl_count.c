@@ -71,7 +71,6 @@ int main(int argc, char **argv)
 {
     long rounds = argc > 1 ? atol(argv[1]) : 20000;
     VIP_NIC_HANDLE nic;
-    VIP_PROTECTION_HANDLE tag;
     VIP_NIC_ATTRIBUTES na;
     VIP_VI_ATTRIBUTES at;
     VIP_VI_ATTRIBUTES ra;
@@ -79,18 +78,9 @@ int main(int argc, char **argv)
     char da[64], db[64];
     unsigned char *bufa = alloc_aligned(8192), *bufb = alloc_aligned(8192);
 
-    OK(VipOpenNic(NULL, &nic));
-    OK(VipQueryNic(nic, &na));
-    OK(VipCreatePtag(nic, &tag));
-    memset(&at, 0, sizeof at);
-    at.ReliabilityLevel = VIP_SERVICE_RELIABLE_DELIVERY;
-    at.Ptag = tag;
-    at.MaxTransferSize = 65536;
+    open_default(&nic, &na, &at, &mat);
     OK(VipCreateVi(nic, &at, NULL, NULL, &va));
     OK(VipCreateVi(nic, &at, NULL, NULL, &vb));
-    mat.Ptag = tag;
-    mat.EnableRdmaWrite = VIP_FALSE;
-    mat.EnableRdmaRead = VIP_FALSE;
     OK(VipRegisterMem(nic, bufa, 8192, &mat, &ma));
     OK(VipRegisterMem(nic, bufb, 8192, &mat, &mb));
     snprintf(da, sizeof da, "count-a-%d", (int)getpid());

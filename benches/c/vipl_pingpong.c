@@ -99,20 +99,10 @@ int main(int argc, char **argv)
     pin(b);
 
     VIP_NIC_HANDLE nic;
-    VIP_PROTECTION_HANDLE tag;
     VIP_NIC_ATTRIBUTES na;
     VIP_VI_ATTRIBUTES at, ra;
     VIP_MEM_ATTRIBUTES mat;
-    OK(VipOpenNic(NULL, &nic));
-    OK(VipQueryNic(nic, &na));
-    OK(VipCreatePtag(nic, &tag));
-    memset(&at, 0, sizeof at);
-    at.ReliabilityLevel = VIP_SERVICE_RELIABLE_DELIVERY;
-    at.Ptag = tag;
-    at.MaxTransferSize = 65536;
-    mat.Ptag = tag;
-    mat.EnableRdmaWrite = VIP_FALSE;
-    mat.EnableRdmaRead = VIP_FALSE;
+    open_default(&nic, &na, &at, &mat);
 
     struct side s;
     unsigned char *buf;
