@@ -482,8 +482,10 @@ impl NicInner {
         r
     }
 
-    /// A parked registration of the same bytes back in use: a fresh handle
-    /// and device entry over the pages and mappings it kept.
+    /// A parked registration of the same bytes back in use: its device
+    /// entry live again (the soft NIC kept it: the same handle comes back),
+    /// or a new one under a fresh handle, over the pages and mappings it
+    /// kept.
     ///
     /// Called with the table's lock (`w`): taken from the parked and made
     /// live in one critical section when the device kept its entry (a few
@@ -526,7 +528,11 @@ impl NicInner {
             }
         };
         let mut resolved = resolved;
-        Arc::make_mut(&mut resolved).handle = handle;
+        // A device that kept the entry gives the old handle back: the
+        // region as resolved before is still right, shared as it is.
+        if resolved.handle != handle {
+            Arc::make_mut(&mut resolved).handle = handle;
+        }
         // No fork lock: nothing moves (the pages stayed where the first
         // registration put them), so a fork that does not see this
         // registration yet copies them into the child as deregistered

@@ -8,7 +8,10 @@
 //! whole at `VipDeregisterMem` (after the device entry is removed and peers
 //! are quiesced, so the handle is dead as VIPL requires); a later
 //! `VipRegisterMem` of exactly the same bytes, protection tag and RDMA
-//! enables takes it back and only gives it a fresh handle and device entry.
+//! enables takes it back and only makes its device entry live again (the
+//! soft NIC's entry was kept, and comes back under the handle it had: the
+//! same registration, whole; a device that kept nothing adds the region
+//! anew under a fresh handle).
 //!
 //! Parked registrations hold their cache lease, so memory events must drop
 //! them like any cache entry ([`Parked::take_overlapping`]); they are only

@@ -229,9 +229,10 @@ pub(crate) trait Device: Send + Sync {
         None
     }
 
-    /// Makes a retired entry reachable again under a fresh memory handle
-    /// (never one used before), with the region it held; returns the handle.
-    /// On an error the entry is released.
+    /// Makes a retired entry reachable again with the region it held;
+    /// returns its memory handle: the one it had (the same registration
+    /// taken back whole: same bytes, tag and enables), or a fresh one. On an
+    /// error the entry is released.
     fn revive_region(&self, _nic: &NicInner, _entry: RetiredEntry) -> Result<u32> {
         Err(Error::Resource)
     }

@@ -34,9 +34,10 @@ pub(crate) struct ResolvedExtent {
 }
 
 /// The extents of a [`Resolved`] region, shared: a registration taken back
-/// from the parked ones gets a new handle, and so a new `Resolved`, while
-/// caches may still hold the old one; its extents (and the mappings they
-/// hold) are then shared instead of copied.
+/// from the parked ones under a fresh handle (a device that kept no entry
+/// for it) gets a new `Resolved`, while caches may still hold the old one;
+/// its extents (and the mappings they hold) are then shared instead of
+/// copied.
 #[derive(Clone, Debug, Default)]
 pub(crate) enum Extents {
     /// No extent (a const: fillers of segment arrays).

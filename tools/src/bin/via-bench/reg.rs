@@ -368,17 +368,18 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
         )
     });
     let prof = std::env::var_os("VIA_BENCH_PROFILE").is_some();
-    let acc = std::cell::Cell::new([0u128; 4]);
+    let acc = std::cell::Cell::new([0u128; 5]);
     let round = || {
         let t0 = Instant::now();
-        let (rr, sr);
-        let (rreg, sreg) = match &fixed {
-            Some((r, s)) => (r, s),
-            None => {
-                rr = Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap();
-                sr = Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap();
-                (&rr, &sr)
-            }
+        let own = fixed.is_none().then(|| {
+            (
+                Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap(),
+                Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
+            )
+        });
+        let (rreg, sreg) = match (&fixed, &own) {
+            (Some((r, s)), _) | (None, Some((r, s))) => (r, s),
+            (None, None) => unreachable!("one of the two"),
         };
         let t1 = Instant::now();
         let rd = DescBuilder::recv()
@@ -395,12 +396,15 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
         done_or_wait(&vi, true, false);
         done_or_wait(&vi, false, false);
         let t3 = Instant::now();
+        drop(own);
+        let t4 = Instant::now();
         if prof {
             let mut a = acc.get();
             a[0] += (t1 - t0).as_nanos();
             a[1] += (t2 - t1).as_nanos();
             a[2] += (t3 - t2).as_nanos();
             a[3] += 1;
+            a[4] += (t4 - t3).as_nanos();
             acc.set(a);
         }
     };
@@ -416,11 +420,12 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
         let a = acc.get();
         let n = a[3].max(1);
         eprintln!(
-            "regpp {size} {}: register {} ns, post {} ns, wait {} ns per round (deregistration in the next)",
+            "regpp {size} {}: register {} ns, post {} ns, wait {} ns, deregister {} ns per round",
             if each { "each" } else { "fixed" },
             a[0] / n,
             a[1] / n,
-            a[2] / n
+            a[2] / n,
+            a[4] / n
         );
         eprintln!("{:?}", nic.registration_stats());
     }

@@ -361,15 +361,13 @@ impl Device for SoftNic {
     }
 
     // A parked registration keeps its table entry: taken back, it only
-    // needs a fresh handle written, not its extents.
+    // needs its handle written back, not its extents.
     fn retire_region(&self, _nic: &NicInner, handle: u32) -> Option<RetiredEntry> {
         self.tpt.retire(handle).ok().map(RetiredEntry)
     }
 
     fn revive_region(&self, _nic: &NicInner, entry: RetiredEntry) -> Result<u32> {
-        self.tpt
-            .revive(entry.0)
-            .inspect_err(|_| self.tpt.release(entry.0))
+        Ok(self.tpt.revive(entry.0))
     }
 
     fn release_retired(&self, entry: RetiredEntry) {

@@ -273,11 +273,12 @@ const REVIVED: usize = 4;
 /// them apart from the handle: a program that registers around every
 /// message deregisters and registers the same bytes again, and the peer's
 /// parked registration comes back in the same table entry with the same
-/// extents under a fresh handle. Its region is then the one resolved
-/// before, under the new handle: no arena lookup, no new extent list.
+/// extents, under the handle it had (its sequence value moved, so the
+/// cached translation fails its check) or a fresh one. Its region is then
+/// the one resolved before: no arena lookup, no new extent list.
 ///
 /// Sound because the snapshot it is matched against is the live entry of
-/// the new handle, and arena ids never repeat within a process, so equal
+/// the handle, and arena ids never repeat within a process, so equal
 /// extents name the same memory, mapped by the same arenas. Dropped when
 /// the peer retires an arena (its count moved), so that a retired arena is
 /// not kept mapped by this memory.
@@ -325,8 +326,9 @@ impl Revived {
     }
 
     /// `handle` of peer `r` if its table entry holds what a recorded one
-    /// held: that region under the new handle. Compares the entry in place
-    /// ([`tpt::holds`]), so it costs a few loads and one allocation; `None`
+    /// held: that region (under the new handle if it changed). Compares the
+    /// entry in place ([`tpt::holds`]), so it costs a few loads (and one
+    /// allocation for a fresh handle); `None`
     /// leaves the work to [`Revived::resolve`].
     fn reuse(&self, r: &RemoteNic, handle: u32) -> Option<(Arc<Resolved>, u32)> {
         let owner = (r.session, r.nic);
@@ -337,6 +339,9 @@ impl Revived {
                 return None;
             }
             let seq = tpt::holds(&view, handle, &x.snap)?;
+            if x.region.handle == handle {
+                return Some((x.region.clone(), seq));
+            }
             let mut region = (*x.region).clone();
             region.handle = handle;
             Some((Arc::new(region), seq))
@@ -484,10 +489,10 @@ impl Regions {
             None => {
                 self.missed = true;
                 self.cache.sweep_retired(r);
-                // A registration that came back under a fresh handle: the
-                // region resolved before, without entering the cache (such a
-                // handle usually serves one message; the kept regions hold
-                // it for the next descriptors). A new handle: compulsory.
+                // A registration that came back (under its old handle, or a
+                // fresh one): the region resolved before, without entering
+                // the cache (the kept regions hold it for the next
+                // descriptors). Counted as compulsory.
                 if let Some((region, stamp)) = self.revived.reuse(r, handle) {
                     self.cache.counts(u).compulsory += 1;
                     return Some(self.push(owner, handle, stamp as u64, region));

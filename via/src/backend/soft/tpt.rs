@@ -130,8 +130,10 @@ pub fn holds(view: &NicView<'_>, handle: u32, snap: &Snapshot) -> Option<u32> {
 }
 
 /// Whether `handle` is still registered in a (possibly remote) table: a few
-/// loads, for checks in the middle of a transfer. Handles never repeat, so
-/// a live handle is the same registration.
+/// loads, for checks in the middle of a transfer. A handle names one
+/// registration: the only handle that comes back is a parked registration
+/// taken back whole (the same bytes, tag and enables), so a live handle is
+/// the same registration.
 pub fn is_live(view: &NicView<'_>, handle: u32) -> bool {
     entry_of(view, handle).is_some_and(|e| entry_live(e, handle))
 }
@@ -156,8 +158,8 @@ pub fn index_seq(view: &NicView<'_>, handle: u32) -> Option<(u32, u32)> {
 }
 
 /// Entry `index` if it still holds `handle` with sequence value `seq`: the
-/// registration [`index_seq`] found, unchanged since (handles never repeat,
-/// and every write of an entry moves its sequence value).
+/// registration [`index_seq`] found, unchanged since (every write of an
+/// entry, retirement and revival included, moves its sequence value).
 #[inline(always)]
 pub fn unchanged<'a>(
     view: &NicView<'a>,
@@ -489,9 +491,11 @@ impl TranslationTable {
     /// retired entry (its index, and the handle it had), for
     /// [`TranslationTable::revive`] or [`TranslationTable::release`].
     ///
-    /// Takes no lock: the old handle's slot stays busy until the entry is
-    /// revived or released (which take the allocation lock anyway), so
-    /// deregistering a parked registration changes no shared counter.
+    /// Takes no lock and leaves the handle's slot pointing at the entry: the
+    /// entry itself says the handle is dead (its handle field cleared), and
+    /// the slot stays busy until the entry is revived or released, so
+    /// deregistering a parked registration changes no shared counter and
+    /// reviving it writes the entry alone.
     ///
     /// # Errors
     /// `InvalidParameter` if the handle is not live.
@@ -500,43 +504,46 @@ impl TranslationTable {
         if !is_live(&view, handle) {
             return Err(Error::InvalidParameter);
         }
-        let slot = view.handle_slot(slot_of(handle)).expect("checked");
-        let index = slot.load(Ordering::Relaxed);
+        let index = view
+            .handle_slot(slot_of(handle))
+            .expect("checked")
+            .load(Ordering::Relaxed);
         Self::write(view.tpt(index).expect("checked"), |e| {
             e.check.store(0, Ordering::Relaxed);
             e.handle.store(0, Ordering::Relaxed);
         });
-        // Release: readers that find the slot empty see the entry dead too.
-        slot.store(0, Ordering::Release);
         Ok(u64::from(handle) << 32 | u64::from(index))
     }
 
-    /// A retired entry live again under a fresh handle (the region's fields
-    /// are still there); returns the handle. The old handle's slot is freed.
-    ///
-    /// # Errors
-    /// `Resource` if no handle slot is free (the entry stays retired).
-    pub fn revive(&self, retired: u64) -> Result<u32> {
-        let (old, index) = ((retired >> 32) as u32, retired as u32);
-        let handle = {
-            let mut a = self.alloc.lock();
-            let h = a.next_handle().ok_or(Error::Resource)?;
-            a.free_handle(old);
-            h
-        };
+    /// A retired entry live again under the handle it had (the region's
+    /// fields, and the handle's slot pointing at the entry, are still
+    /// there): the same registration taken back whole, so the same handle
+    /// names the same bytes, tag and enables again. Every write of the entry
+    /// moves its sequence value, so a peer's cached translation is checked
+    /// again all the same, and a transfer that began before the retirement
+    /// has ended by then (the deregistration waited for it). Writes the
+    /// entry alone: no allocation lock, no slot, no new cache line for the
+    /// peers to fetch.
+    pub fn revive(&self, retired: u64) -> u32 {
+        let (handle, index) = ((retired >> 32) as u32, retired as u32);
         let view = self.view();
         Self::write(view.tpt(index).expect("a retired index"), |e| {
             e.handle.store(handle, Ordering::Relaxed);
             e.check.store(VALID, Ordering::Relaxed);
         });
-        Self::publish(&view, handle, index);
-        Ok(handle)
+        handle
     }
 
-    /// Frees a retired entry, and the slot of the handle it had.
+    /// Frees a retired entry, and the slot of the handle it had (emptied:
+    /// it pointed at the entry until now, and no other handle could take it).
     pub fn release(&self, retired: u64) {
         let (old, index) = ((retired >> 32) as u32, retired as u32);
+        let view = self.view();
         let mut a = self.alloc.lock();
+        // Release: as in `publish` (readers compare the entry's handle anyway).
+        view.handle_slot(slot_of(old))
+            .expect("a retired handle's slot")
+            .store(0, Ordering::Release);
         a.free_handle(old);
         a.free_index(index);
     }
@@ -569,6 +576,10 @@ mod tests {
             flags,
             extents,
         }
+    }
+
+    fn tpt_seq(t: &TranslationTable, index: u32) -> u32 {
+        t.view().tpt(index).unwrap().seq.load(Ordering::Relaxed)
     }
 
     fn table() -> TranslationTable {
@@ -616,10 +627,11 @@ mod tests {
     }
 
     /// A parked registration's entry: retired (its handle dead at once, the
-    /// entry kept and counted), revived under fresh handles with its fields
-    /// intact, released for good.
+    /// entry kept and counted), revived under the handle it had with its
+    /// fields intact and its sequence value moved, released for good (its
+    /// handle dead, its slot and entry free).
     #[test]
-    fn retired_entries_come_back_under_fresh_handles() {
+    fn retired_entries_come_back_under_their_handles() {
         let t = table();
         let x = [Extent {
             va: 0x1000,
@@ -629,31 +641,42 @@ mod tests {
         }];
         let h0 = t.insert(nr(0x1100, 0x1800, 3, 1, &x)).unwrap();
         let want = t.lookup(h0).unwrap();
-        let mut seen = std::collections::HashSet::from([h0]);
         let mut retired = t.retire(h0).unwrap();
         let index = retired as u32;
         assert_eq!(t.lookup(h0), None, "a retired handle is dead");
         assert_eq!(t.retire(h0), Err(Error::InvalidParameter));
         assert_eq!(t.remove(h0), Err(Error::InvalidParameter));
+        let view = t.view();
+        let mut seq = tpt_seq(&t, index);
         for _ in 0..1000 {
-            let h = t.revive(retired).unwrap();
-            assert!(seen.insert(h), "handle {h:#x} came back");
+            let h = t.revive(retired);
+            assert_eq!(h, h0, "the handle it had");
             let got = t.lookup(h).unwrap();
-            assert_eq!(got, Snapshot { handle: h, ..want }, "the region is intact");
+            assert_eq!(got, want, "the region is intact");
+            let now = tpt_seq(&t, index);
+            assert_ne!(now, seq, "a revival moves the sequence value");
+            assert!(
+                unchanged(&view, index, h, seq).is_none(),
+                "cached checks fail"
+            );
+            seq = now;
             retired = t.retire(h).unwrap();
             assert_eq!(retired as u32, index, "the same entry");
             assert_eq!(t.lookup(h), None);
+            assert!(!is_live(&view, h));
         }
-        // A retired handle's slot stays taken (retiring takes no lock);
-        // reviving frees it: a thousand revivals left one slot busy.
+        // A retired handle's slot stays taken: one slot busy.
         assert_eq!(t.alloc.lock().busy_slots, 1);
         // Kept entries count against the table: MAX_REGIONS - 2 more fit.
         let all: Vec<u32> = (0..MAX_REGIONS - 2)
             .map(|_| t.insert(nr(0, 1, 1, 0, &[])).unwrap())
             .collect();
         assert_eq!(t.insert(nr(0, 1, 1, 0, &[])), Err(Error::Resource));
-        // Released, the entry is free for another region.
+        // Released, the entry is free for another region, and the handle
+        // stays dead whatever takes the entry.
         t.release(retired);
+        assert_eq!(t.alloc.lock().busy_slots, MAX_REGIONS - 2);
+        assert!(!is_live(&view, h0));
         let h = t.insert(nr(0x5000, 1, 1, 0, &[])).unwrap();
         assert_eq!(t.lookup(h).unwrap().va, 0x5000);
         for h in all {

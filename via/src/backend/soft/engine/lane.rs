@@ -5,8 +5,9 @@
 //! in one mapped arena extent (the common case), the lane keeps where its
 //! table entry is, the entry's sequence value when it was resolved, and the
 //! arena mapping and offset. Checking it again is two loads of the entry in
-//! place (the handle and the sequence value: handles never repeat, and any
-//! write of the entry moves its sequence value), and an address is an
+//! place (the handle and the sequence value: a handle that comes back names
+//! the same registration, and any write of the entry moves its sequence
+//! value), and an address is an
 //! offset away: no handle slot, no probe of the kept regions, no walk over
 //! extents.
 //!
