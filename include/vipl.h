@@ -389,7 +389,13 @@ VIP_RETURN VipQueryNic(VIP_NIC_HANDLE NicHandle, VIP_NIC_ATTRIBUTES *Attrs);
 /* Register (and pin) Length bytes at VirtualAddress; *MemHandle names it.
  * The contents are kept; other threads may go on writing the memory while
  * it registers (no write is lost). Registrations may overlap. A handle
- * value does not come back within 2^32 registrations of the NIC.
+ * names one registration: the same bytes, Ptag and RDMA enables. It is
+ * dead once deregistered (peers get VIP_STATUS_RDMA_PROT_ERROR through
+ * it), and comes back only when the program registers exactly the same
+ * bytes with the same attributes again while the provider still keeps the
+ * deregistered registration whole (the pin-down cache; VIA_REGCACHE=off
+ * keeps none); any other registration gets a handle not seen within 2^32
+ * registrations of the NIC.
  * Memory that the program unmaps, trims, discards (madvise) or moves
  * (mremap) while registered loses its translation: peers get
  * VIP_STATUS_RDMA_PROT_ERROR, and VipDeregisterMem still succeeds on it.
