@@ -3,8 +3,9 @@
 //!
 //! * `regpp`: a ping-pong that registers and deregisters its buffers around
 //!   every message (as legacy message-passing libraries do), against the
-//!   same ping-pong with buffers registered once; 64 KiB and 1 MiB, with
-//!   the registration cache on and off.
+//!   same ping-pong with buffers registered once, in alternating blocks of
+//!   rounds of one pair of processes; 64 KiB and 1 MiB, with the
+//!   registration cache on and off.
 //! * `regcost`: register + deregister of 4 KiB .. 256 MiB: the first time
 //!   (pages move into shared memory) and repeated, cache on and off.
 //! * `regscale`: the cost of a registration (a miss, and a hit) with 1 ..
@@ -275,37 +276,41 @@ fn regbig(o: &RegOpts) -> Value {
 
 // ------------------------------------------------------------------ regpp
 
+/// Immediate data of a `regpp` message that switches the echo server to
+/// registering around every message ([`MODE_FIXED`]: back to buffers
+/// registered once).
+const MODE_EACH: u32 = 1;
+const MODE_FIXED: u32 = 2;
+
 /// The echo server of `regpp` and `reuse`: with `each`, it registers its
 /// receive buffer before posting it and its send buffer before sending,
-/// and deregisters both after their completions.
+/// and deregisters both after their completions; otherwise it uses buffers
+/// registered once. A message with immediate data switches the mode
+/// ([`MODE_EACH`], [`MODE_FIXED`]) from its answer on.
 pub fn serve_regpp(disc: &str, max: usize, each: bool) {
     pin(1);
     let (nic, ptag) = setup();
     let ctl = Region::new(&nic, 8192, ptag, false, false).unwrap();
     let mem = Memory::new(2 * max + 8192).unwrap();
     let (roff, soff) = (0, max + 4096);
-    let fixed = (!each).then(|| {
-        (
-            Region::within(&nic, &mem, roff, max, ptag, false, false).unwrap(),
-            Region::within(&nic, &mem, soff, max, ptag, false, false).unwrap(),
-        )
-    });
+    let fixed = (
+        Region::within(&nic, &mem, roff, max, ptag, false, false).unwrap(),
+        Region::within(&nic, &mem, soff, max, ptag, false, false).unwrap(),
+    );
+    let mut each = each;
     let mut a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
     a.max_transfer_size = max.max(8) as u32;
     let vi = nic.create_vi(&a, None, None).unwrap();
-    let post_recv = |vi: &Vi| -> Option<Region> {
-        let own = fixed
-            .is_none()
-            .then(|| Region::within(&nic, &mem, roff, max, ptag, false, false).unwrap());
-        let reg = own.as_ref().or(fixed.as_ref().map(|f| &f.0)).unwrap();
+    let post_recv = |vi: &Vi, each: bool| -> Option<Region> {
+        let own = each.then(|| Region::within(&nic, &mem, roff, max, ptag, false, false).unwrap());
         let d = DescBuilder::recv()
-            .segment(reg, 0, max as u32)
+            .segment(own.as_ref().unwrap_or(&fixed.0), 0, max as u32)
             .write(&ctl, 0)
             .unwrap();
         vi.post_recv(&ctl, d).unwrap();
         own
     };
-    let mut recv_reg = post_recv(&vi);
+    let mut recv_reg = post_recv(&vi, each);
     println!("READY");
     std::io::stdout().flush().unwrap();
     let req = nic
@@ -317,18 +322,17 @@ pub fn serve_regpp(disc: &str, max: usize, each: bool) {
         if st & via::descriptor::status::DESC_FLUSHED_ERROR != 0 {
             break;
         }
+        if st & via::descriptor::status::IMMEDIATE != 0 {
+            each = ctl.word(20) == MODE_EACH;
+        }
         let len = ctl.word(24);
         drop(recv_reg.take());
-        recv_reg = post_recv(&vi);
-        let send_reg = match &fixed {
-            Some(_) => None,
-            None => Some(
-                Region::within(&nic, &mem, soff, len.max(1) as usize, ptag, false, false).unwrap(),
-            ),
-        };
-        let sreg = send_reg.as_ref().or(fixed.as_ref().map(|f| &f.1)).unwrap();
+        recv_reg = post_recv(&vi, each);
+        let send_reg = each.then(|| {
+            Region::within(&nic, &mem, soff, len.max(1) as usize, ptag, false, false).unwrap()
+        });
         let d = DescBuilder::send()
-            .segment(sreg, 0, len)
+            .segment(send_reg.as_ref().unwrap_or(&fixed.1), 0, len)
             .write(&ctl, 128)
             .unwrap();
         vi.post_send(&ctl, d).unwrap();
@@ -337,16 +341,25 @@ pub fn serve_regpp(disc: &str, max: usize, each: bool) {
     }
 }
 
-/// Half round trip (us) of a ping-pong of `size` bytes; with `each`, both
-/// sides register and deregister their buffers around every message.
-fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
+/// Blocks of rounds per `regpp` measurement, the two ways in turn.
+const REGPP_BLOCKS: usize = 40;
+
+/// Half round trips (us) of a ping-pong of `size` bytes with buffers
+/// registered once and with both sides registering and deregistering
+/// their buffers around every message, and the ratio. One pair of
+/// processes runs both ways in alternating blocks of rounds (the first
+/// round of a block, which switches the server, untimed): the host's speed
+/// moves within seconds here, so each block of the second way is compared
+/// with the block just before it, and the ratio is the median of those
+/// comparisons.
+fn regpp_one(size: usize, iters: usize) -> (f64, f64, f64) {
     pin(0);
     let disc = unique("regpp");
     let child = Child::start(&[
         "regpp".into(),
         disc.clone(),
         size.to_string(),
-        if each { "each" } else { "fixed" }.into(),
+        "fixed".into(),
     ]);
     let (nic, ptag) = setup();
     let ctl = Region::new(&nic, 8192, ptag, false, false).unwrap();
@@ -361,37 +374,33 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
         Some(Duration::from_secs(30)),
     )
     .expect("connect");
-    let fixed = (!each).then(|| {
-        (
-            Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap(),
-            Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
-        )
-    });
+    let fixed = (
+        Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap(),
+        Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
+    );
     let prof = std::env::var_os("VIA_BENCH_PROFILE").is_some();
-    let acc = std::cell::Cell::new([0u128; 5]);
-    let round = || {
+    // Per way: register, post, wait, deregister (ns), rounds.
+    let mut acc = [[0u128; 5]; 2];
+    let mut round = |each: bool, switch: bool| {
         let t0 = Instant::now();
-        let own = fixed.is_none().then(|| {
+        let own = each.then(|| {
             (
                 Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap(),
                 Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
             )
         });
-        let (rreg, sreg) = match (&fixed, &own) {
-            (Some((r, s)), _) | (None, Some((r, s))) => (r, s),
-            (None, None) => unreachable!("one of the two"),
-        };
+        let (rreg, sreg) = own.as_ref().unwrap_or(&fixed);
         let t1 = Instant::now();
         let rd = DescBuilder::recv()
             .segment(rreg, 0, size as u32)
             .write(&ctl, 0)
             .unwrap();
         vi.post_recv(&ctl, rd).unwrap();
-        let sd = DescBuilder::send()
-            .segment(sreg, 0, size as u32)
-            .write(&ctl, 128)
-            .unwrap();
-        vi.post_send(&ctl, sd).unwrap();
+        let mut sd = DescBuilder::send().segment(sreg, 0, size as u32);
+        if switch {
+            sd = sd.immediate(if each { MODE_EACH } else { MODE_FIXED });
+        }
+        vi.post_send(&ctl, sd.write(&ctl, 128).unwrap()).unwrap();
         let t2 = Instant::now();
         done_or_wait(&vi, true, false);
         done_or_wait(&vi, false, false);
@@ -399,50 +408,70 @@ fn regpp_one(size: usize, iters: usize, each: bool) -> f64 {
         drop(own);
         let t4 = Instant::now();
         if prof {
-            let mut a = acc.get();
+            let a = &mut acc[usize::from(each)];
             a[0] += (t1 - t0).as_nanos();
             a[1] += (t2 - t1).as_nanos();
             a[2] += (t3 - t2).as_nanos();
-            a[3] += 1;
-            a[4] += (t4 - t3).as_nanos();
-            acc.set(a);
+            a[3] += (t4 - t3).as_nanos();
+            a[4] += 1;
         }
     };
-    for _ in 0..(iters / 10).max(5) {
-        round();
+    // Warm-up: both ways.
+    for each in [false, true] {
+        round(each, true);
+        for _ in 0..(iters / 10).max(5) {
+            round(each, false);
+        }
     }
-    let t = Instant::now();
-    for _ in 0..iters {
-        round();
+    // Each way runs `iters` rounds in all.
+    let per = (2 * iters / REGPP_BLOCKS).max(10);
+    let mut halves = [Vec::new(), Vec::new()];
+    for b in 0..REGPP_BLOCKS {
+        let each = b % 2 == 1;
+        round(each, true);
+        let t = Instant::now();
+        for _ in 0..per {
+            round(each, false);
+        }
+        halves[usize::from(each)].push(t.elapsed().as_secs_f64() * 1e6 / per as f64 / 2.0);
     }
-    let half = t.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0;
     if prof {
-        let a = acc.get();
-        let n = a[3].max(1);
-        eprintln!(
-            "regpp {size} {}: register {} ns, post {} ns, wait {} ns, deregister {} ns per round",
-            if each { "each" } else { "fixed" },
-            a[0] / n,
-            a[1] / n,
-            a[2] / n,
-            a[4] / n
-        );
+        for (each, a) in acc.iter().enumerate() {
+            let n = a[4].max(1);
+            eprintln!(
+                "regpp {size} {}: register {} ns, post {} ns, wait {} ns, deregister {} ns per round",
+                if each == 1 { "each" } else { "fixed" },
+                a[0] / n,
+                a[1] / n,
+                a[2] / n,
+                a[3] / n
+            );
+        }
         eprintln!("{:?}", nic.registration_stats());
     }
     vi.disconnect().expect("disconnect");
     child.finish();
-    half
+    let ratios: Vec<f64> = halves[1]
+        .iter()
+        .zip(&halves[0])
+        .map(|(e, f)| e / f)
+        .collect();
+    (median(&halves[0]), median(&halves[1]), median(&ratios))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn regpp_inner(o: &RegOpts) {
     let mut rows = Vec::new();
     for size in [64 * KIB, MIB] {
+        // Rounds of each way.
         let iters = if size <= 64 * KIB { 3000 } else { 500 } / if o.quick { 10 } else { 1 };
-        let fixed = regpp_one(size, iters, false);
-        let each = regpp_one(size, iters, true);
-        rows.push(
-            json!({"bytes": size, "fixed_us": fixed, "each_us": each, "ratio": each / fixed}),
-        );
+        let (fixed, each, ratio) = regpp_one(size, iters);
+        rows.push(json!({"bytes": size, "fixed_us": fixed, "each_us": each, "ratio": ratio}));
     }
     println!("{}", json!({ "rows": rows }));
 }
