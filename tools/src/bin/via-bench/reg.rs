@@ -293,24 +293,28 @@ pub fn serve_regpp(disc: &str, max: usize, each: bool) {
     let ctl = Region::new(&nic, 8192, ptag, false, false).unwrap();
     let mem = Memory::new(2 * max + 8192).unwrap();
     let (roff, soff) = (0, max + 4096);
-    let fixed = (
-        Region::within(&nic, &mem, roff, max, ptag, false, false).unwrap(),
-        Region::within(&nic, &mem, soff, max, ptag, false, false).unwrap(),
-    );
+    let region =
+        |off: usize, len: usize| Region::within(&nic, &mem, off, len, ptag, false, false).unwrap();
+    // The buffers registered once, while the fixed way runs (registered
+    // only then: with the cache off, a live registration of the same bytes
+    // would spare the other way its page moves).
+    let fixed_regions = || (region(roff, max), region(soff, max));
     let mut each = each;
+    let mut fixed = (!each).then(fixed_regions);
     let mut a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
     a.max_transfer_size = max.max(8) as u32;
     let vi = nic.create_vi(&a, None, None).unwrap();
-    let post_recv = |vi: &Vi, each: bool| -> Option<Region> {
-        let own = each.then(|| Region::within(&nic, &mem, roff, max, ptag, false, false).unwrap());
+    let post_recv = |vi: &Vi, fixed: Option<&(Region, Region)>| -> Option<Region> {
+        let own = fixed.is_none().then(|| region(roff, max));
+        let reg = own.as_ref().or(fixed.map(|f| &f.0)).unwrap();
         let d = DescBuilder::recv()
-            .segment(own.as_ref().unwrap_or(&fixed.0), 0, max as u32)
+            .segment(reg, 0, max as u32)
             .write(&ctl, 0)
             .unwrap();
         vi.post_recv(&ctl, d).unwrap();
         own
     };
-    let mut recv_reg = post_recv(&vi, each);
+    let mut recv_reg = post_recv(&vi, fixed.as_ref());
     println!("READY");
     std::io::stdout().flush().unwrap();
     let req = nic
@@ -322,17 +326,25 @@ pub fn serve_regpp(disc: &str, max: usize, each: bool) {
         if st & via::descriptor::status::DESC_FLUSHED_ERROR != 0 {
             break;
         }
+        let len = ctl.word(24);
+        // The receive completed and the last send too: no descriptor
+        // uses a buffer now.
+        drop(recv_reg.take());
         if st & via::descriptor::status::IMMEDIATE != 0 {
             each = ctl.word(20) == MODE_EACH;
+            fixed = None;
+            if !each {
+                fixed = Some(fixed_regions());
+            }
         }
-        let len = ctl.word(24);
-        drop(recv_reg.take());
-        recv_reg = post_recv(&vi, each);
-        let send_reg = each.then(|| {
-            Region::within(&nic, &mem, soff, len.max(1) as usize, ptag, false, false).unwrap()
-        });
+        recv_reg = post_recv(&vi, fixed.as_ref());
+        let send_reg = each.then(|| region(soff, len.max(1) as usize));
         let d = DescBuilder::send()
-            .segment(send_reg.as_ref().unwrap_or(&fixed.1), 0, len)
+            .segment(
+                send_reg.as_ref().or(fixed.as_ref().map(|f| &f.1)).unwrap(),
+                0,
+                len,
+            )
             .write(&ctl, 128)
             .unwrap();
         vi.post_send(&ctl, d).unwrap();
@@ -374,22 +386,23 @@ fn regpp_one(size: usize, iters: usize) -> (f64, f64, f64) {
         Some(Duration::from_secs(30)),
     )
     .expect("connect");
-    let fixed = (
-        Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap(),
-        Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
-    );
+    let regions = || {
+        (
+            Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap(),
+            Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
+        )
+    };
+    // Registered for the blocks of the fixed way only (see `serve_regpp`;
+    // the ways alternate, so one is dropped before the other registers).
+    let mut fixed: Option<(Region, Region)>;
     let prof = std::env::var_os("VIA_BENCH_PROFILE").is_some();
     // Per way: register, post, wait, deregister (ns), rounds.
     let mut acc = [[0u128; 5]; 2];
-    let mut round = |each: bool, switch: bool| {
+    let mut round = |fixed: Option<&(Region, Region)>, switch: bool| {
+        let each = fixed.is_none();
         let t0 = Instant::now();
-        let own = each.then(|| {
-            (
-                Region::within(&nic, &mem, roff, size, ptag, false, false).unwrap(),
-                Region::within(&nic, &mem, soff, size, ptag, false, false).unwrap(),
-            )
-        });
-        let (rreg, sreg) = own.as_ref().unwrap_or(&fixed);
+        let own = each.then(regions);
+        let (rreg, sreg) = own.as_ref().or(fixed).unwrap();
         let t1 = Instant::now();
         let rd = DescBuilder::recv()
             .segment(rreg, 0, size as u32)
@@ -418,9 +431,10 @@ fn regpp_one(size: usize, iters: usize) -> (f64, f64, f64) {
     };
     // Warm-up: both ways.
     for each in [false, true] {
-        round(each, true);
+        fixed = (!each).then(regions);
+        round(fixed.as_ref(), true);
         for _ in 0..(iters / 10).max(5) {
-            round(each, false);
+            round(fixed.as_ref(), false);
         }
     }
     // Each way runs `iters` rounds in all.
@@ -428,10 +442,11 @@ fn regpp_one(size: usize, iters: usize) -> (f64, f64, f64) {
     let mut halves = [Vec::new(), Vec::new()];
     for b in 0..REGPP_BLOCKS {
         let each = b % 2 == 1;
-        round(each, true);
+        fixed = (!each).then(regions);
+        round(fixed.as_ref(), true);
         let t = Instant::now();
         for _ in 0..per {
-            round(each, false);
+            round(fixed.as_ref(), false);
         }
         halves[usize::from(each)].push(t.elapsed().as_secs_f64() * 1e6 / per as f64 / 2.0);
     }
