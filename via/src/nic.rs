@@ -176,11 +176,9 @@ pub(crate) struct RegionRec {
     held: Vec<std::ops::Range<usize>>,
 }
 
-/// A deregistered registration kept whole (`parked`): what undoes it, and
-/// how this process reached it.
+/// What a deregistered registration kept whole (`parked`, in place in the
+/// table with its record and region) keeps of its device entry.
 pub(crate) struct ParkedReg {
-    rec: Box<RegionRec>,
-    resolved: Arc<Resolved>,
     /// The device entry it kept, if the kind of NIC keeps one.
     entry: Option<crate::backend::RetiredEntry>,
 }
@@ -195,9 +193,9 @@ pub(crate) struct NicInner {
     /// What the device supports.
     pub limits: Limits,
     /// Registered regions as this process reaches them, with what undoes
-    /// each registration (boxed: records move between the live and the
-    /// parked on every repeated registration), and deregistered ones kept
-    /// whole for the same bytes again: all under one lock.
+    /// each registration (boxed: the table moves its entries when it
+    /// grows or shifts), and deregistered ones kept whole in place for the
+    /// same bytes again (parked): all under one lock.
     pub regions: RegionTable,
     pub ptags: Mutex<Slab<u32>>,
     /// Whether deregistered registrations are parked.
@@ -398,7 +396,11 @@ impl NicInner {
     /// `VipDestroyPtag`: refused while a VI or region uses the tag.
     pub fn destroy_ptag(&self, p: Ptag) -> Result<()> {
         // Parked registrations count as the tag's users; they go first.
-        let parked = self.regions.write().parked().take_if(|k| k.ptag == p.0);
+        let parked = {
+            let mut w = self.regions.write();
+            let handles = w.parked().take_if(|k| k.ptag == p.0);
+            w.remove_parked(handles)
+        };
         for parked in parked {
             self.unpark_for_good(parked);
         }
@@ -468,8 +470,8 @@ impl NicInner {
                 // A parked registration still counts as its tag's user, so
                 // the tag is alive (`destroy_ptag` drops parked ones first).
                 let mut w = self.regions.write();
-                if let Some(p) = w.parked().take(&key) {
-                    return self.unpark(w, key, p);
+                if let Some(h) = w.parked().take(&key) {
+                    return self.unpark(w, key, h);
                 }
             }
         }
@@ -491,15 +493,19 @@ impl NicInner {
     /// live in one critical section when the device kept its entry (a few
     /// stores); a device that adds the region anew (a system call, for a
     /// verbs memory region) does it with the lock released.
-    fn unpark<'a>(&'a self, mut w: TableWriter<'a>, key: Key, p: ParkedReg) -> Result<u32> {
-        let ParkedReg {
-            rec,
-            resolved,
-            entry,
-        } = p;
+    fn unpark<'a>(&'a self, mut w: TableWriter<'a>, key: Key, handle: u32) -> Result<u32> {
+        let ParkedReg { entry } = w.unpark(handle).expect("a parked handle is in the table");
         let added = match entry {
-            Some(entry) => self.dev.revive_region(self, entry),
+            // In place: the same handle back, nothing else written.
+            Some(entry) => match self.dev.revive_region(self, entry) {
+                Ok(h) if h == handle => return Ok(handle),
+                r => r,
+            },
             None => {
+                // The device kept nothing: the region is added anew, with
+                // the lock released (the registration out of the table
+                // meanwhile).
+                let live = w.remove(handle).expect("just unparked");
                 drop(w);
                 let added = self.dev.reserve_region().and_then(|slot| {
                     self.dev.add_region(
@@ -510,34 +516,41 @@ impl NicInner {
                             len: key.len,
                             ptag: key.ptag,
                             flags: key.flags,
-                            extents: rec.pinned.pinned(),
+                            extents: live.rec.pinned.pinned(),
                         },
                     )
                 });
-                w = self.regions.write();
-                added
+                return self.relive(self.regions.write(), live, added);
             }
         };
+        let live = w.remove(handle).expect("just unparked");
+        self.relive(w, live, added)
+    }
+
+    /// A parked registration taken out of the table, live again under the
+    /// handle `added` gave it (a failed revival has released the device
+    /// entry already; the pages go back to the cache).
+    fn relive(
+        &self,
+        mut w: TableWriter<'_>,
+        live: crate::regions::Live<Box<RegionRec>, ParkedReg>,
+        added: Result<u32>,
+    ) -> Result<u32> {
         let handle = match added {
             Ok(h) => h,
             Err(e) => {
                 drop(w);
-                // A failed revival has released the entry already.
-                self.release(*rec);
+                self.release(*live.rec);
                 return Err(e);
             }
         };
-        let mut resolved = resolved;
-        // A device that kept the entry gives the old handle back: the
-        // region as resolved before is still right, shared as it is.
-        if resolved.handle != handle {
-            Arc::make_mut(&mut resolved).handle = handle;
-        }
+        let mut resolved = live.region.expect("parked ones translate");
+        Arc::make_mut(&mut resolved).handle = handle;
         // No fork lock: nothing moves (the pages stayed where the first
         // registration put them), so a fork that does not see this
         // registration yet copies them into the child as deregistered
         // memory, which they were until now.
-        w.insert(handle, resolved, rec);
+        w.insert(handle, resolved, live.rec);
         Ok(handle)
     }
 
@@ -667,38 +680,33 @@ impl NicInner {
         let (rec, evicted) = {
             let _fork = crate::mem::fork::enter();
             let mut w = self.regions.write();
-            let live = match w.get(handle) {
-                Some(l) if l.rec.va == addr => w.remove(handle).expect("present"),
+            let (translates, key) = match w.get(handle) {
+                Some(l) if l.rec.va == addr => (
+                    l.region.is_some(),
+                    Key {
+                        va: l.rec.va,
+                        len: l.rec.len,
+                        ptag: l.rec.ptag,
+                        flags: l.rec.flags,
+                    },
+                ),
                 _ => return Err(Error::InvalidParameter),
             };
-            match live.region {
+            if translates && self.parking {
+                // Parked in place: it keeps its device entry (the handle
+                // dies either way), its record and region, and stays its
+                // tag's user.
+                let entry = self.dev.retire_region(self, handle);
+                w.park(handle, ParkedReg { entry });
+                let evicted = w.parked().put(key, handle).and_then(|old| w.remove(old));
+                (None, evicted)
+            } else {
+                let live = w.remove(handle).expect("present");
                 // Revoked (the memory went away): nothing is reachable.
-                None => (Some(live.rec), None),
-                // Parked, it keeps its device entry (the handle dies either
-                // way) and stays its tag's user.
-                Some(resolved) if self.parking => {
-                    let rec = live.rec;
-                    let entry = self.dev.retire_region(self, handle);
-                    let key = Key {
-                        va: rec.va,
-                        len: rec.len,
-                        ptag: rec.ptag,
-                        flags: rec.flags,
-                    };
-                    let old = w.parked().put(
-                        key,
-                        ParkedReg {
-                            rec,
-                            resolved,
-                            entry,
-                        },
-                    );
-                    (None, old)
-                }
-                Some(_) => {
+                if translates {
                     self.dev.remove_region(self, handle);
-                    (Some(live.rec), None)
                 }
+                (Some(live.rec), None)
             }
         };
         self.dev.quiesce_region_users(self);
@@ -716,10 +724,10 @@ impl NicInner {
         self.process.registrations.release(rec.pinned);
     }
 
-    /// Gives a parked registration's pages back to the registration cache,
-    /// and its tag.
-    fn unpark_for_good(&self, p: ParkedReg) {
-        if let Some(entry) = p.entry {
+    /// Gives a parked registration, taken out of the table, back: its
+    /// device entry, its pages to the registration cache, and its tag.
+    fn unpark_for_good(&self, p: crate::regions::Live<Box<RegionRec>, ParkedReg>) {
+        if let Some(ParkedReg { entry: Some(entry) }) = p.parked {
             self.dev.release_retired(entry);
         }
         self.release(*p.rec);
@@ -732,7 +740,11 @@ impl NicInner {
 
     /// Drops every parked registration; returns how many.
     pub fn drop_parked(&self) -> usize {
-        let all = self.regions.write().parked().drain();
+        let all = {
+            let mut w = self.regions.write();
+            let handles = w.parked().drain();
+            w.remove_parked(handles)
+        };
         let n = all.len();
         for p in all {
             self.unpark_for_good(p);
@@ -792,7 +804,8 @@ impl NicInner {
                     revoked += 1;
                 }
             }
-            w.parked().take_overlapping(range)
+            let handles = w.parked().take_overlapping(range);
+            w.remove_parked(handles)
         };
         for p in parked {
             self.unpark_for_good(p);
@@ -961,9 +974,12 @@ impl NicInner {
         }
         self.provider.stop(self);
         self.dev.close(self);
-        self.drop_parked();
         let regions = self.regions.write().drain();
         for (h, live) in regions {
+            if live.parked.is_some() {
+                self.unpark_for_good(live);
+                continue;
+            }
             if live.region.is_some() {
                 self.dev.remove_region(self, h);
             }

@@ -10,8 +10,9 @@
 //!
 //! The same table, under the same lock, holds what undoes each registration
 //! (the registration path's record) and the parked registrations
-//! (`parked.rs`): registering the same buffer again, or deregistering it,
-//! is one critical section over one map.
+//! (`parked.rs`), which stay in place under their handles, marked dead:
+//! registering the same buffer again, or deregistering it, is one critical
+//! section that flips one entry and moves nothing.
 //!
 //! Lookups on the posting path go through a [`RegionCache`] per work queue:
 //! a few regions, each validated by the change count of its handle's bucket
@@ -81,35 +82,44 @@ pub(crate) type BuildWordHasher = BuildHasherDefault<WordHasher>;
 const BUCKETS: usize = 256;
 
 /// The table of the provider: registrations as `nic.rs` keeps them (what
-/// undoes each, and the parked ones).
+/// undoes each, and what a parked one kept of its device entry).
 pub(crate) type RegionTable = Table<Box<crate::nic::RegionRec>, crate::nic::ParkedReg>;
 
 /// The write lock of a [`RegionTable`].
 pub(crate) type TableWriter<'a> = Writer<'a, Box<crate::nic::RegionRec>, crate::nic::ParkedReg>;
 
-/// A live registration: how this process reaches its region, and the
-/// record `R` of what undoes it.
-pub(crate) struct Live<R> {
+/// A registration: how this process reaches its region, the record `R` of
+/// what undoes it, and, once deregistered and parked, what `P` it kept.
+pub(crate) struct Live<R, P> {
     /// `None` once the memory went away under it (revoked): the handle
     /// stays until it is deregistered, but no longer translates.
     pub region: Option<Arc<Resolved>>,
     pub rec: R,
+    /// Deregistered and kept whole for the same registration again
+    /// (parked): the handle is dead, every lookup passes it by.
+    pub parked: Option<P>,
 }
 
-/// Everything under the table's lock: the live registrations by handle,
-/// and deregistered ones kept for the same bytes again (`P`), so that a
-/// registration or deregistration is one critical section over one map.
+/// Everything under the table's lock: the registrations by handle, live
+/// and parked, and the parked ones' handles by what was registered, so
+/// that a registration or deregistration is one critical section over one
+/// map.
 pub(crate) struct Registrations<R, P> {
     /// By handle (a handful of instructions per insert or removal, a fifth
     /// of a `HashMap`'s).
-    live: crate::handle_map::HandleMap<Live<R>>,
-    pub parked: Parked<P>,
+    live: crate::handle_map::HandleMap<Live<R, P>>,
+    /// The parked registrations' handles, by exact bytes, tag and enables.
+    pub parked: Parked<u32>,
 }
 
 impl<R, P> Registrations<R, P> {
-    /// The records of the live registrations.
+    /// The records of the live registrations (not the parked ones: their
+    /// bytes are deregistered memory).
     pub fn records(&self) -> impl Iterator<Item = &R> {
-        self.live.values().map(|l| &l.rec)
+        self.live
+            .values()
+            .filter(|l| l.parked.is_none())
+            .map(|l| &l.rec)
     }
 }
 
@@ -178,13 +188,14 @@ impl<R, P> Table<R, P> {
         self.changes[bucket(handle)].load(Ordering::Acquire)
     }
 
-    /// The region of `handle`.
+    /// The region of `handle` (live, not parked).
     pub fn get(&self, handle: u32) -> Option<Arc<Resolved>> {
         self.map
             .read()
             .unwrap()
             .live
             .get(handle)
+            .filter(|l| l.parked.is_none())
             .and_then(|l| l.region.clone())
     }
 
@@ -217,35 +228,65 @@ impl<R, P> Writer<'_, R, P> {
             Live {
                 region: Some(region),
                 rec,
+                parked: None,
             },
         );
     }
 
-    /// The live registration of `handle`.
-    pub fn get(&self, handle: u32) -> Option<&Live<R>> {
-        self.g.live.get(handle)
+    /// The live registration of `handle` (not a parked one).
+    pub fn get(&self, handle: u32) -> Option<&Live<R, P>> {
+        self.g.live.get(handle).filter(|l| l.parked.is_none())
+    }
+
+    fn get_mut(&mut self, handle: u32) -> Option<&mut Live<R, P>> {
+        self.g.live.get_mut(handle).filter(|l| l.parked.is_none())
     }
 
     /// The record of `handle`, to change (not its region).
     pub fn rec_mut(&mut self, handle: u32) -> Option<&mut R> {
-        self.g.live.get_mut(handle).map(|l| &mut l.rec)
+        self.get_mut(handle).map(|l| &mut l.rec)
     }
 
-    /// Takes the registration of `handle` out.
-    pub fn remove(&mut self, handle: u32) -> Option<Live<R>> {
+    /// Takes the registration of `handle` out, live or parked.
+    pub fn remove(&mut self, handle: u32) -> Option<Live<R, P>> {
         let l = self.g.live.remove(handle)?;
-        if l.region.is_some() {
+        // A parked one stopped translating when it was parked.
+        if l.region.is_some() && l.parked.is_none() {
             self.t.changed(handle);
         }
         Some(l)
+    }
+
+    /// Parks the live registration of `handle` in place (its handle dead
+    /// from now on, as after a removal), keeping `p`; false if it is not
+    /// live.
+    pub fn park(&mut self, handle: u32, p: P) -> bool {
+        let Some(l) = self.get_mut(handle) else {
+            return false;
+        };
+        l.parked = Some(p);
+        self.t.changed(handle);
+        true
+    }
+
+    /// The parked registration of `handle` live again (as a new one, it
+    /// invalidates nothing); what it kept.
+    pub fn unpark(&mut self, handle: u32) -> Option<P> {
+        self.g.live.get_mut(handle)?.parked.take()
+    }
+
+    /// Takes the parked registrations of `handles` out.
+    pub fn remove_parked(&mut self, handles: Vec<u32>) -> Vec<Live<R, P>> {
+        handles
+            .into_iter()
+            .filter_map(|h| self.g.live.remove(h))
+            .collect()
     }
 
     /// The region of `handle` stops translating (its handle stays live);
     /// returns whether it translated until now.
     pub fn revoke(&mut self, handle: u32) -> bool {
         let gone = self
-            .g
-            .live
             .get_mut(handle)
             .is_some_and(|l| l.region.take().is_some());
         if gone {
@@ -256,7 +297,7 @@ impl<R, P> Writer<'_, R, P> {
 
     /// Changes the protection tag and RDMA enables of a live region.
     pub fn set_attributes(&mut self, handle: u32, ptag: u32, flags: u32) -> bool {
-        let Some(old) = self.g.live.get_mut(handle).and_then(|l| l.region.as_mut()) else {
+        let Some(old) = self.get_mut(handle).and_then(|l| l.region.as_mut()) else {
             return false;
         };
         let mut r = (**old).clone();
@@ -267,30 +308,33 @@ impl<R, P> Writer<'_, R, P> {
         true
     }
 
-    /// The handles of the live registrations whose record satisfies `f`.
+    /// The handles of the live registrations (not the parked ones) whose
+    /// record satisfies `f`.
     pub fn handles_where(&self, f: impl Fn(&R) -> bool) -> Vec<u32> {
         let mut v = Vec::new();
         for (h, l) in self.g.live.iter() {
-            if f(&l.rec) {
+            if l.parked.is_none() && f(&l.rec) {
                 v.push(h);
             }
         }
         v
     }
 
-    /// Takes every registration out.
-    pub fn drain(&mut self) -> Vec<(u32, Live<R>)> {
+    /// Takes every registration out, live and parked (the parked handles
+    /// too).
+    pub fn drain(&mut self) -> Vec<(u32, Live<R, P>)> {
+        self.g.parked.drain();
         let all = self.g.live.drain();
         for (h, l) in &all {
-            if l.region.is_some() {
+            if l.region.is_some() && l.parked.is_none() {
                 self.t.changed(*h);
             }
         }
         all
     }
 
-    /// The parked registrations.
-    pub fn parked(&mut self) -> &mut Parked<P> {
+    /// The parked registrations' handles, by what was registered.
+    pub fn parked(&mut self) -> &mut Parked<u32> {
         &mut self.g.parked
     }
 }
@@ -416,6 +460,58 @@ mod tests {
         assert!(t.version() > v1, "a removal moves the version");
         assert!(t.remove(0xdead_0001).is_none());
         assert!(t.get(0xdead_0001).is_none());
+    }
+
+    #[test]
+    fn parked_registrations_are_dead_in_place_until_taken_back() {
+        let t = Table::<u32, &str>::new(4);
+        let key = crate::parked::Key {
+            va: 0x5000,
+            len: 0x1000,
+            ptag: 1,
+            flags: 0,
+        };
+        t.write().insert(5, Arc::new(region(5, 0x5000)), 55);
+        let mut cache = RegionCache::default();
+        assert!(cache.get(&t, 5).is_some());
+        let before = t.changes(5);
+        {
+            let mut w = t.write();
+            assert!(w.park(5, "kept"));
+            assert!(!w.park(5, "again"), "parked already");
+            assert_eq!(w.parked().put(key, 5), None);
+            assert!(w.get(5).is_none(), "a parked handle is dead");
+            assert!(w.rec_mut(5).is_none());
+            assert!(w.handles_where(|_| true).is_empty());
+            assert!(!w.revoke(5));
+        }
+        assert!(t.changes(5) > before, "parking invalidates like a removal");
+        assert!(t.get(5).is_none());
+        assert!(cache.get(&t, 5).is_none(), "no cache serves it");
+        assert_eq!(t.read().records().count(), 0, "its bytes are deregistered");
+        // Taken back: the same entry, live again without a change.
+        let now = t.changes(5);
+        {
+            let mut w = t.write();
+            let h = w.parked().take(&key).unwrap();
+            assert_eq!(h, 5);
+            assert_eq!(w.unpark(h), Some("kept"));
+            assert_eq!(w.unpark(h), None, "live now");
+            assert_eq!(w.get(5).unwrap().rec, 55);
+        }
+        assert_eq!(t.changes(5), now);
+        assert_eq!(t.get(5).unwrap().va, 0x5000);
+        assert_eq!(t.read().records().count(), 1);
+        // Parked again and dropped for good: out of the table.
+        let mut w = t.write();
+        assert!(w.park(5, "kept"));
+        assert_eq!(w.parked().put(key, 5), None);
+        let handles = w.parked().drain();
+        let gone = w.remove_parked(handles);
+        assert_eq!(gone.len(), 1);
+        assert_eq!((gone[0].rec, gone[0].parked), (55, Some("kept")));
+        assert!(w.get(5).is_none());
+        assert!(w.drain().is_empty());
     }
 
     #[test]
