@@ -733,6 +733,12 @@ impl NicInner {
         self.release(*p.rec);
     }
 
+    /// Whether deregistered registrations of this NIC are parked.
+    #[cfg(test)]
+    pub fn parks(&self) -> bool {
+        self.parking
+    }
+
     /// Registrations served by a parked registration of this NIC.
     pub fn parked_hits(&self) -> u64 {
         self.regions.read().parked.hits()

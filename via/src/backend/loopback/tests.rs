@@ -643,3 +643,55 @@ fn segments_in_the_descriptors_own_region_are_bounds_checked() {
     assert_eq!(got, [DONE | OP_SEND | PROTECTION_ERROR, DONE | OP_SEND]);
     assert_eq!(b.recv_done().unwrap().status, DONE | OP_RECEIVE);
 }
+
+#[test]
+fn a_parked_registration_comes_back_under_a_fresh_handle_on_a_kind_that_keeps_no_entry() {
+    // The loopback kind keeps no device entry for a deregistered region: a
+    // parked registration taken back is added to it anew, under a fresh
+    // handle; the old handle stays dead, and the bytes move through the
+    // new one.
+    let p = pair(Reliability::Unreliable, false);
+    if !p.nic.inner.parks() {
+        eprintln!("SKIPPED (no memory-event monitor here: nothing is parked)");
+        return;
+    }
+    let mem = crate::api::Memory::new(8192).unwrap();
+    let hits = p.nic.inner.parked_hits();
+    let mut seen = std::collections::HashSet::new();
+    let mut old = None;
+    for round in 0..20u8 {
+        let r = Region::within(&p.nic, &mem, 0, 4096, p.ptag, false, false).unwrap();
+        assert!(seen.insert(r.handle()), "round {round}: a handle came back");
+        if let Some((h, addr)) = old {
+            // The previous handle is dead: a descriptor through it is not read.
+            assert_eq!(
+                p.a.core().post_send(&p.nic.inner, addr, h),
+                Err(Error::InvalidParameter)
+            );
+        }
+        // A message out of the region taken back arrives whole.
+        let d = DescBuilder::recv()
+            .segment(&p.mem, 4096, 64)
+            .write(&p.mem, 128)
+            .unwrap();
+        p.b.post_recv(&p.mem, d).unwrap();
+        r.write(256, &[round; 64]).unwrap();
+        let d = DescBuilder::send()
+            .segment(&r, 256, 64)
+            .write(&r, 0)
+            .unwrap();
+        p.a.post_send(&r, d).unwrap();
+        assert_eq!(p.a.send_wait(Some(T)).unwrap().status, DONE | OP_SEND);
+        assert_eq!(p.b.recv_wait(Some(T)).unwrap().status, DONE | OP_RECEIVE);
+        let mut got = [0u8; 64];
+        p.mem.read(4096, &mut got).unwrap();
+        assert_eq!(got, [round; 64], "round {round}");
+        old = Some((r.handle(), r.addr(d).unwrap()));
+        r.deregister().unwrap();
+    }
+    assert_eq!(
+        p.nic.inner.parked_hits() - hits,
+        19,
+        "every registration after the first"
+    );
+}
