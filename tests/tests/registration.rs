@@ -27,6 +27,7 @@ fn registration_in_this_process_and_a_peer() {
     repeated_registration_hits_and_unmap_invalidates();
     a_peer_unmaps_what_the_owner_retired();
     receives_into_registrations_that_come_back();
+    receives_into_one_buffer_registered_around_each();
     a_send_after_the_receive_buffer_was_deregistered();
     ranges_without_a_whole_page_register_and_move();
 }
@@ -138,6 +139,58 @@ fn receives_into_registrations_that_come_back() {
         }
         assert_eq!(p.cmd(&format!("dereg {idx}")), "OK");
     }
+    p.exit();
+}
+
+/// The peer registers one buffer around every receive, as a message layer
+/// does: its parked registration comes back each time under its handle,
+/// its table entry written twice since this side's engine last used it,
+/// and the engine finds it in place holding the same again (the lane, not
+/// the translation cache). Every message must land whole at its offset,
+/// the bytes around it untouched.
+fn receives_into_one_buffer_registered_around_each() {
+    let s = Setup::new(Reliability::ReliableDelivery, 1 << 16, false, false);
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 65536 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str("again"));
+    let mem = nums(&p.cmd_expect("memory 16384", "MEMORY"))[0];
+    let mut handles = std::collections::HashSet::new();
+    for round in 0..200u32 {
+        let r = nums(&p.cmd_expect(&format!("try_region_in {mem}"), "REGION"));
+        let (idx, h) = (r[0], r[2] as u32);
+        handles.insert(h);
+        let off = 100 + (round as usize % 5) * 2000;
+        assert_eq!(p.cmd(&format!("recv 0 {off}:1000@{idx}")), "OK");
+        s.fill(4096, 1000, round);
+        let d = DescBuilder::send()
+            .segment(&s.mem, 4096, 1000)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+        let st = s.vi.send_wait(WAIT).unwrap().status;
+        assert_eq!(st, DONE, "round {round}: send status {st:#x}");
+        let got = comp(&p.cmd_expect("wait_recv", "RECV"));
+        assert_eq!((got.0, got.1), (DONE | OP_RECEIVE, 1000), "round {round}");
+        assert_eq!(
+            p.cmd(&format!("check {idx} {off} 1000 {round}")),
+            "SAME",
+            "round {round}"
+        );
+        if round >= 4 {
+            // The next slot still holds what it got four rounds ago.
+            let next = 100 + ((round as usize + 1) % 5) * 2000;
+            assert_eq!(
+                p.cmd(&format!("check {idx} {next} 1000 {}", round - 4)),
+                "SAME",
+                "round {round}: another slot changed"
+            );
+        }
+        assert_eq!(p.cmd(&format!("dereg {idx}")), "OK");
+    }
+    eprintln!(
+        "{} handles for 200 registrations of one buffer",
+        handles.len()
+    );
     p.exit();
 }
 

@@ -93,6 +93,86 @@ pub fn read(view: &NicView<'_>, handle: u32) -> Option<(Snapshot, u32)> {
     snapshot(e).filter(|(s, _)| s.handle == handle)
 }
 
+/// Everything of a table entry over one extent but its handle and sequence
+/// value: what tells a registration that came back (parked, then taken
+/// back: the same entry, written twice) from any other the entry held
+/// since. Arena ids never repeat within a process, so equal fields name
+/// the same memory in the same arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OneExtent {
+    va: u64,
+    len: u64,
+    ptag: u32,
+    flags: u32,
+    ext: Extent,
+}
+
+/// Reads entry `e` under its seqlock: its sequence value and what `f`
+/// makes of it (`None`: not a stable read, or `f` refused it).
+#[inline(always)]
+fn stable<T>(e: &TptEntry, f: impl Fn(&TptEntry) -> Option<T>) -> Option<(T, u32)> {
+    for _ in 0..64 {
+        // Acquire: as in `snapshot`.
+        let s1 = e.seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let v = f(e);
+        // Acquire fence: the loads in `f` happen before the re-check.
+        fence(Ordering::Acquire);
+        if e.seq.load(Ordering::Relaxed) == s1 {
+            return v.map(|v| (v, s1));
+        }
+    }
+    None
+}
+
+/// What entry `e` holds for `handle`, if it is live there over one extent.
+#[inline(always)]
+fn one_extent_of(e: &TptEntry, handle: u32) -> Option<OneExtent> {
+    let x = &e.extents[0];
+    (e.handle.load(Ordering::Relaxed) == handle
+        && e.check.load(Ordering::Relaxed) & VALID != 0
+        && e.n_extents.load(Ordering::Relaxed) == 1)
+        .then(|| OneExtent {
+            va: e.va.load(Ordering::Relaxed),
+            len: e.len.load(Ordering::Relaxed),
+            ptag: e.ptag.load(Ordering::Relaxed),
+            flags: e.flags.load(Ordering::Relaxed),
+            ext: Extent {
+                va: x.va.load(Ordering::Relaxed),
+                len: x.len.load(Ordering::Relaxed),
+                arena: x.arena.load(Ordering::Relaxed),
+                arena_off: x.arena_off.load(Ordering::Relaxed),
+            },
+        })
+}
+
+/// What entry `index` holds for `handle` at sequence value `seq` (the
+/// value a cache resolved it at), if that is still so and the region lies
+/// in one extent: for [`holds_again`] later.
+pub fn one_extent(view: &NicView<'_>, index: u32, handle: u32, seq: u32) -> Option<OneExtent> {
+    let e = view.tpt(index)?;
+    stable(e, |e| one_extent_of(e, handle)).and_then(|(id, s)| (s == seq).then_some(id))
+}
+
+/// Entry `index`, with its sequence value now, if it holds `handle` and
+/// exactly `id` again (a registration that came back whole, or one whose
+/// entry was rewritten unchanged): a cache that resolved it may go on
+/// using what it resolved. A few loads of the entry in place.
+#[inline]
+pub fn holds_again<'a>(
+    view: &NicView<'a>,
+    index: u32,
+    handle: u32,
+    id: &OneExtent,
+) -> Option<(&'a TptEntry, u32)> {
+    let e = view.tpt(index)?;
+    let (same, s) = stable(e, |e| Some(one_extent_of(e, handle).as_ref() == Some(id)))?;
+    same.then_some((e, s))
+}
+
 /// Whether the entry of `handle` holds, apart from the handle, what `snap`
 /// says (bounds, tag, enables, the same extents); its sequence value if so.
 /// Compares in place under the entry's seqlock: no snapshot is built, so a

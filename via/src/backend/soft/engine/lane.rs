@@ -29,6 +29,9 @@ pub(crate) struct Flat {
     /// Its table entry, and the entry's sequence value when resolved.
     index: u32,
     seq: u32,
+    /// What the entry held then (a registration that comes back writes
+    /// the same again).
+    id: tpt::OneExtent,
     len: u64,
     map: Arc<Mapping>,
     /// Offset of the region's first byte in `map`.
@@ -56,18 +59,44 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
+    /// The place of `handle`.
+    #[inline(always)]
+    fn place_of(&self, handle: u32) -> Option<usize> {
+        match &self.regs {
+            [Some(f), _] if f.handle == handle => Some(0),
+            [_, Some(f)] if f.handle == handle => Some(1),
+            _ => None,
+        }
+    }
+
     /// The place holding `handle` unchanged, with its table entry (to check
     /// after a copy that it is still registered).
     #[inline(always)]
     fn find<'v>(&self, view: &NicView<'v>, handle: u32) -> Option<(usize, &'v TptEntry)> {
-        let k = match &self.regs {
-            [Some(f), _] if f.handle == handle => 0,
-            [_, Some(f)] if f.handle == handle => 1,
-            _ => return None,
-        };
+        let k = self.place_of(handle)?;
         let f = self.regs[k].as_ref()?;
         let e = tpt::unchanged(view, f.index, handle, f.seq)?;
         Some((k, e))
+    }
+
+    /// After [`Lane::locate`] missed: keeps the places of `handles` whose
+    /// entries were written since they were resolved but hold what they
+    /// held again (the owner deregistered the region and registered the
+    /// same bytes again: parked, then taken back; the same region), at the
+    /// entries' new sequence values. A few loads of each entry in place,
+    /// where the translation cache would resolve the region again.
+    #[cold]
+    #[inline(never)]
+    pub fn again(&mut self, view: &NicView<'_>, handles: [Option<u32>; 2]) {
+        for h in handles.into_iter().flatten() {
+            let Some(k) = self.place_of(h) else { continue };
+            let Some(f) = self.regs[k].as_mut() else {
+                continue;
+            };
+            if let Some((_, seq)) = tpt::holds_again(view, f.index, h, &f.id) {
+                f.seq = seq;
+            }
+        }
     }
 
     /// The places of a receive's regions, if the lane holds them unchanged:
@@ -97,17 +126,20 @@ impl Lane {
     }
 
     /// Remembers region `r` in place `k` (0: descriptors, 1: data) as
-    /// table entry `index` held it at sequence value `seq`, if it lies in
-    /// one mapped extent; else forgets place `k`.
-    pub fn keep(&mut self, k: usize, r: &Resolved, index: u32, seq: u32) {
+    /// table entry `index` of `view` held it at sequence value `seq`, if it
+    /// lies in one mapped extent (and the entry still says so); else
+    /// forgets place `k`.
+    pub fn keep(&mut self, view: &NicView<'_>, k: usize, r: &Resolved, index: u32, seq: u32) {
         let flat = match &r.extents[..] {
             [e] if e.va == r.va && e.len >= r.len => e.map.as_ref().and_then(|m| {
                 let map_off = usize::try_from(e.map_off).ok()?;
                 let end = map_off.checked_add(usize::try_from(r.len).ok()?)?;
+                let id = tpt::one_extent(view, index, r.handle, seq)?;
                 (end <= m.len()).then(|| Flat {
                     handle: r.handle,
                     index,
                     seq,
+                    id,
                     len: r.len,
                     map: m.clone(),
                     map_off,

@@ -342,10 +342,21 @@ impl<'a> Op<'a> {
                 found
             }
             None => {
-                // Not there, or changed since: the translation cache
-                // refills it.
-                self.fill_lane(&view, desc_handle, data)?;
-                self.lane.locate(&view, desc_handle, data)?
+                // Changed since: a region registered again whole is the
+                // same region, found in place (a hit: its translation is
+                // the one resolved before). Else not there, or another
+                // region: the translation cache refills the lane.
+                self.lane.again(&view, [Some(desc_handle), data]);
+                match self.lane.locate(&view, desc_handle, data) {
+                    Some(found) => {
+                        self.regions.cache.counts(Use::Recv).hits += 1;
+                        found
+                    }
+                    None => {
+                        self.fill_lane(&view, desc_handle, data)?;
+                        self.lane.locate(&view, desc_handle, data)?
+                    }
+                }
             }
         };
         let lane = &*self.lane;
@@ -396,13 +407,13 @@ impl<'a> Op<'a> {
         let i = self
             .regions
             .remote_at(&link.remote, desc_handle, seq, lv, Use::Recv)?;
-        self.lane.keep(0, self.regions.get(i), index, seq);
+        self.lane.keep(view, 0, self.regions.get(i), index, seq);
         if let Some(h) = data.filter(|&h| h != desc_handle) {
             let (index, seq) = tpt::index_seq(view, h)?;
             let j = self
                 .regions
                 .remote_at(&link.remote, h, seq, lv, Use::Recv)?;
-            self.lane.keep(1, self.regions.get(j), index, seq);
+            self.lane.keep(view, 1, self.regions.get(j), index, seq);
         }
         Some(())
     }
