@@ -652,6 +652,7 @@ impl NicInner {
             flags,
             pid: self.process.pid,
             extents: local.into(),
+            live: Default::default(),
         });
         let rec = Box::new(RegionRec {
             pinned,

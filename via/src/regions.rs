@@ -223,6 +223,7 @@ pub(crate) struct Writer<'a, R, P> {
 impl<R, P> Writer<'_, R, P> {
     /// Adds a registration (a new handle: invalidates nothing).
     pub fn insert(&mut self, handle: u32, region: Arc<Resolved>, rec: R) {
+        region.live.set(true);
         self.g.live.insert(
             handle,
             Live {
@@ -251,7 +252,8 @@ impl<R, P> Writer<'_, R, P> {
     pub fn remove(&mut self, handle: u32) -> Option<Live<R, P>> {
         let l = self.g.live.remove(handle)?;
         // A parked one stopped translating when it was parked.
-        if l.region.is_some() && l.parked.is_none() {
+        if let Some(r) = l.region.as_ref().filter(|_| l.parked.is_none()) {
+            r.live.set(false);
             self.t.changed(handle);
         }
         Some(l)
@@ -265,6 +267,9 @@ impl<R, P> Writer<'_, R, P> {
             return false;
         };
         l.parked = Some(p);
+        if let Some(r) = &l.region {
+            r.live.set(false);
+        }
         self.t.changed(handle);
         true
     }
@@ -272,7 +277,12 @@ impl<R, P> Writer<'_, R, P> {
     /// The parked registration of `handle` live again (as a new one, it
     /// invalidates nothing); what it kept.
     pub fn unpark(&mut self, handle: u32) -> Option<P> {
-        self.g.live.get_mut(handle)?.parked.take()
+        let l = self.g.live.get_mut(handle)?;
+        let p = l.parked.take()?;
+        if let Some(r) = &l.region {
+            r.live.set(true);
+        }
+        Some(p)
     }
 
     /// Takes the parked registrations of `handles` out.
@@ -288,7 +298,9 @@ impl<R, P> Writer<'_, R, P> {
     pub fn revoke(&mut self, handle: u32) -> bool {
         let gone = self
             .get_mut(handle)
-            .is_some_and(|l| l.region.take().is_some());
+            .and_then(|l| l.region.take())
+            .inspect(|r| r.live.set(false))
+            .is_some();
         if gone {
             self.t.changed(handle);
         }
@@ -303,6 +315,7 @@ impl<R, P> Writer<'_, R, P> {
         let mut r = (**old).clone();
         r.ptag = ptag;
         r.flags = flags;
+        old.live.set(false);
         *old = Arc::new(r);
         self.t.changed(handle);
         true
@@ -326,7 +339,8 @@ impl<R, P> Writer<'_, R, P> {
         self.g.parked.drain();
         let all = self.g.live.drain();
         for (h, l) in &all {
-            if l.region.is_some() && l.parked.is_none() {
+            if let Some(r) = l.region.as_ref().filter(|_| l.parked.is_none()) {
+                r.live.set(false);
                 self.t.changed(*h);
             }
         }
@@ -394,6 +408,14 @@ impl RegionCache {
         let now = t.changes(handle);
         match self.find(handle) {
             Some(i) if self.stamps[i] == now => self.regions[i].as_ref(),
+            // The bucket changed, but this region is still its handle's
+            // (another handle of the bucket changed, or this registration
+            // was parked and taken back, the same region): kept, at the
+            // new count.
+            Some(i) if self.regions[i].as_ref().is_some_and(|r| r.live.get()) => {
+                self.stamps[i] = now;
+                self.regions[i].as_ref()
+            }
             found => self.refill(t, handle, now, found),
         }
     }
@@ -437,6 +459,7 @@ mod tests {
             flags: 0,
             pid: 1,
             extents: Default::default(),
+            live: Default::default(),
         }
     }
 
@@ -473,7 +496,7 @@ mod tests {
         };
         t.write().insert(5, Arc::new(region(5, 0x5000)), 55);
         let mut cache = RegionCache::default();
-        assert!(cache.get(&t, 5).is_some());
+        let first = cache.get(&t, 5).unwrap().clone();
         let before = t.changes(5);
         {
             let mut w = t.write();
@@ -502,6 +525,27 @@ mod tests {
         assert_eq!(t.changes(5), now);
         assert_eq!(t.get(5).unwrap().va, 0x5000);
         assert_eq!(t.read().records().count(), 1);
+        // A cache entry filled before the parking serves it again, the
+        // same region (live again), at the moved change count.
+        let mut old = RegionCache::default();
+        old.get(&t, 5).unwrap();
+        assert!(t.write().park(5, "kept"));
+        t.write().unpark(5).unwrap();
+        let before = t.changes(5);
+        assert!(Arc::ptr_eq(old.get(&t, 5).unwrap(), &first));
+        assert_eq!(
+            old.stamps[old.find(5).unwrap()],
+            before,
+            "kept at the new count"
+        );
+        // While parked, a filled entry serves nothing.
+        assert!(t.write().park(5, "kept"));
+        assert!(old.get(&t, 5).is_none(), "dead while parked");
+        t.write().unpark(5).unwrap();
+        // A change of attributes replaces the region: caches drop the old.
+        assert!(t.write().set_attributes(5, 9, 0));
+        assert_eq!(old.get(&t, 5).unwrap().ptag, 9);
+        assert!(!first.live.get());
         // Parked again and dropped for good: out of the table.
         let mut w = t.write();
         assert!(w.park(5, "kept"));

@@ -14,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::shm::mapping::Mapping;
 
@@ -78,6 +78,50 @@ impl From<Vec<ResolvedExtent>> for Extents {
     }
 }
 
+/// Whether a region of this process's table is still the live region of
+/// its handle: cleared (before the table's change count moves) when the
+/// registration is parked, removed, revoked or replaced, set again when a
+/// parked one is taken back, the same region. A work queue's region cache
+/// whose change count moved keeps an entry whose region is still live
+/// (`regions::RegionCache::get`). A clone is a new region: live. Peers'
+/// regions do not use it (their table entries' sequence values say it).
+#[derive(Debug)]
+pub(crate) struct Liveness(AtomicBool);
+
+impl Liveness {
+    pub const fn new() -> Liveness {
+        Liveness(AtomicBool::new(true))
+    }
+
+    /// Whether the region is live.
+    #[inline(always)]
+    pub fn get(&self) -> bool {
+        // Acquire: pairs with the Release in `set`; a reader that saw the
+        // table's change count move (Acquire) after a `set(false)` sees
+        // false, or a later `set(true)` of the same region.
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Called with the table's write lock held, before the change count
+    /// moves.
+    pub fn set(&self, live: bool) {
+        // Release: as in `get`.
+        self.0.store(live, Ordering::Release);
+    }
+}
+
+impl Clone for Liveness {
+    fn clone(&self) -> Liveness {
+        Liveness::new()
+    }
+}
+
+impl Default for Liveness {
+    fn default() -> Liveness {
+        Liveness::new()
+    }
+}
+
 /// A registered region with its extents mapped.
 #[derive(Clone, Debug)]
 pub(crate) struct Resolved {
@@ -95,6 +139,8 @@ pub(crate) struct Resolved {
     pub pid: i32,
     /// Extents in address order.
     pub extents: Extents,
+    /// Still the live region of its handle (this process's regions).
+    pub live: Liveness,
 }
 
 /// Where a contiguous chunk of bytes lives.
@@ -271,6 +317,7 @@ pub(crate) static EMPTY: Resolved = Resolved {
     flags: 0,
     pid: 0,
     extents: Extents::None,
+    live: Liveness::new(),
 };
 
 /// One segment of a scatter/gather list: `len` bytes at `va` of a region.

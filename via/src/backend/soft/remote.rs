@@ -160,6 +160,7 @@ impl RemoteNic {
             flags: snap.flags,
             pid: self.pid,
             extents: extents.into(),
+            live: Default::default(),
         });
         Some(r)
     }

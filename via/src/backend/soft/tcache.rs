@@ -580,6 +580,7 @@ mod tests {
             flags: 0,
             pid: 0,
             extents: Default::default(),
+            live: Default::default(),
         })
     }
 
