@@ -16,9 +16,12 @@
 //!
 //! Lookups on the posting path go through a [`RegionCache`] per work queue:
 //! a few regions, each validated by the change count of its handle's bucket
-//! (removals and attribute changes bump it; new registrations do not), so a
-//! hit costs one load and registering or deregistering *other* buffers —
-//! a message layer does it around every message — leaves it valid.
+//! (removals, parking and attribute changes bump it; new registrations do
+//! not), so a hit costs one load and registering or deregistering *other*
+//! buffers — a message layer does it around every message — leaves it
+//! valid; when the count moved, the region's own liveness (one more load)
+//! tells whether it is still its handle's (a registration parked and taken
+//! back is the same region).
 #![forbid(unsafe_code)]
 
 use std::hash::{BuildHasherDefault, Hasher};
