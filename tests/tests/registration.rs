@@ -76,6 +76,28 @@ fn a_peer_unmaps_what_the_owner_retired() {
     p.exit();
 }
 
+/// One message of 1,000 bytes (`round`'s fill) into a receive the peer
+/// posts at `off` of its region `idx`: it completes on both sides and lands
+/// whole.
+fn message_into(s: &Setup, p: &mut Peer, idx: u64, off: usize, round: u32) {
+    assert_eq!(p.cmd(&format!("recv 0 {off}:1000@{idx}")), "OK");
+    s.fill(4096, 1000, round);
+    let d = DescBuilder::send()
+        .segment(&s.mem, 4096, 1000)
+        .write(&s.mem, 0)
+        .unwrap();
+    s.vi.post_send(&s.mem, d).unwrap();
+    let st = s.vi.send_wait(WAIT).unwrap().status;
+    assert_eq!(st, DONE, "round {round}: send status {st:#x}");
+    let got = comp(&p.cmd_expect("wait_recv", "RECV"));
+    assert_eq!((got.0, got.1), (DONE | OP_RECEIVE, 1000), "round {round}");
+    assert_eq!(
+        p.cmd(&format!("check {idx} {off} 1000 {round}")),
+        "SAME",
+        "round {round}"
+    );
+}
+
 /// The peer registers two buffers in turn around every receive, as a
 /// message layer does: each registration after the first of a buffer comes
 /// back (parked) in the same table entry with the same extents, under the
@@ -107,22 +129,7 @@ fn receives_into_registrations_that_come_back() {
             "round {round}: handle {h:#x} of the other buffer"
         );
         let off = 100 + (round as usize % 7) * 1000;
-        assert_eq!(p.cmd(&format!("recv 0 {off}:1000@{idx}")), "OK");
-        s.fill(4096, 1000, round);
-        let d = DescBuilder::send()
-            .segment(&s.mem, 4096, 1000)
-            .write(&s.mem, 0)
-            .unwrap();
-        s.vi.post_send(&s.mem, d).unwrap();
-        let st = s.vi.send_wait(WAIT).unwrap().status;
-        assert_eq!(st, DONE, "round {round}: send status {st:#x}");
-        let got = comp(&p.cmd_expect("wait_recv", "RECV"));
-        assert_eq!((got.0, got.1), (DONE | OP_RECEIVE, 1000), "round {round}");
-        assert_eq!(
-            p.cmd(&format!("check {idx} {off} 1000 {round}")),
-            "SAME",
-            "round {round}"
-        );
+        message_into(&s, &mut p, idx, off, round);
         if round > 0 {
             // The other buffer still holds the previous round's message.
             let prev = nums(&p.cmd_expect(
@@ -160,22 +167,7 @@ fn receives_into_one_buffer_registered_around_each() {
         let (idx, h) = (r[0], r[2] as u32);
         handles.insert(h);
         let off = 100 + (round as usize % 5) * 2000;
-        assert_eq!(p.cmd(&format!("recv 0 {off}:1000@{idx}")), "OK");
-        s.fill(4096, 1000, round);
-        let d = DescBuilder::send()
-            .segment(&s.mem, 4096, 1000)
-            .write(&s.mem, 0)
-            .unwrap();
-        s.vi.post_send(&s.mem, d).unwrap();
-        let st = s.vi.send_wait(WAIT).unwrap().status;
-        assert_eq!(st, DONE, "round {round}: send status {st:#x}");
-        let got = comp(&p.cmd_expect("wait_recv", "RECV"));
-        assert_eq!((got.0, got.1), (DONE | OP_RECEIVE, 1000), "round {round}");
-        assert_eq!(
-            p.cmd(&format!("check {idx} {off} 1000 {round}")),
-            "SAME",
-            "round {round}"
-        );
+        message_into(&s, &mut p, idx, off, round);
         if round >= 4 {
             // The next slot still holds what it got four rounds ago.
             let next = 100 + ((round as usize + 1) % 5) * 2000;
