@@ -396,11 +396,10 @@ impl NicInner {
     /// `VipDestroyPtag`: refused while a VI or region uses the tag.
     pub fn destroy_ptag(&self, p: Ptag) -> Result<()> {
         // Parked registrations count as the tag's users; they go first.
-        let parked = {
-            let mut w = self.regions.write();
-            let handles = w.parked().take_if(|k| k.ptag == p.0);
-            w.remove_parked(handles)
-        };
+        let parked = self
+            .regions
+            .write()
+            .take_parked(|parked| parked.take_if(|k| k.ptag == p.0));
         for parked in parked {
             self.unpark_for_good(parked);
         }
@@ -747,11 +746,7 @@ impl NicInner {
 
     /// Drops every parked registration; returns how many.
     pub fn drop_parked(&self) -> usize {
-        let all = {
-            let mut w = self.regions.write();
-            let handles = w.parked().drain();
-            w.remove_parked(handles)
-        };
+        let all = self.regions.write().take_parked(|p| p.drain());
         let n = all.len();
         for p in all {
             self.unpark_for_good(p);
@@ -811,8 +806,7 @@ impl NicInner {
                     revoked += 1;
                 }
             }
-            let handles = w.parked().take_overlapping(range);
-            w.remove_parked(handles)
+            w.take_parked(|p| p.take_overlapping(range))
         };
         for p in parked {
             self.unpark_for_good(p);

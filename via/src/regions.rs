@@ -288,9 +288,13 @@ impl<R, P> Writer<'_, R, P> {
         Some(p)
     }
 
-    /// Takes the parked registrations of `handles` out.
-    pub fn remove_parked(&mut self, handles: Vec<u32>) -> Vec<Live<R, P>> {
-        handles
+    /// Takes the parked registrations `select` takes from the parked
+    /// handles out of the table.
+    pub fn take_parked(
+        &mut self,
+        select: impl FnOnce(&mut Parked<u32>) -> Vec<u32>,
+    ) -> Vec<Live<R, P>> {
+        select(&mut self.g.parked)
             .into_iter()
             .filter_map(|h| self.g.live.remove(h))
             .collect()
@@ -553,8 +557,7 @@ mod tests {
         let mut w = t.write();
         assert!(w.park(5, "kept"));
         assert_eq!(w.parked().put(key, 5), None);
-        let handles = w.parked().drain();
-        let gone = w.remove_parked(handles);
+        let gone = w.take_parked(|p| p.drain());
         assert_eq!(gone.len(), 1);
         assert_eq!((gone[0].rec, gone[0].parked), (55, Some("kept")));
         assert!(w.get(5).is_none());

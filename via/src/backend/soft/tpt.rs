@@ -179,34 +179,25 @@ pub fn holds_again<'a>(
 /// registration that comes back costs its peer a few loads.
 pub fn holds(view: &NicView<'_>, handle: u32, snap: &Snapshot) -> Option<u32> {
     let e = entry_of(view, handle)?;
-    for _ in 0..64 {
-        // Acquire: as in `snapshot`.
-        let s1 = e.seq.load(Ordering::Acquire);
-        if s1 & 1 == 1 {
-            std::hint::spin_loop();
-            continue;
-        }
-        let n = snap.n_extents;
-        let same = e.handle.load(Ordering::Relaxed) == handle
-            && e.check.load(Ordering::Relaxed) & VALID != 0
-            && e.va.load(Ordering::Relaxed) == snap.va
-            && e.len.load(Ordering::Relaxed) == snap.len
-            && e.ptag.load(Ordering::Relaxed) == snap.ptag
-            && e.flags.load(Ordering::Relaxed) == snap.flags
-            && e.n_extents.load(Ordering::Relaxed) as usize == n
-            && e.extents[..n].iter().zip(&snap.extents[..n]).all(|(x, y)| {
-                x.va.load(Ordering::Relaxed) == y.va
-                    && x.len.load(Ordering::Relaxed) == y.len
-                    && x.arena.load(Ordering::Relaxed) == y.arena
-                    && x.arena_off.load(Ordering::Relaxed) == y.arena_off
-            });
-        // Acquire fence: the loads above happen before the re-check.
-        fence(Ordering::Acquire);
-        if e.seq.load(Ordering::Relaxed) == s1 {
-            return same.then_some(s1);
-        }
-    }
-    None
+    let n = snap.n_extents;
+    let (same, s) = stable(e, |e| {
+        Some(
+            e.handle.load(Ordering::Relaxed) == handle
+                && e.check.load(Ordering::Relaxed) & VALID != 0
+                && e.va.load(Ordering::Relaxed) == snap.va
+                && e.len.load(Ordering::Relaxed) == snap.len
+                && e.ptag.load(Ordering::Relaxed) == snap.ptag
+                && e.flags.load(Ordering::Relaxed) == snap.flags
+                && e.n_extents.load(Ordering::Relaxed) as usize == n
+                && e.extents[..n].iter().zip(&snap.extents[..n]).all(|(x, y)| {
+                    x.va.load(Ordering::Relaxed) == y.va
+                        && x.len.load(Ordering::Relaxed) == y.len
+                        && x.arena.load(Ordering::Relaxed) == y.arena
+                        && x.arena_off.load(Ordering::Relaxed) == y.arena_off
+                }),
+        )
+    })?;
+    same.then_some(s)
 }
 
 /// Whether `handle` is still registered in a (possibly remote) table: a few
