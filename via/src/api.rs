@@ -127,7 +127,7 @@ impl Nic {
     /// Counters of this NIC's translation cache (the engine's), if the
     /// device has one.
     pub fn translation_stats(&self) -> Option<TranslationStats> {
-        self.inner.dev.translation_stats()
+        self.inner.dev.translation_stats(&self.inner)
     }
 
     /// Which daemon serves this process (the system daemon or the

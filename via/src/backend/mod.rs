@@ -410,7 +410,7 @@ pub(crate) trait Device: Send + Sync {
     }
 
     /// Counters of the device's translation cache, if it has one.
-    fn translation_stats(&self) -> Option<TranslationStats> {
+    fn translation_stats(&self, _nic: &NicInner) -> Option<TranslationStats> {
         None
     }
 

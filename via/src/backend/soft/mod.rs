@@ -386,7 +386,7 @@ impl Device for SoftNic {
     /// one chunk). A peer that does not move on within [`QUIESCE_TIMEOUT`]
     /// (stopped, or dead) is logged and not waited for.
     fn quiesce_region_users(&self, nic: &NicInner) {
-        self.engine.quiesce_light();
+        self.engine.quiesce_light(self, nic);
         // SeqCst: the table update before this call is ordered before the
         // epoch loads below; pairs with the fence in the peer's engine after
         // it raises the epoch (Dekker: either it sees the new table, or we
@@ -612,7 +612,7 @@ impl Device for SoftNic {
         self.engine.pending()
     }
 
-    fn translation_stats(&self) -> Option<TranslationStats> {
-        Some(self.engine.translation_stats())
+    fn translation_stats(&self, nic: &NicInner) -> Option<TranslationStats> {
+        Some(self.engine.translation_stats(self, nic))
     }
 }

@@ -325,9 +325,14 @@ impl Engine {
 
     /// Waits until no engine step that started before the call is still
     /// running: every step holds the lock, so taking it once waits for the
-    /// step in progress, and later steps see the updated tables.
-    pub fn quiesce_light(&self) {
-        drop(self.lock());
+    /// step in progress, and later steps see the updated tables. Released
+    /// like every holder must: a request posted while we held the lock (its
+    /// poster saw the lock taken and left it to us) runs, instead of waiting
+    /// in its doorbell until some later post (a process that disconnects
+    /// next would flush it: a message that never arrives).
+    pub fn quiesce_light(&self, soft: &SoftNic, nic: &NicInner) {
+        let g = self.lock();
+        self.release(soft, nic, g);
     }
 
     /// Runs `f` on the engine's state (under the engine lock), then releases
@@ -345,8 +350,12 @@ impl Engine {
     }
 
     /// The translation cache's counters.
-    pub fn translation_stats(&self) -> crate::backend::TranslationStats {
-        self.lock().regions.cache.stats()
+    pub fn translation_stats(
+        &self,
+        soft: &SoftNic,
+        nic: &NicInner,
+    ) -> crate::backend::TranslationStats {
+        self.with_state(soft, nic, |g| g.regions.cache.stats())
     }
 
     /// Releases the engine lock like every holder must: fence, act on the
