@@ -448,6 +448,12 @@ impl Channel {
         }
     }
 
+    /// Whether any send-queue descriptor (message, credit write, read) is
+    /// posted and not yet dequeued.
+    pub fn sends_in_flight(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
     /// RDMA reads posted and not yet dequeued.
     pub fn reads_in_flight(&self) -> bool {
         self.reads_inflight > 0
