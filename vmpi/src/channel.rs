@@ -34,7 +34,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use via::descriptor::{SEGMENT_SIZE, offsets};
 use via::{Cq, DescBuilder, Nic, Ptag, Region, Reliability, Vi, ViAttributes};
@@ -448,10 +448,33 @@ impl Channel {
         }
     }
 
-    /// Whether any send-queue descriptor (message, credit write, read) is
-    /// posted and not yet dequeued.
-    pub fn sends_in_flight(&self) -> bool {
-        !self.inflight.is_empty()
+    /// Waits until every send-queue descriptor posted (message, credit
+    /// write, read) has completed, at the end of the job. A send is posted
+    /// once its data is copied, before the provider has delivered it, and
+    /// a disconnect flushes what is still on the send queue: closing right
+    /// after the last message lost it now and then, and its receiver waited
+    /// for ever. A send that fails here is the peer leaving (nothing); one
+    /// still out at `deadline` is dropped with a warning.
+    pub fn finish_sends(&mut self, deadline: Instant) -> Result<()> {
+        while !self.inflight.is_empty() {
+            if Instant::now() > deadline {
+                log::warn!(
+                    "finalize: {} sends to rank {} not complete in time; dropped",
+                    self.inflight.len(),
+                    self.peer
+                );
+                break;
+            }
+            match self.wait_send(Duration::from_millis(50)) {
+                Ok(_) => {}
+                Err(Error::Transport(m)) => {
+                    log::debug!("while finishing: {m}");
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// RDMA reads posted and not yet dequeued.

@@ -1306,35 +1306,12 @@ impl Engine {
         self.sent_out()
     }
 
-    /// Waits until every posted send has completed. A send is posted when
-    /// its data is copied, before the provider has delivered it, and a
-    /// disconnect flushes what is still on the send queue: closing right
-    /// after the last barrier's send lost it now and then, and its receiver
-    /// waited for ever. A send that fails here is a peer that left
-    /// (nothing); one that neither completes nor fails within
-    /// [`DRAIN_STALL`] is dropped with a warning.
+    /// Waits until every posted send has completed
+    /// ([`Channel::finish_sends`]), for at most [`DRAIN_STALL`].
     fn sent_out(&mut self) -> Result<()> {
-        let start = std::time::Instant::now();
-        for peer in 0..self.size {
-            let Some(ch) = self.channels[peer as usize].as_mut() else {
-                continue;
-            };
-            while ch.sends_in_flight() {
-                if start.elapsed() > DRAIN_STALL {
-                    log::warn!(
-                        "finalize: sends to rank {peer} not complete after {DRAIN_STALL:?}; dropped"
-                    );
-                    break;
-                }
-                match ch.wait_send(Duration::from_millis(50)) {
-                    Ok(_) => {}
-                    Err(Error::Transport(m)) => {
-                        log::debug!("while finishing: {m}");
-                        break;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+        let deadline = std::time::Instant::now() + DRAIN_STALL;
+        for ch in self.channels.iter_mut().flatten() {
+            ch.finish_sends(deadline)?;
         }
         Ok(())
     }

@@ -35,6 +35,9 @@ use crate::wire::{HEADER, Header, Kind};
 /// Largest broadcast the progress context forwards.
 pub const MAX_BCAST: usize = 8192 - HEADER;
 
+/// How long the end of the job waits for the context's last messages.
+const FINISH: Duration = Duration::from_secs(10);
+
 const UP: u32 = 1;
 const DOWN: u32 = 2;
 const BCAST: u32 = 3;
@@ -226,7 +229,26 @@ impl Offload {
         if let Some(t) = self.thread.lock().unwrap().take() {
             let _ = t.join();
         }
-        let st = self.lock();
+        // What the last operations sent (a barrier's release, a
+        // broadcast's forwards) must arrive before the disconnect flushes
+        // it: messages still waiting for credits go first (credits come by
+        // RDMA write, no progress thread needed), then every send must
+        // complete ([`Channel::finish_sends`]).
+        let mut st = self.lock();
+        let deadline = std::time::Instant::now() + FINISH;
+        let mut b = crate::engine::Backoff::new();
+        while flush(&mut st) {
+            if std::time::Instant::now() > deadline {
+                log::warn!("finalize: offloaded messages still wait for credits; dropped");
+                break;
+            }
+            b.snooze();
+        }
+        for ch in st.channels.iter_mut().flatten() {
+            if let Err(e) = ch.finish_sends(deadline) {
+                log::debug!("offload finish: {e}");
+            }
+        }
         for ch in st.channels.iter().flatten() {
             ch.disconnect();
         }

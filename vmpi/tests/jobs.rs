@@ -140,6 +140,31 @@ fn offloaded_barrier_and_bcast() {
     );
 }
 
+/// Finalize right after the last messages: the provider delivers a posted
+/// send later than the post when its engine thread runs it
+/// (`VIA_PROGRESS=thread`), and a disconnect flushes what is still on the
+/// send queue. Finalize must wait for its sends to complete: before it did,
+/// rank 0's last barrier release was flushed and a child waited for ever
+/// in 7 of 8 such jobs (their `finish` time limit then fails the test).
+#[test]
+fn finalize_waits_for_the_last_sends() {
+    let thread = ("VIA_PROGRESS", "thread");
+    for i in 0..4 {
+        check(
+            &format!("fin{i}"),
+            4,
+            &[thread, ("VMPI_BARRIER", "tree"), ("VMPI_K", "4")],
+            &["fastpath"],
+        );
+    }
+    check(
+        "fin-off",
+        4,
+        &[thread, ("VMPI_COLL", "offload")],
+        &["offload"],
+    );
+}
+
 /// The same layer, unchanged, on another kind of NIC: the sockets NIC
 /// (TCP through a veth interface in a network namespace; needs root,
 /// skipped loudly otherwise), point-to-point and every collective.
