@@ -258,6 +258,7 @@ impl Pd {
             addr: va,
             lkey,
             rkey,
+            remote: access & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ) != 0,
             _pd: self.clone(),
         })
     }
@@ -279,6 +280,8 @@ pub(crate) struct Mr {
     pub lkey: u32,
     /// Remote key (peers' RDMA).
     pub rkey: u32,
+    /// Registered with remote access (RDMA write or read).
+    pub remote: bool,
     _pd: Arc<Pd>,
 }
 

@@ -42,7 +42,9 @@ use std::time::{Duration, Instant};
 use doorbell::EventCount;
 
 use crate::attrs::{Reliability, ViAttributes, ViState};
-use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, SrqDone, ViSignals};
+use crate::backend::{
+    CqSignals, Device, Limits, RegionSlot, RegionSpec, RetiredEntry, SrqDone, ViSignals,
+};
 use crate::completion;
 use crate::config::{Config, DoorbellMode};
 use crate::descriptor::{control, status};
@@ -400,6 +402,9 @@ pub(crate) struct Verbs {
     mrs: RwLock<KeyMap<u32, Arc<Mr>>>,
     /// Removals from `mrs` (validates the queues' [`KeyCache`]s).
     mr_epoch: Epoch,
+    /// MRs of parked registrations, by the handle they had: out of `mrs`
+    /// (the handle is dead), kept for the same registration again.
+    retired: Mutex<KeyMap<u32, Arc<Mr>>>,
     /// Each VI's QP state: a [`doorbell::Lock`] (no poisoning checks),
     /// taken by every post.
     vis: Box<[doorbell::Lock<Option<ViQp>>]>,
@@ -490,6 +495,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         pds: Mutex::new(HashMap::new()),
         mrs: RwLock::new(KeyMap::default()),
         mr_epoch: Epoch::default(),
+        retired: Mutex::new(KeyMap::default()),
         vis: (0..MAX_VI).map(|_| doorbell::Lock::new(None)).collect(),
         qps: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
         central: (Config::get().verbs_doorbell == DoorbellMode::Central).then(Central::new),
@@ -1180,6 +1186,40 @@ impl Device for Verbs {
         self.mrs.write().unwrap().remove(&handle);
         // After the removal: a queue that sees the new count looks again.
         self.mr_epoch.bump();
+    }
+
+    // A parked registration keeps its MR when nothing but this process
+    // can reach it: taken back, it needs no `ibv_reg_mr` (a system call
+    // that pins every page again), the pin-down cache's gain on a device.
+    // An MR with remote access is deregistered at once: the peer's device
+    // checks the rkey alone, and a parked registration must be out of
+    // reach, as any deregistered one.
+    fn retire_region(&self, _nic: &NicInner, handle: u32) -> Option<RetiredEntry> {
+        let mr = self.mrs.write().unwrap().remove(&handle);
+        // After the removal: a queue that sees the new count looks again
+        // (and finds the handle dead).
+        self.mr_epoch.bump();
+        let mr = mr.filter(|m| !m.remote)?;
+        self.retired.lock().unwrap().insert(handle, mr);
+        Some(RetiredEntry(handle as u64))
+    }
+
+    fn revive_region(&self, _nic: &NicInner, entry: RetiredEntry) -> Result<u32> {
+        let handle = entry.0 as u32;
+        let mr = self
+            .retired
+            .lock()
+            .unwrap()
+            .remove(&handle)
+            .ok_or(Error::Resource)?;
+        // Unique: the kept MR still holds its keys, so no other MR has them.
+        self.mrs.write().unwrap().insert(handle, mr);
+        Ok(handle)
+    }
+
+    fn release_retired(&self, entry: RetiredEntry) {
+        let mr = self.retired.lock().unwrap().remove(&(entry.0 as u32));
+        drop(mr);
     }
 
     fn set_region_attributes(&self, handle: u32, ptag: u32, fl: u32) -> Result<()> {
