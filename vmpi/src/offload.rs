@@ -77,6 +77,12 @@ struct Shared {
 pub struct Offload {
     shared: Arc<Shared>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The context's own NIC, open until the context is dropped: closing
+    /// it disconnects the channels and flushes their send queues, which
+    /// [`Offload::stop`] must do only once the last messages are out (the
+    /// progress thread used to own it, and closed it as it ended, before
+    /// `stop` looked at what was still queued).
+    _nic: via::Nic,
 }
 
 impl Offload {
@@ -122,14 +128,12 @@ impl Offload {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("vmpi-offload".into())
-            .spawn(move || {
-                let _nic = nic;
-                run(&s, &cq)
-            })
+            .spawn(move || run(&s, &cq))
             .map_err(|e| Error::Intern(format!("progress thread: {e}")))?;
         Ok(Offload {
             shared,
             thread: Mutex::new(Some(thread)),
+            _nic: nic,
         })
     }
 
