@@ -53,6 +53,15 @@ fn pair(rel: Reliability, rel_s: &str) -> (Setup, Peer, RemoteMem) {
     (s, p, m)
 }
 
+/// A NIC of the verbs kind in this process, or `None` (printing why)
+/// when this machine has no RDMA device.
+fn verbs_nic() -> Option<Nic> {
+    verbs_device()?;
+    let nic = open_nic();
+    assert_eq!(nic.kind(), "verbs");
+    Some(nic)
+}
+
 /// `RECV|SEND <status> <len> <imm>` as numbers.
 fn completion(line: &str) -> (u32, u32, u32) {
     let v = nums(line);
@@ -323,8 +332,18 @@ fn local_pair(
     attach: impl FnOnce(&via::Vi),
 ) -> (via::Vi, via::Vi) {
     let a = via::ViAttributes::new(Reliability::ReliableReception, ptag);
-    let s = nic.create_vi(&a, None, None).unwrap();
-    let r = nic.create_vi(&a, None, None).unwrap();
+    local_pair_with(nic, &a, tag, attach)
+}
+
+/// [`local_pair`] of VIs with attributes `a`.
+fn local_pair_with(
+    nic: &Nic,
+    a: &via::ViAttributes,
+    tag: &str,
+    attach: impl FnOnce(&via::Vi),
+) -> (via::Vi, via::Vi) {
+    let s = nic.create_vi(a, None, None).unwrap();
+    let r = nic.create_vi(a, None, None).unwrap();
     attach(&r);
     let (x, y) = (
         nic.address(&disc(&format!("{tag}-s"))),
@@ -343,11 +362,7 @@ fn local_pair(
 /// descriptor; the refusals are clean statuses.
 #[test]
 fn srq_shared_by_several_vis() {
-    if verbs_device().is_none() {
-        return;
-    }
-    let nic = open_nic();
-    assert_eq!(nic.kind(), "verbs");
+    let Some(nic) = verbs_nic() else { return };
     let ptag = nic.create_ptag().unwrap();
     let mem = via::Region::new(&nic, 1 << 16, ptag, false, false).unwrap();
     let srq = nic.create_srq(ptag, 16).unwrap();
@@ -508,11 +523,7 @@ fn srq_on_other_kinds_is_invalid_parameter() {
 fn parked_registrations_keep_their_memory_region() {
     use std::time::Instant;
     use via::Region;
-    if verbs_device().is_none() {
-        return;
-    }
-    let nic = open_nic();
-    assert_eq!(nic.kind(), "verbs");
+    let Some(nic) = verbs_nic() else { return };
     if nic.registration_stats().monitor.is_none() || !via::config::Config::get().parked {
         eprintln!("SKIPPED (no memory-event monitor, or VIA_PARKED=off): parking on verbs");
         return;
@@ -520,15 +531,7 @@ fn parked_registrations_keep_their_memory_region() {
     let ptag = nic.create_ptag().unwrap();
     let mut a = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
     a.enable_rdma_write = true;
-    let (s, r) = (
-        nic.create_vi(&a, None, None).unwrap(),
-        nic.create_vi(&a, None, None).unwrap(),
-    );
-    let (x, y) = (nic.address(&disc("park-s")), nic.address(&disc("park-r")));
-    s.connect_peer(&x, &y, WAIT).unwrap();
-    r.connect_peer(&y, &x, WAIT).unwrap();
-    s.connect_peer_wait().unwrap();
-    r.connect_peer_wait().unwrap();
+    let (s, r) = local_pair_with(&nic, &a, "park", |_| {});
     // Descriptors at 0 (receive) and 64 (send); received bytes at 8192.
     let ring = Region::new(&nic, 1 << 16, ptag, false, false).unwrap();
     let mem = via::Memory::new(1 << 20).unwrap();
