@@ -98,7 +98,13 @@ impl Process {
             Box::new(AgentPublisher(agent)),
         ));
         crate::mem::fork::install(Arc::downgrade(&p.arenas));
-        *g = Some(p.clone());
+        let old = g.replace(p.clone());
+        drop(g);
+        // A lost session's state is dropped with the lock released: its
+        // registration cache retires its arenas, which looks the current
+        // state up (dropping it under the lock deadlocked the reopening
+        // thread when this was the last reference).
+        drop(old);
         Ok(p)
     }
 
