@@ -236,7 +236,7 @@ macro_rules! programs {
 programs!(
     nic, ptag, mem, vi, connect, peer, sendrecv, gather, immediate, rdma, cq, notify, timeout,
     disconnect, kill, errcb, ns, smi, threads, badinput, reuse, regreuse, regrace, regfork,
-    handles, srq,
+    forkopen, handles, srq,
 );
 
 #[test]
@@ -516,6 +516,11 @@ const ONE_HOST_ONLY: &[(&str, &str)] = &[
         "regfork",
         "fork semantics of registrations: the child inherits the parent's registered memory \
          and NIC, it must stay in the parent's process tree and host",
+    ),
+    (
+        "forkopen",
+        "fork semantics of the library's state: the worker is a child of the process that \
+         used VIA, on its host",
     ),
     (
         "smi",
