@@ -442,7 +442,7 @@ impl Device for SoftNic {
         );
         sh.interest.store(0, Ordering::Relaxed);
         self.links[vi.slot as usize].set(None);
-        self.engine.add_vi(self.id, vi.slot)?;
+        self.engine.add_vi(vi.slot)?;
         // Release: the fields above are visible to a peer that sees the generation.
         sh.generation.store(vi.generation as u32, Ordering::Release);
         Ok(())

@@ -404,19 +404,17 @@ impl Engine {
         }
     }
 
-    /// Creates the doorbell of VI `slot` (per-VI doorbells).
-    pub fn add_vi(&self, nic_id: u32, slot: u32) -> Result<()> {
+    /// Creates the doorbell of VI `slot` (per-VI doorbells), named as the
+    /// engine's (`via-engine:<session>:<nic>`) with the slot after it.
+    pub fn add_vi(&self, slot: u32) -> Result<()> {
         if self.mode != DoorbellMode::PerVi {
             return Ok(());
         }
-        let d = MappedDoorbell::create(
-            &format!("via-vi-doorbell:{nic_id}:{slot}"),
-            VI_DOORBELL_SLOTS,
-        )
-        .map_err(|e| {
-            log::error!("cannot create a VI doorbell: {e}");
-            Error::failed("creating a VI doorbell", e)
-        })?;
+        let d = MappedDoorbell::create(&format!("{}:{slot}", self.name), VI_DOORBELL_SLOTS)
+            .map_err(|e| {
+                log::error!("cannot create a VI doorbell: {e}");
+                Error::failed("creating a VI doorbell", e)
+            })?;
         self.per_vi.write().unwrap().insert(slot, Arc::new(d));
         Ok(())
     }
