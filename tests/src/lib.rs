@@ -92,6 +92,13 @@ pub fn open_nic() -> Nic {
     Nic::open(None).expect("open NIC")
 }
 
+/// Whether the registration cache is off (`VIA_REGCACHE=off`, or a zero
+/// budget): checks of its hits are skipped then.
+pub fn regcache_off() -> bool {
+    let c = via::config::Config::get().regcache;
+    c.capacity_bytes == 0 || c.capacity_regions == 0
+}
+
 /// The verbs device the tests run on (`VIA_DEVICE`, one of this host's
 /// RDMA devices), or `None` (printing why) when this machine has none.
 #[cfg(feature = "verbs")]

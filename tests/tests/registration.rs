@@ -240,8 +240,7 @@ fn a_send_after_the_receive_buffer_was_deregistered() {
 /// arena's pages unmapped by the application, the next registration is a
 /// miss (the memory event invalidated the entry).
 fn repeated_registration_hits_and_unmap_invalidates() {
-    let cache = via::config::Config::get().regcache;
-    if cache.capacity_bytes == 0 || cache.capacity_regions == 0 {
+    if regcache_off() {
         eprintln!("SKIPPED (VIA_REGCACHE=off): the registration cache's hits and invalidation");
         return;
     }

@@ -511,8 +511,7 @@ fn pinning_quota() {
     // The registration cache keeps deregistered regions (and their quota)
     // while their memory stays mapped; a registration refused for quota
     // drops them and is tried again.
-    let cache = via::config::Config::get().regcache;
-    if cache.capacity_bytes == 0 || cache.capacity_regions == 0 {
+    if regcache_off() {
         eprintln!("SKIPPED (VIA_REGCACHE=off): the cached regions' quota");
         return;
     }
