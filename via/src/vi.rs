@@ -595,6 +595,10 @@ impl ViCore {
         if let Some(c) = self.take_done(w) {
             if w == Which::Recv {
                 nic.dev.received(self);
+                // The descriptor is usually posted again next, and the post
+                // clears its status: a line the peer wrote last. Asked for
+                // now, so that the transfer overlaps the caller's work.
+                crate::shm::prefetch_write(c.desc as usize);
             }
             return Ok(c);
         }

@@ -34,9 +34,11 @@ pub(crate) fn offer(soft: &SoftNic, vi: u32, pos: u64, pd: &RecvWr) {
     // `seq` in the peer engine's `take_receive`.
     s.seq.store(slot::seq(pos, slot::POSTED), Ordering::Release);
     // The next slot (wrong at the ring's end: only a prefetch hint).
+    let next = std::ptr::from_ref(s).addr() + size_of::<RecvSlot>();
     if let Some(l) = soft.vi_link(vi) {
-        l.hint_next_offer(std::ptr::from_ref(s).addr() + size_of::<RecvSlot>());
+        l.hint_next_offer(next);
     }
+    crate::shm::prefetch_write(next);
 }
 
 /// Marks position `pos` as finished without offering it.
