@@ -2,7 +2,9 @@
 //!
 //! * [`Ring<T>`]: a bounded lock-free MPMC ring of [`Plain`] entries with per-slot sequence
 //!   stamps (Vyukov), laid out `#[repr(C)]` so several processes can map it.
-//! * [`Lock<T>`]: a futex lock without poisoning, for the provider's per-call paths.
+//! * [`Lock<T>`]: a futex lock without poisoning, for the provider's per-call paths, and
+//!   [`BiasedLock<T>`]: the same, entered with plain loads and stores by the one thread
+//!   that uses it (revoked through `membarrier(2)` when another thread comes).
 //! * [`EventCount`]: the sleep/wake handshake on a futex word in shared memory, and
 //!   [`wait_until`] to spin, then sleep, on a condition.
 //! * [`Doorbell<T>`]: a ring plus the event count its consumer (the engine) sleeps on.
@@ -28,6 +30,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(not(loom))]
+#[allow(unsafe_code)]
+mod biased;
 #[allow(unsafe_code)]
 mod doorbell;
 mod error;
@@ -46,6 +51,8 @@ mod sync;
 #[allow(unsafe_code)]
 mod sys;
 
+#[cfg(not(loom))]
+pub use crate::biased::{BiasedGuard, BiasedLock};
 pub use crate::doorbell::{Doorbell, Rang};
 pub use crate::error::LayoutError;
 pub use crate::eventcount::{Key, WaitOutcome, wait_until};

@@ -136,6 +136,19 @@ impl<T> Drop for LockGuard<'_, T> {
 }
 
 impl<T> Lock<T> {
+    /// Releases the lock held through a guard that was forgotten
+    /// (`mem::forget`), as that guard's drop would have.
+    ///
+    /// # Safety
+    /// The caller forgot a guard of this lock and releases it once.
+    #[inline]
+    pub(crate) unsafe fn unlock_forgotten(&self) {
+        // Release: as in `LockGuard::drop`.
+        if self.state.swap(FREE, Ordering::Release) == CONTENDED {
+            self.wake_one();
+        }
+    }
+
     #[cold]
     fn wake_one(&self) {
         crate::sys::futex_wake(&self.state, 1);

@@ -97,6 +97,74 @@ pub(crate) fn futex_wake(word: &AtomicU32, count: i32) -> usize {
     rc as usize
 }
 
+/// `membarrier(2)` commands (linux/membarrier.h).
+const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+/// The process (by pid: a forked child registers again) that registered for
+/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED`; 0: none, -1: unsupported here.
+static MEMBARRIER_PID: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(0);
+
+fn membarrier_call(cmd: libc::c_int) -> libc::c_long {
+    // SAFETY: membarrier takes no pointers; unknown commands fail with EINVAL.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_uint,
+            0 as libc::c_int,
+        )
+    }
+}
+
+/// Whether [`membarrier`] works in this process, registering it if needed
+/// (once per process; a system call to look at the pid otherwise). False
+/// where the kernel lacks private expedited barriers or a filter forbids
+/// the call.
+pub(crate) fn membarrier_ready() -> bool {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    // Relaxed: a racing first call only registers twice (idempotent).
+    match MEMBARRIER_PID.load(Ordering::Relaxed) {
+        -1 => return false,
+        p if p == pid => return true,
+        _ => {}
+    }
+    let q = membarrier_call(MEMBARRIER_CMD_QUERY);
+    let ok = q >= 0
+        && q & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
+        && membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+    if !ok {
+        log::debug!(
+            "membarrier: private expedited barriers unavailable (errno {})",
+            errno()
+        );
+    }
+    MEMBARRIER_PID.store(if ok { pid } else { -1 }, Ordering::Relaxed);
+    ok
+}
+
+/// Runs a full memory barrier on every thread of this process that is
+/// running now (the others pass one as they are switched back in): the
+/// heavy side of an asymmetric Dekker handshake whose light side is a
+/// compiler fence. Only called after [`membarrier_ready`] said yes in this
+/// process.
+///
+/// # Panics
+/// If the kernel refuses a barrier it accepted the registration for: the
+/// caller could not exclude the light side then.
+pub(crate) fn membarrier() {
+    if membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 {
+        return;
+    }
+    // A child forked since the registration: register it, then again.
+    if membarrier_ready() && membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 {
+        return;
+    }
+    panic!("membarrier failed: errno {}", errno());
+}
+
 /// Test support: memfd mappings and a probe for threads blocked in a futex.
 #[cfg(test)]
 pub(crate) mod testing {
