@@ -216,10 +216,12 @@ pub(crate) struct ViCore {
     /// The shared receive queue the VI receives from (an extension, not
     /// VIPL 1.0; [`NO_SRQ`]: its own receive queue).
     pub srq: std::sync::atomic::AtomicU32,
-    /// The work queues: a [`doorbell::Lock`] (no poisoning checks), taken
-    /// once by every post and every dequeue.
-    pub send: doorbell::Lock<Queue>,
-    pub recv: doorbell::Lock<Queue>,
+    /// The work queues: a [`doorbell::BiasedLock`] (no poisoning checks),
+    /// taken once by every post and every dequeue; biased to the thread
+    /// that uses the VI, which then takes it with plain loads and stores
+    /// (no locked instruction to wait behind the stores of the call before).
+    pub send: doorbell::BiasedLock<Queue>,
+    pub recv: doorbell::BiasedLock<Queue>,
     pub send_cq: Option<Arc<CqCore>>,
     pub recv_cq: Option<Arc<CqCore>>,
     pub notify_send: Mutex<VecDeque<ViHandler>>,
@@ -273,8 +275,8 @@ impl ViCore {
                     broken: AtomicBool::new(false),
                     destroyed: AtomicBool::new(false),
                     srq: std::sync::atomic::AtomicU32::new(NO_SRQ),
-                    send: doorbell::Lock::new(Queue::default()),
-                    recv: doorbell::Lock::new(Queue::default()),
+                    send: doorbell::BiasedLock::new(Queue::default()),
+                    recv: doorbell::BiasedLock::new(Queue::default()),
                     send_cq,
                     recv_cq,
                     notify_send: Mutex::new(VecDeque::new()),
@@ -560,7 +562,7 @@ impl ViCore {
 
     // ---- completion ----
 
-    fn queue(&self, w: Which) -> &doorbell::Lock<Queue> {
+    fn queue(&self, w: Which) -> &doorbell::BiasedLock<Queue> {
         match w {
             Which::Send => &self.send,
             Which::Recv => &self.recv,
