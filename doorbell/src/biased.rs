@@ -135,10 +135,10 @@ fn token() -> usize {
 
 impl<T> BiasedLock<T> {
     /// A free, unbiased lock around `value`.
-    pub fn new(value: T) -> Self {
+    pub const fn new(value: T) -> Self {
         BiasedLock {
             bias: AtomicUsize::new(UNBIASED),
-            busy: Default::default(),
+            busy: [const { AtomicU32::new(0) }; GRANTS],
             inner: Lock::new(Streak {
                 last: 0,
                 count: 0,

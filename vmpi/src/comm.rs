@@ -92,7 +92,7 @@ impl Comm {
             .ok_or(Error::Rank(r))
     }
 
-    pub(crate) fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
+    pub(crate) fn engine(&self) -> doorbell::BiasedGuard<'_, Engine> {
         self.world.engine()
     }
 

@@ -2,16 +2,20 @@
 //! offload context, and the communicator `WORLD`.
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use doorbell::{BiasedGuard, BiasedLock};
 
 use crate::comm::Comm;
 use crate::engine::{Config, Engine};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::offload::Offload;
 use crate::pmi::Pmi;
 
 pub(crate) struct Inner {
-    pub engine: Mutex<Engine>,
+    /// Taken by every call; biased to the application's thread, which then
+    /// takes it without a locked instruction (`doorbell::BiasedLock`).
+    pub engine: BiasedLock<Engine>,
     pub pmi: Mutex<Pmi>,
     /// Context ids below this are taken (communicator creation agrees on
     /// the maximum over the group, as LAM's `topid`).
@@ -21,8 +25,8 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub fn engine(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn engine(&self) -> BiasedGuard<'_, Engine> {
+        self.engine.lock()
     }
 }
 
@@ -55,7 +59,7 @@ impl World {
         );
         Ok(World {
             inner: Arc::new(Inner {
-                engine: Mutex::new(engine),
+                engine: BiasedLock::new(engine),
                 pmi: Mutex::new(pmi),
                 next_context: Mutex::new(2),
                 offload,
@@ -119,10 +123,4 @@ pub(crate) fn abort_job(inner: &Inner, code: i32, msg: &str) -> ! {
         p.abort(code, msg);
     }
     std::process::exit(if code == 0 { 1 } else { code & 0xff });
-}
-
-impl From<std::sync::PoisonError<MutexGuard<'_, Engine>>> for Error {
-    fn from(_: std::sync::PoisonError<MutexGuard<'_, Engine>>) -> Error {
-        Error::Intern("engine lock poisoned".into())
-    }
 }

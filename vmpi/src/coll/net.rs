@@ -9,7 +9,7 @@
 //! process is left waiting; the call then returns `Truncate`.
 #![forbid(unsafe_code)]
 
-use std::sync::MutexGuard;
+use doorbell::BiasedGuard;
 
 use crate::buffer::UserBuf;
 use crate::comm::Comm;
@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 
 /// The engine and communicator of one collective call.
 pub struct Net<'a> {
-    e: MutexGuard<'a, Engine>,
+    e: BiasedGuard<'a, Engine>,
     context: u32,
     group: &'a [u32],
     rank: u32,

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
+
+use doorbell::{BiasedGuard, BiasedLock};
 
 use crate::comm::Comm;
 use crate::datatype::Datatype;
@@ -64,7 +66,10 @@ pub(crate) struct State {
     pub ops: Vec<Option<Op>>,
 }
 
-pub(crate) static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// The C API's state, taken by every call: biased to the application's
+/// thread, which then takes it without a locked instruction
+/// (`doorbell::BiasedLock`).
+pub(crate) static STATE: BiasedLock<Option<State>> = BiasedLock::new(None);
 pub(crate) static FINALIZED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 /// Set once `MPI_Init` has succeeded (never cleared: `MPI_Initialized`
@@ -81,8 +86,8 @@ pub(crate) fn job() -> Option<World> {
     JOB.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-pub(crate) fn lock() -> MutexGuard<'static, Option<State>> {
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
+pub(crate) fn lock() -> BiasedGuard<'static, Option<State>> {
+    STATE.lock()
 }
 
 /// Runs `f` on the initialised state.
