@@ -596,11 +596,7 @@ impl ViCore {
     pub fn done_polling(&self, nic: &NicInner, w: Which) -> Result<Completion> {
         if let Some(c) = self.take_done(w) {
             if w == Which::Recv {
-                nic.dev.received(self);
-                // The descriptor is usually posted again next, and the post
-                // clears its status: a line the peer wrote last. Asked for
-                // now, so that the transfer overlaps the caller's work.
-                crate::shm::prefetch_write(c.desc as usize);
+                self.received(nic, &c);
             }
             return Ok(c);
         }
@@ -611,6 +607,16 @@ impl ViCore {
             }
         }
         Err(Error::NotDone)
+    }
+
+    /// A receive was dequeued: the lines the answer touches next are asked
+    /// for now, so that their transfers overlap the caller's work.
+    #[inline(always)]
+    fn received(&self, nic: &NicInner, c: &Completion) {
+        nic.dev.received(self);
+        // The descriptor is usually posted again next, and the post clears
+        // its status: a line the peer wrote last.
+        crate::shm::prefetch_write(c.desc as usize);
     }
 
     fn head_done(&self, w: Which) -> bool {
@@ -629,6 +635,10 @@ impl ViCore {
         loop {
             match self.done(w) {
                 Err(e) if e.kind() == ErrorKind::NotDone => {}
+                Ok(c) if w == Which::Recv => {
+                    self.received(nic, &c);
+                    return Ok(c);
+                }
                 r => return r,
             }
             let ok =
