@@ -120,10 +120,11 @@ fn token() -> usize {
         let t: usize;
         // SAFETY: on x86-64 Linux, `fs:0` holds the thread control block's
         // pointer to itself (the TLS ABI), readable by any code of the
-        // thread; the asm only reads it.
+        // thread; the asm only reads it. Not `pure`: the value depends on
+        // the thread, so the compiler must not reuse one read for another.
         unsafe {
             core::arch::asm!("mov {t}, fs:[0]", t = out(reg) t,
-                options(nostack, preserves_flags, readonly, pure));
+                options(nostack, preserves_flags, readonly));
         }
         t
     }
