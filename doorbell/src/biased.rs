@@ -110,6 +110,9 @@ pub struct BiasedGuard<'a, T> {
     _access: PhantomData<&'a mut T>,
 }
 
+/// Whether [`token`] is never 0 here (so the fast path need not check).
+const HAS_TOKEN: bool = cfg!(all(target_arch = "x86_64", target_os = "linux"));
+
 /// This thread's token: an address unique among live threads, 64-byte
 /// aligned (x86-64 Linux: the thread pointer, one instruction); 0 where
 /// none is cheap, which disables the bias.
@@ -206,7 +209,7 @@ impl<T> BiasedLock<T> {
         // it; a revocation is seen in time through the handshake. One
         // comparison: this thread's token with a grant and no REVOKING bit.
         let b = self.bias.load(Ordering::Relaxed);
-        if (b ^ t) > GRANT_BITS || t == 0 {
+        if (b ^ t) > GRANT_BITS || (!HAS_TOKEN && t == 0) {
             return None;
         }
         let busy = &self.busy[b & GRANT_BITS];
