@@ -134,11 +134,19 @@ impl GoesAway {
     }
 }
 
+/// The two tests of this file do not run at once: the other one maps and
+/// registers memory of its own, which can land in the address a round of
+/// [`race`] waits for (and, parked by the registration cache, stay there).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn race(how: GoesAway) {
     let nic = Nic::open(None).unwrap();
     let ptag = nic.create_ptag().unwrap();
     let mut stale = 0;
     let mut reused = 0;
+    // Rounds whose address another mapping of this process took between
+    // the unmap and our map (a thread stack, an arena): nothing to race.
+    let mut taken = 0;
     for _ in 0..ROUNDS {
         let old = how.make();
         drop(register(&nic, ptag, old.bytes));
@@ -153,12 +161,21 @@ fn race(how: GoesAway) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let b = loop {
             if let Some(b) = map(block, len, true) {
-                break b;
+                break Some(b);
+            }
+            if t.is_finished() {
+                // The unmap is over: free now, or another mapping has it.
+                break map(block, len, true);
             }
             assert!(
                 Instant::now() < deadline,
                 "the old block's address never came free"
             );
+        };
+        let Some(b) = b else {
+            taken += 1;
+            t.join().unwrap();
+            continue;
         };
         reused += 1;
         let before = nic.registration_stats().cache.hits;
@@ -170,7 +187,11 @@ fn race(how: GoesAway) {
         t.join().unwrap();
         unmap(b, len);
     }
-    assert_eq!(reused, ROUNDS);
+    assert_eq!(reused + taken, ROUNDS);
+    assert!(
+        reused >= ROUNDS * 9 / 10,
+        "only {reused} of {ROUNDS} rounds got the old address back ({taken} taken by other mappings)"
+    );
     assert_eq!(
         stale, 0,
         "{stale} of {ROUNDS} registrations of new memory found the old memory's registration"
@@ -181,6 +202,7 @@ fn race(how: GoesAway) {
 /// freed, which a concurrent case could take first.
 #[test]
 fn new_memory_where_another_thread_unmapped_freed_or_moved() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     race(GoesAway::Munmap);
     race(GoesAway::Free);
     race(GoesAway::Mremap);
@@ -194,6 +216,7 @@ fn new_memory_where_another_thread_unmapped_freed_or_moved() {
 /// Discarded contents (`madvise`) still take every registration over them.
 #[test]
 fn an_unmap_applied_late_spares_memory_registered_since() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     use via::descriptor::status;
     use via::mem::monitor::MemEvent;
     use via::{DescBuilder, Reliability};
