@@ -329,7 +329,7 @@ impl<T> BiasedLock<T> {
     fn unlock_slow(&self) {
         // SAFETY: `lock_slow`/`try_lock_slow` forgot the inner guard of
         // the guard being dropped, which releases it once, here.
-        unsafe { self.inner.unlock_forgotten() }
+        unsafe { self.inner.release_held() }
     }
 }
 

@@ -128,22 +128,21 @@ impl<T> Lock<T> {
 impl<T> Drop for LockGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        // Release: pairs with the Acquire of the next taker.
-        if self.lock.state.swap(FREE, Ordering::Release) == CONTENDED {
-            self.lock.wake_one();
-        }
+        // SAFETY: this guard holds the lock and is dropped once.
+        unsafe { self.lock.release_held() }
     }
 }
 
 impl<T> Lock<T> {
-    /// Releases the lock held through a guard that was forgotten
-    /// (`mem::forget`), as that guard's drop would have.
+    /// Releases the lock held through a guard: the guard's drop, or a
+    /// guard that was forgotten (`mem::forget`, as `BiasedLock` does).
     ///
     /// # Safety
-    /// The caller forgot a guard of this lock and releases it once.
+    /// The caller holds the lock through a guard (dropped or forgotten)
+    /// and releases it once.
     #[inline]
-    pub(crate) unsafe fn unlock_forgotten(&self) {
-        // Release: as in `LockGuard::drop`.
+    pub(crate) unsafe fn release_held(&self) {
+        // Release: pairs with the Acquire of the next taker.
         if self.state.swap(FREE, Ordering::Release) == CONTENDED {
             self.wake_one();
         }
