@@ -262,7 +262,7 @@ impl<T: Plain> Doorbell<T> {
     pub fn ring(&self, v: T) -> Result<Rang, Full<T>> {
         let Pushed { was_empty } = self.ring.push(v)?;
         // Not only on `was_empty`: a consumer may sleep on an older, uncommitted slot
-        // (module doc). `notify_all` is a fence and a load when nobody sleeps.
+        // (module doc). `notify_all` is one load when nobody sleeps.
         self.event_count().notify_all();
         Ok(Rang { was_empty })
     }

@@ -7,22 +7,29 @@
 //! ```text
 //! waiter                                   notifier
 //! key = prepare_wait()                     publish the condition (e.g. Release stamp store)
-//!   waiters += 1; fence(SeqCst) [Fw]       notify_all():
-//!   key = seq (Acquire)                      fence(SeqCst) [Fn]
+//!   waiters += 1; heavy fence [Fw]         notify_all():
+//!   key = seq (Acquire)                      light fence [Fn]
 //! if condition: cancel_wait(key)             if waiters != 0:
 //! else: wait(key): futex-wait while seq==key   seq += 1 (Release); futex wake
 //! ```
 //!
-//! **Why no wake-up is lost.** The two SeqCst fences are totally ordered. If `Fw` comes
-//! first, the notifier's load of `waiters` sees the registration and bumps `seq`, so the
-//! waiter's futex wait either sees a changed word (`EAGAIN`) or is woken. If `Fn` comes
-//! first, the waiter's condition check after `Fw` sees what the notifier published before
-//! `Fn`, and the waiter does not sleep. Acquire/Release alone cannot order a store before a
-//! later load of another location, hence SeqCst: this is the only place the crate uses it.
-//! If the waiter's `key` already includes a notification, the Acquire load of `seq` pairs
-//! with the notifier's Release increment, so the condition check also sees its publication.
+//! **Why no wake-up is lost.** `Fw` and `Fn` are the two sides of an asymmetric fence
+//! ([`crate::asymmetric`]): `Fn` runs on every notification and is a compiler fence once the
+//! process is registered for global expedited `membarrier`; `Fw` runs only when a waiter is
+//! about to sleep and is that barrier. Either the notifier's load of `waiters` sees the
+//! registration and bumps `seq`, so the waiter's futex wait either sees a changed word
+//! (`EAGAIN`) or is woken; or the waiter's condition check after `Fw` sees what the notifier
+//! published before `Fn`, and the waiter does not sleep. If the waiter's `key` already includes
+//! a notification, the Acquire load of `seq` pairs with the notifier's Release increment, so
+//! the condition check also sees its publication.
 //!
-//! `notify_all` costs one fence and one load when nobody waits. The sequence is a `u32`; a
+//! Where `Fw` cannot run its barrier (a seccomp filter), some notifier's `Fn` may have been a
+//! compiler fence that nothing ordered: the key is marked, and the wait sleeps at most
+//! [`BOUNDED_SLEEP`] at a time and then reports `Notified`, so that the caller looks at its
+//! condition again. A lost wake-up costs that long, never a hang.
+//!
+//! `notify_all` costs one load when nobody waits: no fence, so a completion's store to the
+//! peer's line does not hold up the notifier until it arrives. The sequence is a `u32`; a
 //! waiter that misses exactly 2^32 notifications between `prepare_wait` and `wait` would
 //! sleep until the next one (or its timeout).
 #![forbid(unsafe_code)]
@@ -31,12 +38,20 @@ use core::fmt;
 use std::time::{Duration, Instant};
 
 use crate::EventCount;
-use crate::sync::{AtomicU32, FutexWait, Ordering, WaitQueue, fence, spin_loop};
+use crate::asymmetric::{heavy_fence, light_fence};
+use crate::sync::{AtomicU32, FutexWait, Ordering, WaitQueue, spin_loop};
+
+/// The longest sleep of a wait whose `prepare_wait` could not run its barrier (module doc).
+pub const BOUNDED_SLEEP: Duration = Duration::from_millis(1);
 
 /// The sequence observed by [`EventCount::prepare_wait`]; hand it to `wait` or `cancel_wait`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "a prepared wait must be finished with `wait` or `cancel_wait`"]
-pub struct Key(u32);
+pub struct Key {
+    seq: u32,
+    /// The barrier failed: sleep at most [`BOUNDED_SLEEP`] at a time.
+    bounded: bool,
+}
 
 /// How [`EventCount::wait`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,13 +95,16 @@ impl EventCount {
     pub fn prepare_wait(&self) -> Key {
         // Relaxed: ordered before the condition check by the fence below.
         self.waiters.fetch_add(1, Ordering::Relaxed);
-        // SeqCst fence [Fw]: the sleep/wake handshake (module doc). Pairs with the fence in
-        // `notify_all`: either that notifier sees our registration, or our condition check
+        // Heavy fence [Fw]: the sleep/wake handshake (module doc). Pairs with the light fence
+        // in `notify_all`: either that notifier sees our registration, or our condition check
         // after this fence sees what it published.
-        fence(Ordering::SeqCst);
+        let covered = heavy_fence();
         // Acquire: pairs with the Release increment in `notify_all`; if the key includes a
         // notification, our condition check sees what that notifier published.
-        Key(self.seq.load(Ordering::Acquire))
+        Key {
+            seq: self.seq.load(Ordering::Acquire),
+            bounded: !covered,
+        }
     }
 
     /// Unregisters a waiter whose condition turned out to be true.
@@ -101,6 +119,8 @@ impl EventCount {
     /// `timeout` expires (`None`: no limit); unregisters the waiter in both cases.
     ///
     /// Signals and spurious futex wake-ups are absorbed: the wait resumes for the time left.
+    /// A key whose barrier failed returns `Notified` after at most [`BOUNDED_SLEEP`] (module
+    /// doc): callers check their condition after every `Notified`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -121,7 +141,7 @@ impl EventCount {
         let outcome = loop {
             // Acquire: pairs with the Release increment in `notify_all`, so after `Notified`
             // the caller sees the condition the notifier published.
-            if self.seq.load(Ordering::Acquire) != key.0 {
+            if self.seq.load(Ordering::Acquire) != key.seq {
                 break WaitOutcome::Notified;
             }
             let remaining = match deadline {
@@ -131,12 +151,18 @@ impl EventCount {
                     _ => break WaitOutcome::TimedOut,
                 },
             };
-            match self.queue.wait(&self.seq, key.0, remaining) {
+            // A key whose barrier failed sleeps a bounded time (module doc).
+            let capped = match remaining {
+                Some(r) if key.bounded && r > BOUNDED_SLEEP => Some(BOUNDED_SLEEP),
+                None if key.bounded => Some(BOUNDED_SLEEP),
+                r => r,
+            };
+            match self.queue.wait(&self.seq, key.seq, capped) {
                 // Re-check the word: woken (maybe spuriously), changed, or interrupted.
                 FutexWait::Woken | FutexWait::Changed | FutexWait::Interrupted => {}
                 FutexWait::TimedOut => {
                     // Acquire: as above.
-                    if self.seq.load(Ordering::Acquire) != key.0 {
+                    if self.seq.load(Ordering::Acquire) != key.seq || capped != remaining {
                         break WaitOutcome::Notified;
                     }
                     break WaitOutcome::TimedOut;
@@ -153,12 +179,14 @@ impl EventCount {
 
     /// Wakes every waiter, if there is any. Call it after publishing the condition.
     ///
-    /// One SeqCst fence and one load when nobody waits; otherwise also an increment and a
-    /// `FUTEX_WAKE` system call.
+    /// One load when nobody waits (a light fence: module doc); otherwise also an increment
+    /// and a `FUTEX_WAKE` system call.
+    #[inline]
     pub fn notify_all(&self) {
-        // SeqCst fence [Fn]: the sleep/wake handshake (module doc). Orders the caller's
-        // publication before the load of `waiters`; pairs with the fence in `prepare_wait`.
-        fence(Ordering::SeqCst);
+        // Light fence [Fn]: the sleep/wake handshake (module doc). Orders the caller's
+        // publication before the load of `waiters`; pairs with the heavy fence in
+        // `prepare_wait`.
+        light_fence();
         // Relaxed: ordered by the fence above.
         if self.waiters.load(Ordering::Relaxed) != 0 {
             // Release: pairs with the Acquire loads of `seq` in `prepare_wait` and `wait`, so a
@@ -275,6 +303,26 @@ pub fn wait_until(
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    /// A waiter whose barrier failed may have been missed by a light notifier: its sleep is
+    /// bounded, and it comes back to look at its condition although nobody notified.
+    #[test]
+    fn a_wait_without_its_barrier_comes_back_to_look() {
+        let ec = EventCount::new();
+        crate::asymmetric::tests::FAIL_HEAVY.with(|f| f.set(true));
+        let key = ec.prepare_wait();
+        crate::asymmetric::tests::FAIL_HEAVY.with(|f| f.set(false));
+        let t = Instant::now();
+        assert_eq!(ec.wait(key, None), WaitOutcome::Notified);
+        assert!(t.elapsed() >= BOUNDED_SLEEP);
+        assert!(!ec.has_waiters());
+        // With its barrier, the same wait runs to its own timeout.
+        let key = ec.prepare_wait();
+        let t = Instant::now();
+        let limit = Duration::from_millis(20);
+        assert_eq!(ec.wait(key, Some(limit)), WaitOutcome::TimedOut);
+        assert!(t.elapsed() >= limit);
+    }
 
     #[test]
     fn notify_without_waiters_leaves_the_sequence() {

@@ -7,6 +7,7 @@
 //!   that uses it (revoked through `membarrier(2)` when another thread comes).
 //! * [`EventCount`]: the sleep/wake handshake on a futex word in shared memory, and
 //!   [`wait_until`] to spin, then sleep, on a condition.
+//! * [`asymmetric`]: Dekker handshakes whose frequent side costs no fence instruction.
 //! * [`Doorbell<T>`]: a ring plus the event count its consumer (the engine) sleeps on.
 //!   The central doorbell (one MPSC ring per NIC) and the per-VI doorbells (one SPSC ring per
 //!   VI) are two uses of this type (which one is the provider's configuration).
@@ -17,9 +18,10 @@
 //! CAS); both CASes are Relaxed because the per-slot stamps carry the data: a producer
 //! commits with a Release stamp store that the consumer's Acquire stamp load pairs with, and
 //! the consumer frees the slot with a Release stamp store that the next lap's producer
-//! pairs with. A sleeping consumer and a ringing producer meet through two SeqCst fences
-//! (`prepare_wait` and `notify_all`), the one place SeqCst is needed. Details are in the
-//! module docs of `ring`, `eventcount` and `doorbell` (shown on the types).
+//! pairs with. A sleeping consumer and a ringing producer meet through an asymmetric fence
+//! ([`asymmetric`]: `membarrier(2)` in `prepare_wait`, a compiler fence in `notify_all`).
+//! Details are in the module docs of `ring`, `eventcount`, `asymmetric` and `doorbell`
+//! (shown on the types).
 //!
 //! # Shared memory
 //!
@@ -30,6 +32,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod asymmetric;
 #[cfg(not(loom))]
 #[allow(unsafe_code)]
 mod biased;
@@ -55,7 +58,7 @@ mod sys;
 pub use crate::biased::{BiasedGuard, BiasedLock};
 pub use crate::doorbell::{Doorbell, Rang};
 pub use crate::error::LayoutError;
-pub use crate::eventcount::{Key, WaitOutcome, wait_until};
+pub use crate::eventcount::{BOUNDED_SLEEP, Key, WaitOutcome, wait_until};
 pub use crate::layout::{
     CACHE_LINE, DOORBELL_MAGIC, EventCount, LAYOUT_VERSION, MAX_CAPACITY, Plain, RING_MAGIC,
 };

@@ -101,6 +101,8 @@ pub(crate) fn futex_wake(word: &AtomicU32, count: i32) -> usize {
 const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
 
 /// The process (by pid: a forked child registers again) that registered for
 /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED`; 0: none, -1: unsupported here.
@@ -163,6 +165,41 @@ pub(crate) fn membarrier() {
         return;
     }
     panic!("membarrier failed: errno {}", errno());
+}
+
+/// Registers this process for `MEMBARRIER_CMD_GLOBAL_EXPEDITED`: from the
+/// return on, a global expedited barrier issued by any process runs a full
+/// memory barrier on every thread of this one that is running (the others
+/// pass one as they are switched back in). The registration belongs to the
+/// address space: kept by `fork`'s child (its own copy), dropped by `exec`.
+/// False where the kernel lacks the command or a filter forbids it.
+pub(crate) fn membarrier_register_global() -> bool {
+    let q = membarrier_call(MEMBARRIER_CMD_QUERY);
+    let ok = q >= 0
+        && q & MEMBARRIER_CMD_GLOBAL_EXPEDITED as libc::c_long != 0
+        && membarrier_call(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+    if !ok {
+        log::debug!(
+            "membarrier: global expedited barriers unavailable (errno {})",
+            errno()
+        );
+    }
+    ok
+}
+
+/// Runs a full memory barrier on every running thread of every process
+/// registered with [`membarrier_register_global`] (this one's included when
+/// registered), and on the caller. False when the call failed: no process's
+/// light side is covered then.
+pub(crate) fn membarrier_global() -> bool {
+    membarrier_call(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0
+}
+
+/// `pthread_atfork` with a handler for the child only.
+pub(crate) fn atfork_child(child: extern "C" fn()) -> bool {
+    // SAFETY: `child` is a safe function with no arguments, valid for the
+    // life of the process (a static item); no prepare or parent handler.
+    unsafe { libc::pthread_atfork(None, None, Some(child)) == 0 }
 }
 
 /// Test support: memfd mappings and a probe for threads blocked in a futex.

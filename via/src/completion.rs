@@ -213,8 +213,9 @@ pub(crate) fn wake_queue(s: &ViSignals<'_>, w: Which, provider: &EventCount) {
         Which::Recv => interest::RECV_NOTIFY,
     };
     s.wake(w).notify_all();
-    // `notify_all` fenced (SeqCst) after the status store; this load pairs
-    // with the SeqCst update of `interest` in `ViCore::notify`.
+    // `notify_all` ran a light fence after the status store; this load
+    // pairs with the heavy fence after the update of `interest` in
+    // `ViCore::notify`.
     if s.interest.load(Ordering::Relaxed) & bit != 0 {
         provider.notify_all();
     }
@@ -223,8 +224,9 @@ pub(crate) fn wake_queue(s: &ViSignals<'_>, w: Which, provider: &EventCount) {
 /// Wakes `VipCQWait` sleepers and the provider if a notify waits.
 pub(crate) fn wake_cq(s: &CqSignals<'_>, provider: &EventCount) {
     s.wake.notify_all();
-    // `notify_all` issued a SeqCst fence after the completion was published,
-    // so this load pairs with the SeqCst store in `CqCore::notify`.
+    // `notify_all` ran a light fence after the completion was published;
+    // this load pairs with the heavy fence after the store in
+    // `CqCore::notify`.
     if s.interest.load(Ordering::Relaxed) != 0 {
         provider.notify_all();
     }

@@ -16,6 +16,7 @@
 //! | `VIA_MOVE_CHUNK` | bytes moved per write-protected step of a registration (one page .. 16 MiB) | 2 MiB |
 //! | `VIA_TCACHE_ENTRIES` | entries of the engine's translation cache | 1024 |
 //! | `VIA_TCACHE_WAYS` | its associativity (1 = direct-mapped) | 1 |
+//! | `VIA_LIGHT_FENCES` | `on`: the frequent side of the wake-up and engine handshakes is a compiler fence, the rare side `membarrier` (`doorbell::asymmetric`); `off`: a full fence on every completion | `on` |
 #![forbid(unsafe_code)]
 
 use std::sync::OnceLock;
@@ -132,6 +133,9 @@ pub struct Config {
     pub tcache_entries: usize,
     /// Its associativity.
     pub tcache_ways: usize,
+    /// Asymmetric fences in the wake-up and engine handshakes
+    /// (`VIA_LIGHT_FENCES`).
+    pub light_fences: bool,
 }
 
 /// `on`/`off` switches.
@@ -205,12 +209,19 @@ impl Config {
             move_chunk: var("VIA_MOVE_CHUNK", 2usize << 20).max(1),
             tcache_entries: var("VIA_TCACHE_ENTRIES", 1024usize).clamp(1, 1 << 20),
             tcache_ways: var("VIA_TCACHE_WAYS", 1usize).clamp(1, 64),
+            light_fences: var("VIA_LIGHT_FENCES", Switch(true)).0,
         }
     }
 
     /// The process-wide configuration (read on first use).
     pub fn get() -> &'static Config {
         static C: OnceLock<Config> = OnceLock::new();
-        C.get_or_init(Config::from_env)
+        C.get_or_init(|| {
+            let c = Config::from_env();
+            if !c.light_fences {
+                doorbell::asymmetric::disable();
+            }
+            c
+        })
     }
 }

@@ -234,10 +234,11 @@ impl CqCore {
     /// `VipCQNotify`: `h` runs once for the next completion.
     pub fn notify(&self, nic: &NicInner, h: CqHandler) {
         self.notify.lock().unwrap().push_back(h);
-        // SeqCst: see `ViCore::notify`.
         self.signals(nic)
             .interest
             .store(interest::RECV_NOTIFY, Ordering::SeqCst);
+        // Heavy fence: see `ViCore::notify`.
+        doorbell::asymmetric::heavy_fence();
         nic.provider.arm_cq(nic, self.slot, self.generation);
     }
 

@@ -46,6 +46,15 @@ impl Provider {
             .spawn(move || {
                 loop {
                     let Some(nic) = weak.upgrade() else { return };
+                    // Look first: registering as a sleeper runs a heavy
+                    // fence (`membarrier`), worth paying only when about to
+                    // sleep.
+                    if nic.provider.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if nic.provider.run_once(&nic) {
+                        continue;
+                    }
                     let ec = nic.dev.provider_wake();
                     let key = ec.prepare_wait();
                     if nic.provider.stop.load(Ordering::Acquire) {

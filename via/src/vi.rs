@@ -676,10 +676,13 @@ impl ViCore {
             Which::Recv => self.notify_recv.lock().unwrap(),
         }
         .push_back(h);
-        // SeqCst: pairs with the completer's fence between writing a status
-        // and reading `interest` (Dekker), so either it sees the bit or the
-        // provider's scan sees the completion.
         self.signals(nic).interest.fetch_or(bit, Ordering::SeqCst);
+        // Heavy fence: pairs with the completer's light fence between
+        // writing a status and reading `interest` (Dekker), so either it
+        // sees the bit or the provider's scan, which follows this, sees the
+        // completion. (Where the barrier fails, the provider's sleeps are
+        // bounded and it scans again: `doorbell::asymmetric`.)
+        doorbell::asymmetric::heavy_fence();
         nic.provider.arm(nic, self.slot, self.generation);
     }
 

@@ -395,12 +395,20 @@ impl Monitor {
 
     /// The applier thread: applies events when no registration does.
     fn apply_loop(&self) {
-        loop {
-            let key = self.wake.prepare_wait();
-            let pending = self.tail.load(Ordering::Acquire) != self.applied.load(Ordering::Acquire)
+        let pending = || {
+            self.tail.load(Ordering::Acquire) != self.applied.load(Ordering::Acquire)
                 || self.overflows.load(Ordering::Acquire)
-                    != self.overflows_applied.load(Ordering::Acquire);
-            if pending {
+                    != self.overflows_applied.load(Ordering::Acquire)
+        };
+        loop {
+            // Look first: registering as a sleeper runs a heavy fence
+            // (`membarrier`), worth paying only when about to sleep.
+            if pending() {
+                self.apply_pending();
+                continue;
+            }
+            let key = self.wake.prepare_wait();
+            if pending() {
                 self.wake.cancel_wait(key);
                 self.apply_pending();
                 continue;

@@ -31,8 +31,11 @@ use crate::translate::SendWr;
 
 /// "VIANIC" + layout generation, first word of the segment.
 pub const NIC_MAGIC: u64 = u64::from_le_bytes(*b"VIANIC\x00\x01");
-/// Layout version; bumped on any change below.
-pub const VERSION: u32 = 4;
+/// Layout version; bumped on any change below, and on a change of the
+/// protocols on it (5: the wake-up handshake of the event counts is
+/// asymmetric, `doorbell::asymmetric`; a waiter of version 4 would fence
+/// without the barrier the new notifiers rely on, and miss wake-ups).
+pub const VERSION: u32 = 5;
 /// VIs per NIC.
 pub const MAX_VI: u32 = 1024;
 /// Receive descriptors outstanding per VI (`MaxDescriptorsPerQueue`).

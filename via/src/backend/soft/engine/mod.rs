@@ -11,10 +11,13 @@
 //! Otherwise the request goes through a doorbell, and whichever thread holds
 //! the engine lock drains the doorbells; a thread that finds the lock taken
 //! leaves its request to the holder, which checks the doorbells again after
-//! releasing the lock. The two sides meet Dekker-style: the holder fences
-//! (SeqCst) between its release and the re-check, the poster fences between
-//! its push and a second `try_lock`, so a post that raced with the release
-//! is never stranded. The lock also guards the engine's caches (translations
+//! releasing the lock. The two sides meet Dekker-style through an asymmetric
+//! fence (`doorbell::asymmetric`): the holder, on every post, has a light
+//! fence (no instruction) between its release and the re-check; the poster
+//! that found the lock taken, rarely, a heavy one (`membarrier`) between its
+//! push and a second `try_lock`. So a post that raced with the release is
+//! never stranded, and the common post does not wait behind its own stores
+//! into the peer's lines. The lock also guards the engine's caches (translations
 //! of local and peer regions, [`links`]), so the data path takes no other
 //! lock for them. No thread spins on behalf of the engine: on 2 cores a
 //! polling ping-pong already uses both. Thread progress
@@ -32,9 +35,10 @@ pub(crate) mod op;
 pub(crate) mod transfer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use doorbell::asymmetric::{heavy_fence, light_fence};
 use doorbell::{BiasedGuard, BiasedLock};
 
 use crate::config::{Config, DoorbellMode, Progress};
@@ -276,10 +280,11 @@ impl Engine {
         if self.threaded() {
             return;
         }
-        // SeqCst fence: whatever was posted before this point (by us, or a
+        // Light fence: whatever was posted before this point (by us, or a
         // poster that found the engine lock taken by our direct execution)
-        // is seen below; pairs with the poster's fence in `kick_inline`.
-        fence(Ordering::SeqCst);
+        // is seen below; pairs with the poster's heavy fence in
+        // `kick_inline`.
+        light_fence();
         if self.pending() || self.breaks_waiting.load(Ordering::Acquire) {
             self.kick_inline(soft, nic, vi);
         }
@@ -292,13 +297,29 @@ impl Engine {
             let mut g = match self.try_lock() {
                 Some(g) => g,
                 None => {
-                    // SeqCst fence: our push is ordered before the second
-                    // look at the lock; pairs with the holder's fence after
-                    // its release (see the module doc).
-                    fence(Ordering::SeqCst);
-                    match self.try_lock() {
-                        Some(g) => g,
-                        None => return,
+                    // Heavy fence: our push is ordered before the second
+                    // look at the lock; pairs with the holder's light fence
+                    // after its release (see the module doc).
+                    if heavy_fence() {
+                        match self.try_lock() {
+                            Some(g) => g,
+                            None => return,
+                        }
+                    } else {
+                        // The barrier failed here: light fences are full
+                        // fences in this process then (it could not have
+                        // registered), unless it did register and the
+                        // barrier alone is refused. Do not rely on either:
+                        // look until the holder has drained our push or
+                        // the lock is free.
+                        match self.try_lock() {
+                            Some(g) => g,
+                            None if !self.pending() => return,
+                            None => {
+                                std::thread::yield_now();
+                                continue;
+                            }
+                        }
                     }
                 }
             };
@@ -306,9 +327,9 @@ impl Engine {
             let breaks = std::mem::take(&mut g.breaks);
             self.breaks_waiting.store(false, Ordering::Relaxed);
             drop(g);
-            // SeqCst fence: the release above is ordered before the re-check
-            // below; pairs with the poster's fence.
-            fence(Ordering::SeqCst);
+            // Light fence: the release above is ordered before the re-check
+            // below; pairs with the poster's heavy fence.
+            light_fence();
             settle(nic, breaks);
             if !self.pending() {
                 return;
@@ -367,9 +388,9 @@ impl Engine {
         let breaks = std::mem::take(&mut g.breaks);
         self.breaks_waiting.store(false, Ordering::Relaxed);
         drop(g);
-        // SeqCst fence: the release above is ordered before the re-check
-        // below; pairs with the poster's fence (module doc).
-        fence(Ordering::SeqCst);
+        // Light fence: the release above is ordered before the re-check
+        // below; pairs with the poster's heavy fence (module doc).
+        light_fence();
         settle(nic, breaks);
         if self.pending() {
             if self.threaded() {
@@ -437,27 +458,44 @@ impl Engine {
         let t = std::thread::Builder::new()
             .name("via-engine".into())
             .spawn(move || {
+                // One look: whether to stop, else whether work waited (and
+                // was run). `None`: stop.
+                let look = |weak: &std::sync::Weak<NicInner>| -> Option<bool> {
+                    // SeqCst: pairs with the store in `stop` (eventcount
+                    // handshake).
+                    if stop.load(Ordering::SeqCst) {
+                        return None;
+                    }
+                    let nic = weak.upgrade()?;
+                    let work = nic.dev.has_work();
+                    if work {
+                        nic.dev.quiesce(&nic);
+                    }
+                    Some(work)
+                };
                 loop {
+                    // Look first: registering as a sleeper runs a heavy
+                    // fence (`membarrier`), worth paying only when about to
+                    // sleep.
+                    match look(&weak) {
+                        None => return,
+                        Some(true) => continue,
+                        Some(false) => {}
+                    }
                     // Register as a sleeper before the last look, so that a
                     // post landing after it wakes us (eventcount handshake).
                     let key = sleeper.prepare_wait();
-                    // SeqCst: pairs with the store in `stop` (same handshake).
-                    if stop.load(Ordering::SeqCst) {
-                        sleeper.cancel_wait(key);
-                        return;
+                    match look(&weak) {
+                        None => {
+                            sleeper.cancel_wait(key);
+                            return;
+                        }
+                        Some(true) => sleeper.cancel_wait(key),
+                        // Sleep holding no reference to the NIC.
+                        Some(false) => {
+                            sleeper.wait(key, None);
+                        }
                     }
-                    let Some(nic) = weak.upgrade() else {
-                        sleeper.cancel_wait(key);
-                        return;
-                    };
-                    if nic.dev.has_work() {
-                        sleeper.cancel_wait(key);
-                        nic.dev.quiesce(&nic);
-                        continue;
-                    }
-                    // Sleep holding no reference to the NIC.
-                    drop(nic);
-                    sleeper.wait(key, None);
                 }
             })
             .expect("spawn engine thread");
