@@ -71,10 +71,10 @@ pub fn light_fence() {
         // Relaxed: LIGHT is stored after the registration returned, so a
         // thread that reads it runs its light sides after the kernel counts
         // this process as registered.
-        if STATE.load(Ordering::Relaxed) == LIGHT {
-            compiler_fence(Ordering::SeqCst);
-        } else {
-            light_slow();
+        match STATE.load(Ordering::Relaxed) {
+            LIGHT => compiler_fence(Ordering::SeqCst),
+            FULL => fence(Ordering::SeqCst),
+            _ => light_slow(),
         }
     }
     #[cfg(loom)]
@@ -142,6 +142,19 @@ pub fn heavy_fence() -> bool {
 pub fn disable() {
     #[cfg(not(loom))]
     STATE.store(FULL, Ordering::Relaxed);
+}
+
+/// Whether this process's light sides are full fences for good: after
+/// [`disable`], or a refused registration (final, but for a forked child,
+/// which starts over). A handshake whose light sides all run in this process
+/// needs no heavy barrier then.
+pub fn light_is_full_fence() -> bool {
+    #[cfg(not(loom))]
+    {
+        STATE.load(Ordering::Relaxed) == FULL
+    }
+    #[cfg(loom)]
+    true
 }
 
 /// Whether this process's light sides are compiler fences now.

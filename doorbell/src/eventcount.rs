@@ -107,6 +107,26 @@ impl EventCount {
         }
     }
 
+    /// [`prepare_wait`](Self::prepare_wait) for an event count that only threads of this
+    /// process notify (an engine or helper thread's own wake-up): where this process's light
+    /// fences are full fences for good ([`crate::asymmetric::light_is_full_fence`]), a SeqCst
+    /// fence pairs with them, and the sleep costs no `membarrier`.
+    pub fn prepare_wait_local(&self) -> Key {
+        if !crate::asymmetric::light_is_full_fence() {
+            return self.prepare_wait();
+        }
+        // Relaxed: ordered before the condition check by the fence below.
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        // SeqCst fence [Fw]: every notifier is a thread of this process, whose light fence is a
+        // SeqCst fence for good.
+        crate::sync::fence(Ordering::SeqCst);
+        // Acquire: as in `prepare_wait`.
+        Key {
+            seq: self.seq.load(Ordering::Acquire),
+            bounded: false,
+        }
+    }
+
     /// Unregisters a waiter whose condition turned out to be true.
     pub fn cancel_wait(&self, key: Key) {
         let _ = key;

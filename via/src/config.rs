@@ -16,7 +16,7 @@
 //! | `VIA_MOVE_CHUNK` | bytes moved per write-protected step of a registration (one page .. 16 MiB) | 2 MiB |
 //! | `VIA_TCACHE_ENTRIES` | entries of the engine's translation cache | 1024 |
 //! | `VIA_TCACHE_WAYS` | its associativity (1 = direct-mapped) | 1 |
-//! | `VIA_LIGHT_FENCES` | `on`: the frequent side of the wake-up and engine handshakes is a compiler fence, the rare side `membarrier` (`doorbell::asymmetric`); `off`: a full fence on every completion | `on` |
+//! | `VIA_LIGHT_FENCES` | `on`: the frequent side of the wake-up and engine handshakes is a compiler fence, the rare side `membarrier` (`doorbell::asymmetric`; not with `VIA_PROGRESS=thread`); `off`: a full fence on every completion | `off` |
 #![forbid(unsafe_code)]
 
 use std::sync::OnceLock;
@@ -134,7 +134,7 @@ pub struct Config {
     /// Its associativity.
     pub tcache_ways: usize,
     /// Asymmetric fences in the wake-up and engine handshakes
-    /// (`VIA_LIGHT_FENCES`).
+    /// (`VIA_LIGHT_FENCES`, off by default).
     pub light_fences: bool,
 }
 
@@ -209,7 +209,7 @@ impl Config {
             move_chunk: var("VIA_MOVE_CHUNK", 2usize << 20).max(1),
             tcache_entries: var("VIA_TCACHE_ENTRIES", 1024usize).clamp(1, 1 << 20),
             tcache_ways: var("VIA_TCACHE_WAYS", 1usize).clamp(1, 64),
-            light_fences: var("VIA_LIGHT_FENCES", Switch(true)).0,
+            light_fences: var("VIA_LIGHT_FENCES", Switch(false)).0,
         }
     }
 
@@ -218,7 +218,13 @@ impl Config {
         static C: OnceLock<Config> = OnceLock::new();
         C.get_or_init(|| {
             let c = Config::from_env();
-            if !c.light_fences {
+            // Off by default: every sleep of a waiter then interrupts the
+            // CPUs running this process (README, "Asymmetric fences"). An
+            // engine thread sleeps once per message: never with it.
+            if c.light_fences && c.progress == Progress::Thread {
+                log::info!("VIA_LIGHT_FENCES=on is ignored with VIA_PROGRESS=thread");
+            }
+            if !c.light_fences || c.progress == Progress::Thread {
                 doorbell::asymmetric::disable();
             }
             c

@@ -407,7 +407,8 @@ impl Monitor {
                 self.apply_pending();
                 continue;
             }
-            let key = self.wake.prepare_wait();
+            // Only this process's threads notify it.
+            let key = self.wake.prepare_wait_local();
             if pending() {
                 self.wake.cancel_wait(key);
                 self.apply_pending();

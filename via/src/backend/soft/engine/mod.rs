@@ -474,9 +474,11 @@ impl Engine {
                     Some(work)
                 };
                 loop {
-                    // Look first: registering as a sleeper runs a heavy
+                    // Look first: registering as a sleeper may run a heavy
                     // fence (`membarrier`), worth paying only when about to
-                    // sleep.
+                    // sleep. (Only this process's posters ring this event
+                    // count, and thread progress keeps their fences full:
+                    // `prepare_wait_local`.)
                     match look(&weak) {
                         None => return,
                         Some(true) => continue,
@@ -484,7 +486,7 @@ impl Engine {
                     }
                     // Register as a sleeper before the last look, so that a
                     // post landing after it wakes us (eventcount handshake).
-                    let key = sleeper.prepare_wait();
+                    let key = sleeper.prepare_wait_local();
                     match look(&weak) {
                         None => {
                             sleeper.cancel_wait(key);
