@@ -7,31 +7,49 @@
 //! ```text
 //! waiter                                   notifier
 //! key = prepare_wait()                     publish the condition (e.g. Release stamp store)
-//!   waiters += 1; heavy fence [Fw]         notify_all():
-//!   key = seq (Acquire)                      light fence [Fn]
-//! if condition: cancel_wait(key)             if waiters != 0:
-//! else: wait(key): futex-wait while seq==key   seq += 1 (Release); futex wake
+//!   waiters += 1                           notify_all():
+//!   armed? SeqCst fence                      light fence [Fn]
+//!   else: set SLEEPY; heavy fence [Fw];      w = waiters
+//!         set ARMED                          if w has SLEEPY: SeqCst fence; w = waiters
+//!   key = seq (Acquire)                      if count(w) != 0:
+//! if condition: cancel_wait(key)               seq += 1 (Release); futex wake
+//! else: wait(key): futex-wait while seq==key
 //! ```
 //!
-//! **Why no wake-up is lost.** `Fw` and `Fn` are the two sides of an asymmetric fence
-//! ([`crate::asymmetric`]): `Fn` runs on every notification and is a compiler fence once the
-//! process is registered for global expedited `membarrier`; `Fw` runs only when a waiter is
-//! about to sleep and is that barrier. Either the notifier's load of `waiters` sees the
-//! registration and bumps `seq`, so the waiter's futex wait either sees a changed word
-//! (`EAGAIN`) or is woken; or the waiter's condition check after `Fw` sees what the notifier
-//! published before `Fn`, and the waiter does not sleep. If the waiter's `key` already includes
-//! a notification, the Acquire load of `seq` pairs with the notifier's Release increment, so
-//! the condition check also sees its publication.
+//! **Two modes.** A polling program's completions call `notify_all` on every message, and a
+//! fence there waits until the completion's stores have reached the peer's cache. So while
+//! nobody sleeps on an event count, the notifier's fence is light ([`crate::asymmetric`]: a
+//! compiler fence once the process is registered for global expedited `membarrier`), and the
+//! first waiter to sleep pays for both sides once: it sets `SLEEPY`, runs the heavy fence (the
+//! barrier on every running thread of every registered process), and sets `ARMED`. From then
+//! on every notifier sees `SLEEPY` and fences as well (symmetric, the classic eventcount), and
+//! later waiters fence only with a SeqCst fence. After [`QUIET_WAITS`] waits in a row end
+//! without sleeping ([`wait_until`] counts them), the count disarms: back to light notifiers,
+//! and the next sleeper arms again.
 //!
-//! Where `Fw` cannot run its barrier (a seccomp filter), some notifier's `Fn` may have been a
-//! compiler fence that nothing ordered: the key is marked, and the wait sleeps at most
-//! [`BOUNDED_SLEEP`] at a time and then reports `Notified`, so that the caller looks at its
-//! condition again. A lost wake-up costs that long, never a hang.
+//! **Why no wake-up is lost.** A notifier that sees `SLEEPY` fences; against a waiter that
+//! fenced after registering, that is the classic argument: either the notifier's reload of
+//! `waiters` sees the registration and bumps `seq` (so the waiter's futex wait sees a changed
+//! word or is woken), or the waiter's condition check sees what the notifier published. A
+//! notifier that did not see `SLEEPY` read `waiters` before the arming waiter set it (or after
+//! a disarm, when it sees every registration still in place, the count being in the same
+//! word). The arming waiter's heavy fence then ran a barrier on the notifier's CPU after that
+//! read: the notifier's earlier publication was visible before the heavy fence returned, hence
+//! before `ARMED` was set, hence to every waiter that found `ARMED` (its condition check comes
+//! after), and to the arming waiter itself. A waiter that finds `SLEEPY` but not yet `ARMED`
+//! (another is arming) runs its own heavy fence. If the waiter's `key` already includes a
+//! notification, the Acquire load of `seq` pairs with the notifier's Release increment, so the
+//! condition check also sees its publication.
 //!
-//! `notify_all` costs one load when nobody waits: no fence, so a completion's store to the
-//! peer's line does not hold up the notifier until it arrives. The sequence is a `u32`; a
-//! waiter that misses exactly 2^32 notifications between `prepare_wait` and `wait` would
-//! sleep until the next one (or its timeout).
+//! Where the heavy fence cannot run its barrier (a seccomp filter), some notifier's light fence
+//! may have been a compiler fence that nothing ordered, and `ARMED` is not set: the key is
+//! marked, and the wait sleeps at most [`BOUNDED_SLEEP`] at a time and then reports `Notified`,
+//! so that the caller looks at its condition again. A lost wake-up costs that long, never a
+//! hang.
+//!
+//! `notify_all` costs one load when nobody waits and nobody slept lately. The sequence is a
+//! `u32`; a waiter that misses exactly 2^32 notifications between `prepare_wait` and `wait`
+//! would sleep until the next one (or its timeout).
 #![forbid(unsafe_code)]
 
 use core::fmt;
@@ -39,10 +57,20 @@ use std::time::{Duration, Instant};
 
 use crate::EventCount;
 use crate::asymmetric::{heavy_fence, light_fence};
-use crate::sync::{AtomicU32, FutexWait, Ordering, WaitQueue, spin_loop};
+use crate::sync::{AtomicU32, FutexWait, Ordering, WaitQueue, fence, spin_loop};
 
 /// The longest sleep of a wait whose `prepare_wait` could not run its barrier (module doc).
 pub const BOUNDED_SLEEP: Duration = Duration::from_millis(1);
+
+/// Waits in a row that end without sleeping before an armed event count disarms (module doc).
+pub const QUIET_WAITS: u32 = 64;
+
+/// `waiters`: a waiter has set, or is setting, the symmetric mode (module doc).
+const SLEEPY: u32 = 1 << 31;
+/// `waiters`: the heavy fence of the waiter that set `SLEEPY` has returned.
+const ARMED: u32 = 1 << 30;
+/// `waiters`: the number of registered waiters.
+const COUNT: u32 = ARMED - 1;
 
 /// The sequence observed by [`EventCount::prepare_wait`]; hand it to `wait` or `cancel_wait`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +102,7 @@ impl EventCount {
         Self {
             seq: AtomicU32::new(0),
             waiters: AtomicU32::new(0),
+            quiet: AtomicU32::new(0),
             queue: WaitQueue::new(),
         }
     }
@@ -84,6 +113,7 @@ impl EventCount {
         Self {
             seq: AtomicU32::new(0),
             waiters: AtomicU32::new(0),
+            quiet: AtomicU32::new(0),
             queue: WaitQueue::new(),
         }
     }
@@ -93,18 +123,66 @@ impl EventCount {
     /// The caller must then check its condition and either [`cancel_wait`](Self::cancel_wait)
     /// (condition true) or [`wait`](Self::wait) with the key.
     pub fn prepare_wait(&self) -> Key {
-        // Relaxed: ordered before the condition check by the fence below.
-        self.waiters.fetch_add(1, Ordering::Relaxed);
-        // Heavy fence [Fw]: the sleep/wake handshake (module doc). Pairs with the light fence
-        // in `notify_all`: either that notifier sees our registration, or our condition check
-        // after this fence sees what it published.
-        let covered = heavy_fence();
+        // Relaxed: ordered before the condition check by the fences below.
+        let old = self.waiters.fetch_add(1, Ordering::Relaxed);
+        let covered = if old & ARMED != 0 {
+            // Armed: every notifier that could miss us fences (module doc).
+            fence(Ordering::SeqCst);
+            // Relaxed: a heuristic count; written only by waiters, and here only when it
+            // changes (a sleep starts a new run of quiet waits).
+            if self.quiet.load(Ordering::Relaxed) != 0 {
+                self.quiet.store(0, Ordering::Relaxed);
+            }
+            true
+        } else {
+            if old & SLEEPY == 0 {
+                // Relaxed: ordered before the notifiers' later loads by the heavy fence.
+                self.waiters.fetch_or(SLEEPY, Ordering::Relaxed);
+            }
+            // Heavy fence [Fw]: pairs with the light fence of every notifier that read
+            // `waiters` before `SLEEPY` (module doc).
+            let ok = heavy_fence();
+            if ok {
+                // Relaxed: waiters that find it read it by an RMW of the same word, after
+                // which our heavy fence has returned (real time) and its effects are visible.
+                self.waiters.fetch_or(ARMED, Ordering::Relaxed);
+            }
+            ok
+        };
         // Acquire: pairs with the Release increment in `notify_all`; if the key includes a
         // notification, our condition check sees what that notifier published.
         Key {
             seq: self.seq.load(Ordering::Acquire),
             bounded: !covered,
         }
+    }
+
+    /// Counts a wait that ended without sleeping, and disarms after [`QUIET_WAITS`] in a row
+    /// (module doc). One load when not armed.
+    #[inline]
+    pub fn note_quiet_wait(&self) {
+        // Relaxed: the bits only choose the notifiers' fence; disarming is safe at any time.
+        if self.waiters.load(Ordering::Relaxed) & (SLEEPY | ARMED) == 0 {
+            return;
+        }
+        if self.quiet.fetch_add(1, Ordering::Relaxed) + 1 >= QUIET_WAITS {
+            self.disarm();
+        }
+    }
+
+    /// Back to light notifiers (module doc): safe at any time, registered waiters included
+    /// (their count stays, in the word every notifier reads).
+    #[doc(hidden)]
+    pub fn disarm(&self) {
+        // Relaxed: as in `note_quiet_wait`.
+        self.quiet.store(0, Ordering::Relaxed);
+        self.waiters.fetch_and(!(SLEEPY | ARMED), Ordering::Relaxed);
+    }
+
+    /// Whether a waiter armed the symmetric mode (module doc).
+    pub fn is_armed(&self) -> bool {
+        // Relaxed: a snapshot.
+        self.waiters.load(Ordering::Relaxed) & ARMED != 0
     }
 
     /// [`prepare_wait`](Self::prepare_wait) for an event count that only threads of this
@@ -119,7 +197,7 @@ impl EventCount {
         self.waiters.fetch_add(1, Ordering::Relaxed);
         // SeqCst fence [Fw]: every notifier is a thread of this process, whose light fence is a
         // SeqCst fence for good.
-        crate::sync::fence(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         // Acquire: as in `prepare_wait`.
         Key {
             seq: self.seq.load(Ordering::Acquire),
@@ -204,11 +282,17 @@ impl EventCount {
     #[inline]
     pub fn notify_all(&self) {
         // Light fence [Fn]: the sleep/wake handshake (module doc). Orders the caller's
-        // publication before the load of `waiters`; pairs with the heavy fence in
-        // `prepare_wait`.
+        // publication before the load of `waiters`; pairs with the heavy fence of the waiter
+        // that arms.
         light_fence();
-        // Relaxed: ordered by the fence above.
-        if self.waiters.load(Ordering::Relaxed) != 0 {
+        // Relaxed: ordered by the fences.
+        let mut w = self.waiters.load(Ordering::Relaxed);
+        if w & SLEEPY != 0 {
+            // Armed (or arming): the classic handshake, with the waiters' SeqCst fences.
+            fence(Ordering::SeqCst);
+            w = self.waiters.load(Ordering::Relaxed);
+        }
+        if w & COUNT != 0 {
             // Release: pairs with the Acquire loads of `seq` in `prepare_wait` and `wait`, so a
             // waiter that sees the new sequence sees the published condition.
             self.seq.fetch_add(1, Ordering::Release);
@@ -219,7 +303,7 @@ impl EventCount {
     /// Whether some thread (of any process) is registered as a waiter.
     pub fn has_waiters(&self) -> bool {
         // Relaxed: a snapshot for callers deciding whether a notify is worth it.
-        self.waiters.load(Ordering::Relaxed) != 0
+        self.waiters.load(Ordering::Relaxed) & COUNT != 0
     }
 }
 
@@ -240,7 +324,8 @@ impl fmt::Debug for EventCount {
 }
 
 /// Spins for `spin`, then blocks on `ec` until `cond()` is true or `deadline` passes
-/// (`None`: no deadline). Returns `cond`'s final value.
+/// (`None`: no deadline). Returns `cond`'s final value. A wait that ends without sleeping is
+/// counted towards disarming `ec` ([`EventCount::note_quiet_wait`]).
 ///
 /// Whoever makes `cond` true must call [`EventCount::notify_all`] on the same `ec` afterwards
 /// (the publish-then-notify side of the handshake), or a sleeping caller is only released by
@@ -271,6 +356,7 @@ pub fn wait_until(
     mut cond: impl FnMut() -> bool,
 ) -> bool {
     if cond() {
+        ec.note_quiet_wait();
         return true;
     }
     if !spin.is_zero() {
@@ -285,6 +371,7 @@ pub fn wait_until(
             while Instant::now() < end {
                 for _ in 0..64 {
                     if cond() {
+                        ec.note_quiet_wait();
                         return true;
                     }
                     spin_loop();
@@ -323,6 +410,91 @@ pub fn wait_until(
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    fn heavy_calls() -> u64 {
+        crate::asymmetric::tests::HEAVY_CALLS.with(std::cell::Cell::get)
+    }
+
+    /// The first sleeper arms with one heavy fence; later ones fence plainly; a run of
+    /// `QUIET_WAITS` waits that end without sleeping disarms, and the next sleeper arms again.
+    #[test]
+    fn the_first_sleeper_arms_and_quiet_waits_disarm() {
+        let ec = EventCount::new();
+        let h0 = heavy_calls();
+        let key = ec.prepare_wait();
+        assert_eq!(
+            heavy_calls(),
+            h0 + 1,
+            "the first sleeper runs the heavy fence"
+        );
+        assert!(ec.is_armed());
+        ec.cancel_wait(key);
+        for _ in 0..10 {
+            let key = ec.prepare_wait();
+            ec.cancel_wait(key);
+        }
+        assert_eq!(heavy_calls(), h0 + 1, "armed: no more heavy fences");
+        assert!(!ec.has_waiters());
+        for i in 0..QUIET_WAITS {
+            assert!(ec.is_armed(), "disarmed after {i} quiet waits");
+            assert!(wait_until(&ec, Duration::ZERO, None, || true));
+        }
+        assert!(
+            !ec.is_armed(),
+            "still armed after {QUIET_WAITS} quiet waits"
+        );
+        let key = ec.prepare_wait();
+        assert_eq!(heavy_calls(), h0 + 2, "the next sleeper arms again");
+        ec.cancel_wait(key);
+        // A sleep in between starts the count of quiet waits again.
+        for _ in 0..QUIET_WAITS - 1 {
+            assert!(wait_until(&ec, Duration::ZERO, None, || true));
+        }
+        let key = ec.prepare_wait();
+        ec.cancel_wait(key);
+        assert!(wait_until(&ec, Duration::ZERO, None, || true));
+        assert!(ec.is_armed(), "a sleep restarts the run of quiet waits");
+    }
+
+    /// Two threads hand a counter back and forth through two event counts, many thousand
+    /// times, with waits that sleep (arming) and waits that find the value at once (disarming)
+    /// in alternating blocks: a lost wake-up leaves a waiter asleep until its deadline.
+    #[test]
+    fn a_ping_pong_through_arming_and_disarming_loses_no_wake_up() {
+        use std::sync::Arc;
+        const ROUNDS: u32 = 20_000;
+        let ecs = Arc::new([EventCount::new(), EventCount::new()]);
+        let vals = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+        let side = |me: usize, ecs: Arc<[EventCount; 2]>, vals: Arc<[AtomicU32; 2]>| {
+            move || {
+                let other = 1 - me;
+                for r in 1..=ROUNDS {
+                    // Side 0 serves round r; side 1 answers it.
+                    let want = if me == 0 { r - 1 } else { r };
+                    if (r / 200) % 2 == 1 {
+                        // Busy-wait first: the wait below then ends at once (quiet).
+                        while vals[other].load(Ordering::Acquire) < want {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    assert!(
+                        wait_until(&ecs[other], Duration::ZERO, Some(deadline), || {
+                            vals[other].load(Ordering::Acquire) >= want
+                        }),
+                        "side {me} lost a wake-up in round {r}"
+                    );
+                    vals[me].store(r, Ordering::Release);
+                    ecs[me].notify_all();
+                }
+            }
+        };
+        let t = std::thread::spawn(side(1, ecs.clone(), vals.clone()));
+        side(0, ecs.clone(), vals.clone())();
+        t.join().unwrap();
+        assert_eq!(vals[0].load(Ordering::Relaxed), ROUNDS);
+        assert_eq!(vals[1].load(Ordering::Relaxed), ROUNDS);
+    }
 
     /// A waiter whose barrier failed may have been missed by a light notifier: its sleep is
     /// bounded, and it comes back to look at its condition although nobody notified.

@@ -50,8 +50,9 @@ unsafe impl<T: Plain, const N: usize> Plain for [T; N] {}
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"VRNG");
 /// Magic word of a [`crate::Doorbell`] region: `"VDBL"` little-endian.
 pub const DOORBELL_MAGIC: u32 = u32::from_le_bytes(*b"VDBL");
-/// Layout version of both regions; bumped on any incompatible change.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Layout version of both regions; bumped on any incompatible change (2: the event count's
+/// armed mode, `eventcount`).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Largest ring capacity accepted by `init`, `attach` and `new_in_heap`.
 pub const MAX_CAPACITY: u32 = 1 << 24;
 /// Size of a cache line, the unit of separation between indices written by different sides.
@@ -143,9 +144,10 @@ pub(crate) struct Slot<T> {
 /// A waiter calls [`prepare_wait`](EventCount::prepare_wait), re-checks its condition, then
 /// [`wait`](EventCount::wait)s (or [`cancel_wait`](EventCount::cancel_wait)s); whoever makes
 /// the condition true publishes it and then calls [`notify_all`](EventCount::notify_all).
-/// A SeqCst fence on each side (after registering, before reading the waiter count) makes
-/// sure that either the notifier sees the waiter or the waiter's re-check sees the condition,
-/// so no wake-up is lost. [`wait_until`](crate::wait_until) packages the waiter side.
+/// A fence on each side (after registering, before reading the waiter count) makes sure that
+/// either the notifier sees the waiter or the waiter's re-check sees the condition, so no
+/// wake-up is lost; the notifier's is a light one while nobody sleeps here (module doc of
+/// `eventcount`). [`wait_until`](crate::wait_until) packages the waiter side.
 ///
 /// The futex is the shared (non-private) one, so waiters and notifiers may be in different
 /// processes. Lives in zero-filled shared memory: all-zero bytes are the valid initial state
@@ -156,9 +158,13 @@ pub struct EventCount {
     /// Notification sequence and futex word. Incremented by `notify_all` (any process) when
     /// somebody waits; waiters sleep while it equals the value they read in `prepare_wait`.
     pub(crate) seq: AtomicU32,
-    /// Number of registered waiters. Incremented by `prepare_wait`, decremented by
-    /// `cancel_wait` and `wait`; notifiers only read it.
+    /// Number of registered waiters (low 30 bits), and the armed-mode bits `SLEEPY` and
+    /// `ARMED` (`eventcount`). The count is incremented by `prepare_wait`, decremented by
+    /// `cancel_wait` and `wait`; notifiers only read the word.
     pub(crate) waiters: AtomicU32,
+    /// Waits that ended without sleeping since the last sleep, while armed: after
+    /// `QUIET_WAITS` of them the event count disarms. Written only while armed.
+    pub(crate) quiet: AtomicU32,
     /// The wait queue: the kernel's futex queue (zero-sized) or, under loom, a model of it.
     pub(crate) queue: WaitQueue,
 }
@@ -212,6 +218,7 @@ const _: () = {
     assert!(size_of::<EventCount>() == 64 && align_of::<EventCount>() == 64);
     assert!(offset_of!(EventCount, seq) == 0);
     assert!(offset_of!(EventCount, waiters) == 4);
+    assert!(offset_of!(EventCount, quiet) == 8);
 
     assert!(size_of::<DoorbellMeta>() == 64);
     assert!(offset_of!(DoorbellMeta, magic) == 0);
@@ -263,7 +270,7 @@ mod tests {
 
     #[test]
     fn zeroed_event_count_is_the_initial_state() {
-        // SAFETY: EventCount holds two AtomicU32 and a zero-sized queue; all-zero bytes are a
+        // SAFETY: EventCount holds three AtomicU32 and a zero-sized queue; all-zero bytes are a
         // valid value of each (this is the property the shared layout relies on).
         let ec: EventCount = unsafe { core::mem::zeroed() };
         assert_eq!(ec.seq.into_inner(), 0);

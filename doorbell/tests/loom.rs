@@ -187,3 +187,36 @@ fn event_count_handshake_loses_no_wakeup() {
         notifier.join().unwrap();
     });
 }
+
+#[test]
+fn armed_event_count_disarmed_under_a_waiter_loses_no_wakeup() {
+    // The event count was armed by an earlier sleeper; a waiter registers on the armed path
+    // while the count disarms and a notifier publishes: the waiter must still be woken (or
+    // see the flag).
+    model(|| {
+        let ec = Arc::new(EventCount::new());
+        let key = ec.prepare_wait();
+        ec.cancel_wait(key);
+        assert!(ec.is_armed());
+        let flag = Arc::new(AtomicBool::new(false));
+        let notifier = {
+            let (ec, flag) = (ec.clone(), flag.clone());
+            thread::spawn(move || {
+                // Release: pairs with the waiter's Acquire load in the condition.
+                flag.store(true, Ordering::Release);
+                ec.notify_all();
+            })
+        };
+        let disarmer = {
+            let ec = ec.clone();
+            thread::spawn(move || ec.disarm())
+        };
+        let ok = wait_until(&ec, std::time::Duration::ZERO, None, || {
+            flag.load(Ordering::Acquire)
+        });
+        assert!(ok);
+        notifier.join().unwrap();
+        disarmer.join().unwrap();
+        assert!(!ec.has_waiters());
+    });
+}

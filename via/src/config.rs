@@ -218,9 +218,10 @@ impl Config {
         static C: OnceLock<Config> = OnceLock::new();
         C.get_or_init(|| {
             let c = Config::from_env();
-            // Off by default: every sleep of a waiter then interrupts the
-            // CPUs running this process (README, "Asymmetric fences"). An
-            // engine thread sleeps once per message: never with it.
+            // Off by default: the registration for global expedited
+            // barriers slows this process's sleeps and wake-ups (README,
+            // "Asymmetric fences"). An engine thread sleeps once per
+            // message: never with thread progress.
             if c.light_fences && c.progress == Progress::Thread {
                 log::info!("VIA_LIGHT_FENCES=on is ignored with VIA_PROGRESS=thread");
             }
