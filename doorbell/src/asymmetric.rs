@@ -21,13 +21,12 @@
 //! `asymmetricHeavyBarrier`).
 //!
 //! **When the light side is light.** Only in a process registered for global
-//! expedited barriers, which the first [`light_fence`] of the process does
-//! (once; it may wait for an RCU grace period). Until then, and where the
-//! kernel or a seccomp filter refuses, or after [`disable`], it is a SeqCst
-//! fence, which pairs with any heavy side. The registration belongs to the
-//! address space: a forked child keeps it on the kernels checked (6.x), and a
-//! fork handler makes the child register again anyway; `exec` drops it along
-//! with this module's state.
+//! expedited barriers, which [`register`] does (it may wait for an RCU grace
+//! period). Before that, and where the kernel or a seccomp filter refuses, or
+//! after [`disable`], it is a SeqCst fence, which pairs with any heavy side.
+//! The registration belongs to the address space: a forked child keeps it on
+//! the kernels checked (6.x), and a fork handler registers the child again
+//! anyway; `exec` drops it along with this module's state.
 //!
 //! **When the heavy side covers.** [`heavy_fence`] returns false when its
 //! barrier failed (a kernel without the command, a filter in this process).
@@ -45,7 +44,7 @@
 //! sleeps and wake-ups got slower (a blocking ping-pong through `via-bench
 //! base --wait block`: 45–49 µs against 26–41 µs, with every light fence
 //! still a full fence; a plain C futex ping-pong: 2–6%). The library that
-//! uses these fences decides whether a process registers ([`disable`]).
+//! uses these fences decides whether a process registers ([`register`]).
 //!
 //! Under loom both sides are SeqCst fences (loom cannot model `membarrier`).
 
@@ -54,7 +53,7 @@ use core::sync::atomic::{AtomicU8, compiler_fence};
 
 use crate::sync::{Ordering, fence};
 
-/// [`STATE`]: not yet tried in this process (or forked since).
+/// [`STATE`]: not registered (yet): the light side is a fence.
 #[cfg(not(loom))]
 const UNKNOWN: u8 = 0;
 /// Registered: the light side is a compiler fence.
@@ -70,7 +69,7 @@ static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// The frequent side: a StoreLoad barrier against every [`heavy_fence`]
 /// (of this process or another). A compiler fence once the process is
-/// registered; a SeqCst fence before that, and where it cannot be.
+/// [`register`]ed; a SeqCst fence otherwise.
 #[inline(always)]
 pub fn light_fence() {
     #[cfg(not(loom))]
@@ -78,49 +77,59 @@ pub fn light_fence() {
         // Relaxed: LIGHT is stored after the registration returned, so a
         // thread that reads it runs its light sides after the kernel counts
         // this process as registered.
-        match STATE.load(Ordering::Relaxed) {
-            LIGHT => compiler_fence(Ordering::SeqCst),
-            FULL => fence(Ordering::SeqCst),
-            _ => light_slow(),
+        if STATE.load(Ordering::Relaxed) == LIGHT {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
         }
     }
     #[cfg(loom)]
     fence(Ordering::SeqCst);
 }
 
-#[cfg(not(loom))]
-#[cold]
-#[inline(never)]
-fn light_slow() {
-    // This call is a full fence whatever the registration does.
-    fence(Ordering::SeqCst);
-    // Relaxed: a racing first call registers twice (idempotent).
-    if STATE.load(Ordering::Relaxed) != UNKNOWN {
-        return;
-    }
-    static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
-    FORK_HANDLER.call_once(|| {
-        extern "C" fn child() {
-            // The child registers again at its first light side (kept or
-            // not by its kernel; registering is idempotent).
-            STATE.store(UNKNOWN, Ordering::Relaxed);
+/// Registers this process for global expedited barriers, so that its light
+/// fences become compiler fences (once; idempotent). Returns whether they
+/// are. False where the kernel or a filter refuses, or after [`disable`].
+pub fn register() -> bool {
+    #[cfg(not(loom))]
+    {
+        // Relaxed: a racing call registers twice (idempotent).
+        match STATE.load(Ordering::Relaxed) {
+            LIGHT => return true,
+            FULL => return false,
+            _ => {}
         }
-        if !crate::sys::atfork_child(child) {
-            log::warn!("asymmetric fences: no fork handler; a forked child keeps full fences");
-            STATE.store(FULL, Ordering::Relaxed);
+        static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
+        FORK_HANDLER.call_once(|| {
+            extern "C" fn child() {
+                // Registered again (kept or not by the kernel; idempotent).
+                // Only the forking thread runs in the child: no other light
+                // side runs before this returns.
+                if STATE.load(Ordering::Relaxed) == LIGHT {
+                    let again = crate::sys::membarrier_register_global();
+                    STATE.store(if again { LIGHT } else { FULL }, Ordering::Relaxed);
+                }
+            }
+            if !crate::sys::atfork_child(child) {
+                log::warn!("asymmetric fences: no fork handler; they stay full fences");
+                STATE.store(FULL, Ordering::Relaxed);
+            }
+        });
+        if STATE.load(Ordering::Relaxed) != UNKNOWN {
+            return STATE.load(Ordering::Relaxed) == LIGHT;
         }
-    });
-    if STATE.load(Ordering::Relaxed) != UNKNOWN {
-        return;
+        let registered = crate::sys::membarrier_register_global();
+        // Relaxed: see `light_fence`. `disable` may have run meanwhile: it wins.
+        let _ = STATE.compare_exchange(
+            UNKNOWN,
+            if registered { LIGHT } else { FULL },
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        STATE.load(Ordering::Relaxed) == LIGHT
     }
-    let registered = crate::sys::membarrier_register_global();
-    // Relaxed: see `light_fence`. `disable` may have run meanwhile: it wins.
-    let _ = STATE.compare_exchange(
-        UNKNOWN,
-        if registered { LIGHT } else { FULL },
-        Ordering::Relaxed,
-        Ordering::Relaxed,
-    );
+    #[cfg(loom)]
+    false
 }
 
 /// The rare side: a StoreLoad barrier against every [`light_fence`] of every
@@ -144,10 +153,9 @@ pub fn heavy_fence() -> bool {
     true
 }
 
-/// Keeps this process's light sides full fences from now on (no registration;
-/// if one was made, it stays and costs the heavy sides elsewhere an
-/// interrupt). For A/B measurement and for hosts where the heavy side's
-/// interrupts are unwelcome. Heavy sides are unaffected: other processes may
+/// Keeps this process's light sides full fences from now on, for good (no
+/// registration; if one was made, it stays and costs the heavy sides
+/// elsewhere an interrupt). Heavy sides are unaffected: other processes may
 /// still be light.
 pub fn disable() {
     #[cfg(not(loom))]
@@ -155,9 +163,9 @@ pub fn disable() {
 }
 
 /// Whether this process's light sides are full fences for good: after
-/// [`disable`], or a refused registration (final, but for a forked child,
-/// which starts over). A handshake whose light sides all run in this process
-/// needs no heavy barrier then.
+/// [`disable`], or a refused registration (final; a forked child inherits
+/// it). A handshake whose light sides all run in this process needs no heavy
+/// barrier then.
 pub fn light_is_full_fence() -> bool {
     #[cfg(not(loom))]
     {
@@ -198,9 +206,8 @@ pub(crate) mod tests {
     /// now and then.)
     #[test]
     fn a_light_and_a_heavy_side_never_both_miss() {
-        light_fence();
         assert!(
-            light_is_compiler_fence(),
+            register() && light_is_compiler_fence(),
             "this kernel should register global expedited barriers"
         );
         const ROUNDS: u32 = 100_000;
@@ -245,19 +252,15 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_forked_child_registers_again_and_stays_light() {
-        light_fence();
-        assert!(light_is_compiler_fence());
+    fn a_forked_child_stays_light() {
+        assert!(register() && light_is_compiler_fence());
         // SAFETY: the child only calls async-signal-safe functions and
         // atomics here, and leaves with `_exit`.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            // The fork handler reset the state; the first light side
-            // registers the child again.
-            let reset = !light_is_compiler_fence();
-            light_fence();
-            let ok = reset && light_is_compiler_fence() && heavy_fence();
+            // The fork handler registered the child again.
+            let ok = light_is_compiler_fence() && heavy_fence();
             // SAFETY: ends the child without running the parent's atexit
             // handlers or test harness.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };

@@ -285,11 +285,21 @@ impl EventCount {
         // publication before the load of `waiters`; pairs with the heavy fence of the waiter
         // that arms.
         light_fence();
-        // Relaxed: ordered by the fences.
-        let mut w = self.waiters.load(Ordering::Relaxed);
+        // Relaxed: ordered by the fence above. Zero: nobody waits and nobody armed (the
+        // common case, inline); else the rest, out of line.
+        let w = self.waiters.load(Ordering::Relaxed);
+        if w != 0 {
+            self.notify_slow(w);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn notify_slow(&self, mut w: u32) {
         if w & SLEEPY != 0 {
             // Armed (or arming): the classic handshake, with the waiters' SeqCst fences.
             fence(Ordering::SeqCst);
+            // Relaxed: ordered by the fence.
             w = self.waiters.load(Ordering::Relaxed);
         }
         if w & COUNT != 0 {

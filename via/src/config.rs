@@ -225,7 +225,11 @@ impl Config {
             if c.light_fences && c.progress == Progress::Thread {
                 log::info!("VIA_LIGHT_FENCES=on is ignored with VIA_PROGRESS=thread");
             }
-            if !c.light_fences || c.progress == Progress::Thread {
+            if c.light_fences && c.progress == Progress::Inline {
+                if !doorbell::asymmetric::register() {
+                    log::info!("VIA_LIGHT_FENCES=on: this process cannot register for global expedited barriers; full fences");
+                }
+            } else {
                 doorbell::asymmetric::disable();
             }
             c
