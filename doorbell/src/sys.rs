@@ -133,17 +133,26 @@ pub(crate) fn membarrier_ready() -> bool {
         p if p == pid => return true,
         _ => {}
     }
+    let ok = membarrier_register(
+        MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+        MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+        "private",
+    );
+    MEMBARRIER_PID.store(if ok { pid } else { -1 }, Ordering::Relaxed);
+    ok
+}
+
+/// Registers this process for barrier command `cmd` with `register` if the
+/// kernel offers `cmd`; false (logged) where it does not or a filter forbids.
+fn membarrier_register(cmd: libc::c_int, register: libc::c_int, what: &str) -> bool {
     let q = membarrier_call(MEMBARRIER_CMD_QUERY);
-    let ok = q >= 0
-        && q & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
-        && membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+    let ok = q >= 0 && q & cmd as libc::c_long != 0 && membarrier_call(register) == 0;
     if !ok {
         log::debug!(
-            "membarrier: private expedited barriers unavailable (errno {})",
+            "membarrier: {what} expedited barriers unavailable (errno {})",
             errno()
         );
     }
-    MEMBARRIER_PID.store(if ok { pid } else { -1 }, Ordering::Relaxed);
     ok
 }
 
@@ -174,17 +183,11 @@ pub(crate) fn membarrier() {
 /// address space: kept by `fork`'s child (its own copy), dropped by `exec`.
 /// False where the kernel lacks the command or a filter forbids it.
 pub(crate) fn membarrier_register_global() -> bool {
-    let q = membarrier_call(MEMBARRIER_CMD_QUERY);
-    let ok = q >= 0
-        && q & MEMBARRIER_CMD_GLOBAL_EXPEDITED as libc::c_long != 0
-        && membarrier_call(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
-    if !ok {
-        log::debug!(
-            "membarrier: global expedited barriers unavailable (errno {})",
-            errno()
-        );
-    }
-    ok
+    membarrier_register(
+        MEMBARRIER_CMD_GLOBAL_EXPEDITED,
+        MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED,
+        "global",
+    )
 }
 
 /// Runs a full memory barrier on every running thread of every process

@@ -166,19 +166,22 @@ fn consumer_asleep_on_uncommitted_slot_is_woken() {
     });
 }
 
+/// A thread that sets `flag` and notifies `ec` (the publish-then-notify side).
+fn spawn_notifier(ec: &Arc<EventCount>, flag: &Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    let (ec, flag) = (ec.clone(), flag.clone());
+    thread::spawn(move || {
+        // Release: pairs with the waiter's Acquire load in the condition.
+        flag.store(true, Ordering::Release);
+        ec.notify_all();
+    })
+}
+
 #[test]
 fn event_count_handshake_loses_no_wakeup() {
     model(|| {
         let ec = Arc::new(EventCount::new());
         let flag = Arc::new(AtomicBool::new(false));
-        let notifier = {
-            let (ec, flag) = (ec.clone(), flag.clone());
-            thread::spawn(move || {
-                // Release: pairs with the waiter's Acquire load in the condition.
-                flag.store(true, Ordering::Release);
-                ec.notify_all();
-            })
-        };
+        let notifier = spawn_notifier(&ec, &flag);
         let ok = wait_until(&ec, std::time::Duration::ZERO, None, || {
             flag.load(Ordering::Acquire)
         });
@@ -199,14 +202,7 @@ fn armed_event_count_disarmed_under_a_waiter_loses_no_wakeup() {
         ec.cancel_wait(key);
         assert!(ec.is_armed());
         let flag = Arc::new(AtomicBool::new(false));
-        let notifier = {
-            let (ec, flag) = (ec.clone(), flag.clone());
-            thread::spawn(move || {
-                // Release: pairs with the waiter's Acquire load in the condition.
-                flag.store(true, Ordering::Release);
-                ec.notify_all();
-            })
-        };
+        let notifier = spawn_notifier(&ec, &flag);
         let disarmer = {
             let ec = ec.clone();
             thread::spawn(move || ec.disarm())
