@@ -310,6 +310,76 @@ fn rdma_write_lands_while_target_spins_on_memory() {
     p.exit();
 }
 
+/// `Nic::writes_tail_last`: a target polling the last word of each write
+/// sees the whole write once the word has its new value. 200-byte writes:
+/// glibc's `memcpy` stores the last 32 bytes of 129..256 before part of
+/// the middle, so with a plain copy the watcher finds stale bytes (this
+/// test failed in 4 runs of 5 with `copy` in place of `copy_tail_last`,
+/// 1 to 30 torn writes of 60,000).
+#[test]
+fn rdma_write_stores_its_last_word_last() {
+    let (s, mut p, m) = pair(
+        Reliability::ReliableDelivery,
+        "rd",
+        16 << 20,
+        true,
+        false,
+        "tailw",
+    );
+    assert!(s.nic.writes_tail_last(), "the soft NIC promises it");
+    let (slot, len, rounds) = (256usize, 200usize, 60_000u64);
+    p.say(&format!(
+        "tail_watch 0 {} {slot} {len} {rounds}",
+        slot - len
+    ));
+    p.expect("WATCHING");
+    // Two sources and descriptors in turn: one is filled while the other
+    // may still be in flight.
+    for k in 0..rounds {
+        let i = (k % 2) as usize;
+        let src = 4096 + i * 4096;
+        let mut b = vec![(k + 1) as u8; len];
+        b[len - 8..].copy_from_slice(&(k + 1).to_ne_bytes());
+        if k >= 2 {
+            let c = s.vi.send_wait(WAIT).unwrap();
+            assert_eq!(c.status, DONE | OP_RDMA_WRITE);
+        }
+        s.mem.write(src, &b).unwrap();
+        let d = DescBuilder::rdma_write(m.addr + k * slot as u64 + (slot - len) as u64, m.handle)
+            .segment(&s.mem, src, len as u32)
+            .write(&s.mem, i * 64)
+            .unwrap();
+        s.vi.post_send(&s.mem, d).unwrap();
+    }
+    assert_eq!(
+        p.line(),
+        "TAIL 0",
+        "a watcher saw the last word before the rest"
+    );
+    for _ in 0..2 {
+        assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_RDMA_WRITE);
+    }
+    // The last word gathered from two local segments (the last holds 3 of
+    // its bytes), to an aligned end: every byte lands, nothing around it.
+    let data = pattern(200, 7);
+    let at = rounds * slot as u64 + 56;
+    let b = gather(
+        DescBuilder::rdma_write(m.addr + at, m.handle),
+        &s.mem,
+        &[65536, 70001, 80003],
+        &[100, 97, 3],
+        &data,
+    );
+    let d = b.write(&s.mem, 0).unwrap();
+    s.vi.post_send(&s.mem, d).unwrap();
+    assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_RDMA_WRITE);
+    assert_eq!((m.addr + at + 200) % 8, 0);
+    let got = unhex(&p.cmd_expect(&format!("peek 0 {} 216", at - 8), "DATA"));
+    assert_eq!(&got[8..208], &data[..]);
+    assert_eq!((&got[..8], &got[208..]), (&[0u8; 8][..], &[0u8; 8][..]));
+    p.exit();
+}
+
 #[test]
 fn rdma_write_with_immediate_consumes_a_receive() {
     let (s, mut p, m) = pair(

@@ -97,6 +97,18 @@ impl Nic {
         self.inner.attributes()
     }
 
+    /// Whether an RDMA write through this NIC stores the last 8 bytes of
+    /// its target last, as one atomic word, when the target's end is 8-byte
+    /// aligned (an extension, not VIPL 1.0). Then a target that polls that
+    /// word (with [`Region::load_u64`], or any Acquire load) and sees the
+    /// new value sees every other byte of the write too: a message written
+    /// into a ring needs no receive descriptor. The soft NIC does
+    /// (`backend/soft/engine/op.rs`); the sockets and verbs kinds do not
+    /// promise it (a device places an RDMA write's bytes in any order).
+    pub fn writes_tail_last(&self) -> bool {
+        self.inner.limits.write_tail_last
+    }
+
     /// Counters of the registration path of this process (the pin-down
     /// cache, the arenas, the memory-event monitor).
     pub fn registration_stats(&self) -> RegistrationStats {
@@ -884,6 +896,19 @@ impl Region {
             .and_then(|at| self.mem.0.u32_at(at + crate::descriptor::offsets::STATUS))
             .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
             .unwrap_or(0)
+    }
+
+    /// Loads the 8-byte word at `off` with Acquire ordering: `None` if it is
+    /// outside the region or not 8-byte aligned. Polling the last word of an
+    /// RDMA write's target with it is how a program learns that the whole
+    /// write has landed, on a kind of NIC whose [`Nic::writes_tail_last`]
+    /// holds: the bytes before the word are visible once the word is.
+    pub fn load_u64(&self, off: usize) -> Option<u64> {
+        let at = self.at(off, 8).ok()?;
+        self.mem
+            .0
+            .u64_at(at)
+            .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Reads a control-segment word of the descriptor at `desc` (`Length` is

@@ -502,6 +502,40 @@ impl Interp {
                     std::hint::spin_loop();
                 }
             }
+            "tail_watch" => {
+                // tail_watch <region> <off> <slot> <len> <rounds>: for each
+                // round k, spins (Acquire loads) on the last 8 bytes of
+                // slot k until they read k + 1, then checks that the
+                // `len - 8` bytes before them are all (k + 1) as u8.
+                let m = self.region(num(a[1]) as usize);
+                let (off, slot, len, rounds) = (
+                    num(a[2]) as usize,
+                    num(a[3]) as usize,
+                    num(a[4]) as usize,
+                    num(a[5]),
+                );
+                let mut body = vec![0u8; len - 8];
+                let mut bad = 0u64;
+                tell("WATCHING");
+                let deadline = Instant::now() + WAIT.unwrap();
+                for k in 0..rounds {
+                    let at = off + k as usize * slot;
+                    loop {
+                        if m.load_u64(at + len - 8) == Some(k + 1) {
+                            break;
+                        }
+                        if Instant::now() > deadline {
+                            return format!("TAILTIMEOUT {k}");
+                        }
+                        std::hint::spin_loop();
+                    }
+                    m.read(at, &mut body).unwrap();
+                    if body.iter().any(|&b| b != (k + 1) as u8) {
+                        bad += 1;
+                    }
+                }
+                format!("TAIL {bad}")
+            }
             "wait_error" => {
                 let log = self.errors.as_ref().unwrap();
                 let code = code(a[1]);

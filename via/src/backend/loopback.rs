@@ -309,6 +309,7 @@ impl Device for Loopback {
                 | Reliability::ReliableDelivery.bits()
                 | Reliability::ReliableReception.bits(),
             rdma_read: Reliability::ReliableDelivery.bits() | Reliability::ReliableReception.bits(),
+            write_tail_last: false,
         }
     }
 

@@ -63,6 +63,10 @@ pub(crate) struct Limits {
     pub reliability: u32,
     /// Levels on which RDMA read works.
     pub rdma_read: u32,
+    /// An RDMA write stores the last 8 bytes of its target last, as one
+    /// atomic word, when the target's end is 8-byte aligned
+    /// (`Nic::writes_tail_last`).
+    pub write_tail_last: bool,
 }
 
 /// Where the completers of one VI's queues wake waiters (memory every

@@ -5,7 +5,8 @@
 //! * [`cma`]: one side is only reachable by cross-memory attach
 //!   (`process_vm_readv/writev`): one copy in the kernel.
 //! * [`deliver`]: bytes from a buffer of ours (an inline payload carried in
-//!   the doorbell entry, `VIA_INLINE`) into a place.
+//!   the doorbell entry, `VIA_INLINE`) into a place; [`fetch`] the other
+//!   way (the last word of an RDMA write, stored after the rest).
 #![forbid(unsafe_code)]
 
 use crate::mem::region::{Fault, Place};
@@ -47,6 +48,22 @@ pub(crate) fn cma(src: &Place<'_>, dst: &Place<'_>, n: usize) -> Result<(), Faul
             log::debug!("cross-memory attach failed: {e}");
             Err(Fault::Transport)
         }
+    }
+}
+
+/// Reads `out.len()` bytes at `src`.
+pub(crate) fn fetch(src: &Place<'_>, out: &mut [u8]) -> Result<(), Fault> {
+    match src {
+        Place::Map(m, off) => {
+            if m.read(*off, out) {
+                Ok(())
+            } else {
+                Err(Fault::Protection)
+            }
+        }
+        Place::Cma(pid, va) => crate::sys::process_vm_read(*pid, out, *va)
+            .map(|_| ())
+            .map_err(|_| Fault::Transport),
     }
 }
 

@@ -404,6 +404,55 @@ pub(crate) fn copy(
     Ok(())
 }
 
+/// [`copy`], except that the last 8 bytes are stored last, when `dst_end`
+/// (the destination's end address) is 8-byte aligned: as one atomic
+/// Release store where they land in a mapped extent, else by a write that
+/// follows the rest. A reader that polls that word with an Acquire load
+/// and sees the new value sees every byte before it (the soft NIC's RDMA
+/// write: `Nic::writes_tail_last`). A `memcpy` gives no such order: for
+/// 129..256 bytes glibc stores the tail before part of the middle.
+pub(crate) fn copy_tail_last(
+    src: &mut Cursor<'_>,
+    dst: &mut Cursor<'_>,
+    len: u64,
+    dst_end: u64,
+    still: &mut dyn FnMut() -> Option<u32>,
+) -> Result<(), Fault> {
+    if len < 8 || dst_end % 8 != 0 {
+        return copy(src, dst, len, still);
+    }
+    copy(src, dst, len - 8, still)?;
+    // The last 8 bytes, gathered (they may span local segments).
+    let mut tail = [0u8; 8];
+    let mut got = 0usize;
+    while got < 8 {
+        let (sp, sn) = src.peek((8 - got) as u64).ok_or(Fault::Protection)??;
+        copy::fetch(&sp, &mut tail[got..got + sn as usize])?;
+        src.advance(sn);
+        got += sn as usize;
+    }
+    let (dp, dn) = dst.peek(8).ok_or(Fault::Protection)??;
+    if let (Place::Map(m, off), 8) = (&dp, dn) {
+        if let Some(w) = m.u64_at(*off) {
+            // Release: the bytes copied above are visible to whoever
+            // sees this word (an Acquire load).
+            w.store(u64::from_ne_bytes(tail), Ordering::Release);
+            dst.advance(8);
+            return Ok(());
+        }
+    }
+    // Not one aligned word of a mapping (cross-memory attach, or an
+    // extent boundary inside the word): after the rest, as bytes.
+    let mut done = 0usize;
+    while done < 8 {
+        let (dp, dn) = dst.peek((8 - done) as u64).ok_or(Fault::Protection)??;
+        copy::deliver(&tail[done..done + dn as usize], &dp)?;
+        dst.advance(dn);
+        done += dn as usize;
+    }
+    Ok(())
+}
+
 /// Copies `bytes` (an inline payload) to `dst`.
 pub(crate) fn copy_from_bytes(bytes: &[u8], dst: &mut Cursor<'_>) -> Result<(), Fault> {
     let mut done = 0usize;

@@ -235,6 +235,11 @@ impl Mapping {
         self.view::<AtomicU32>(off)
     }
 
+    /// The atomic 8-byte word at `off` (must be 8-byte aligned).
+    pub fn u64_at(&self, off: usize) -> Option<&AtomicU64> {
+        self.view::<AtomicU64>(off)
+    }
+
     /// Copies `dst.len()` bytes out of the mapping. `false` if out of bounds.
     pub fn read(&self, off: usize, dst: &mut [u8]) -> bool {
         if !self.check(off, dst.len()) {

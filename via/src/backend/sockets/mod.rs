@@ -466,6 +466,7 @@ impl Device for Sockets {
                 | Reliability::ReliableDelivery.bits()
                 | Reliability::ReliableReception.bits(),
             rdma_read: Reliability::ReliableDelivery.bits() | Reliability::ReliableReception.bits(),
+            write_tail_last: false,
         }
     }
 

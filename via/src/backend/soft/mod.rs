@@ -277,6 +277,7 @@ impl Device for SoftNic {
                 | Reliability::ReliableDelivery.bits()
                 | Reliability::ReliableReception.bits(),
             rdma_read: Reliability::ReliableDelivery.bits() | Reliability::ReliableReception.bits(),
+            write_tail_last: true,
         }
     }
 

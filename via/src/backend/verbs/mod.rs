@@ -1077,6 +1077,7 @@ impl Device for Verbs {
                 | Reliability::ReliableDelivery.bits()
                 | Reliability::ReliableReception.bits(),
             rdma_read: Reliability::ReliableDelivery.bits() | Reliability::ReliableReception.bits(),
+            write_tail_last: false,
         }
     }
 

@@ -490,7 +490,10 @@ impl<'a> Op<'a> {
         }];
         let (mut a, mut b) = (Cursor::new(&local[..m]), Cursor::new(&remote));
         let r = if to_remote {
-            region::copy(&mut a, &mut b, wr.length as u64, &mut still)
+            // The target's last word last: a ring of messages polled in
+            // memory (`Nic::writes_tail_last`).
+            let end = wr.remote_va.wrapping_add(wr.length as u64);
+            region::copy_tail_last(&mut a, &mut b, wr.length as u64, end, &mut still)
         } else {
             region::copy(&mut b, &mut a, wr.length as u64, &mut still)
         };
