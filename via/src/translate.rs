@@ -705,7 +705,7 @@ impl<'a> WrRegions<'a> {
     #[inline(always)]
     pub fn of(wr: &SendWr, t: Translated<'a>) -> WrRegions<'a> {
         let src = match wr.local() {
-            [s] if wr.op() == control::OP_SENDRECV => {
+            [s] if wr.op() == control::OP_SENDRECV || wr.op() == control::OP_RDMAWRITE => {
                 let len = s.len as u64;
                 t.descs
                     .place(s.handle, s.va, len)

@@ -24,6 +24,21 @@
 //! credit word; an RDMA write consumes no receive descriptor, so credit
 //! returns never need credits themselves and cannot deadlock.
 //!
+//! **The write ring** (two processes, a NIC whose RDMA write stores its
+//! last word last: `via::Nic::writes_tail_last`). The receive slots are
+//! then a ring the peer writes by RDMA write: message `n` goes to slot
+//! `n mod R`, right-aligned, followed by an 8-byte trailer (`n + 1` in the
+//! high half, the message's length in the low half) that ends the slot.
+//! The receiver polls the trailer of the slot it expects next in its own
+//! memory; once it reads the expected number, the message before it is
+//! complete. No receive descriptor is consumed and no completion written
+//! on the receiving side: one cache line carries an 8-byte message, its
+//! header and its trailer, as Open MPI's shared-memory fast box does.
+//! Credits are counted exactly as for sends (a slot is free once the
+//! receiver has copied its message out). The receive descriptors stay
+//! posted but unused: a broken connection flushes them, which is how a
+//! polling receiver learns of it.
+//!
 //! **Send completions are not on a completion queue.** Nobody waits for
 //! a message or a credit return to complete (the data was copied into a
 //! send slot), so the send queue is reaped lazily, when its descriptor
@@ -131,7 +146,29 @@ pub struct Channel {
     last: (usize, [u8; HEADER]),
     /// The header of the message taken last ([`Channel::header`]).
     hdr: Header,
+    /// Messages travel by RDMA write into the receive slots (the module
+    /// doc's write ring).
+    ring: Option<Box<Ring>>,
 }
+
+/// The state of a channel's write ring.
+struct Ring {
+    /// The peer's receive slot 0 (address) and its region's handle.
+    remote: (u64, u32),
+    /// The number (`n + 1`) the next message written carries.
+    send_seq: u32,
+    /// The peer slot written next.
+    send_slot: usize,
+    /// The number the slot expected next must carry to hold a message.
+    recv_seq: u32,
+    /// Where the message of each receive slot starts in it.
+    starts: Box<[usize]>,
+    /// Each send descriptor slot's RDMA-write descriptor, as written last.
+    images: Box<[[u8; DESC]]>,
+}
+
+/// Bytes of the trailer that ends a ring slot.
+const TRAILER: usize = 8;
 
 impl Channel {
     /// The send descriptor slot after `j` (no division on the send path).
@@ -186,6 +223,7 @@ impl Channel {
             sdesc_len: vec![0; shape.send].into_boxed_slice(),
             last: (usize::MAX, [0; HEADER]),
             hdr: Header::new(crate::wire::Kind::Eager),
+            ring: None,
         };
         ch.rdesc_base = ch.region.addr(ch.off_rdesc(0))?;
         for i in 0..shape.recv {
@@ -225,6 +263,44 @@ impl Channel {
     /// Records the peer's credit word.
     pub fn set_remote_credit(&mut self, addr: u64, handle: u32) {
         self.remote_credit = Some((addr, handle));
+    }
+
+    /// Where the peer writes this channel's ring: the address of receive
+    /// slot 0 (the region's handle is the credit word's).
+    pub fn ring_base(&self) -> Result<u64> {
+        Ok(self.region.addr(0)?)
+    }
+
+    /// Switches the channel to the write ring: the peer's receive slot 0
+    /// is at `base` in the region `handle`. Both sides switch before any
+    /// message (at set-up), and both shapes are the same.
+    pub fn use_ring(&mut self, base: u64, handle: u32) -> Result<()> {
+        let mut images = vec![[0u8; DESC]; self.shape.send].into_boxed_slice();
+        for (j, img) in images.iter_mut().enumerate() {
+            // Two segments: the peer's address (set per message), then the
+            // send slot (its length set per message).
+            let at = self.off_sdesc(j);
+            DescBuilder::rdma_write(base, handle)
+                .segment(&self.region, self.off_send(j), 0)
+                .write(&self.region, at)?;
+            self.region.read(at, img)?;
+            self.sdesc_len[j] = 0;
+        }
+        self.ring = Some(Box::new(Ring {
+            remote: (base, handle),
+            send_seq: 1,
+            send_slot: 0,
+            recv_seq: 1,
+            starts: vec![0; self.shape.recv].into_boxed_slice(),
+            images,
+        }));
+        Ok(())
+    }
+
+    /// Whether messages travel through the write ring.
+    #[inline]
+    pub fn is_ring(&self) -> bool {
+        self.ring.is_some()
     }
 
     /// Accepts the peer's request (client/server set-up, server side).
@@ -321,6 +397,9 @@ impl Channel {
     #[inline(always)]
     pub fn send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
         debug_assert!(data.len() <= self.shape.eager_room());
+        if self.ring.is_some() {
+            return self.ring_send(h, data);
+        }
         let j = self.send_next;
         h.freed = self.freed;
         self.reported = self.freed;
@@ -353,6 +432,61 @@ impl Channel {
         self.vi
             .post_send(&self.region, d)
             .map_err(|e| via_err("post a message", self.peer, e))?;
+        self.send_next = self.next_slot(j);
+        self.sent = self.sent.wrapping_add(1);
+        self.inflight.push_back(SendOp::Message);
+        Ok(())
+    }
+
+    /// [`Channel::send`] through the write ring: header, data and trailer
+    /// into the send slot, then one RDMA write of them that ends at the
+    /// end of the peer's next slot.
+    #[inline(always)]
+    fn ring_send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
+        let Some(r) = self.ring.as_deref_mut() else {
+            return Err(Error::Intern("no write ring".into()));
+        };
+        let j = self.send_next;
+        h.freed = self.freed;
+        self.reported = self.freed;
+        let at = (self.shape.recv + j) * self.shape.slot;
+        let hl = h.wire_len();
+        let m = hl + data.len();
+        let trailer = ((u64::from(r.send_seq) << 32) | m as u64).to_ne_bytes();
+        let mut head = if h.kind == crate::wire::Kind::Eager {
+            h.encode_short()
+        } else {
+            h.encode()
+        };
+        if m + TRAILER <= HEADER {
+            // Header, data and trailer in one write.
+            head[hl..m].copy_from_slice(data);
+            head[m..m + TRAILER].copy_from_slice(&trailer);
+            self.region.write(at, &head[..m + TRAILER])?;
+        } else {
+            self.region.write(at, &head[..hl])?;
+            self.region.write(at + hl, data)?;
+            self.region.write(at + m, &trailer)?;
+        }
+        let total = ((m + TRAILER) as u32).to_ne_bytes();
+        let to = r.remote.0 + ((r.send_slot + 1) * self.shape.slot - m - TRAILER) as u64;
+        let img = &mut r.images[j];
+        img[offsets::LENGTH..offsets::LENGTH + 4].copy_from_slice(&total);
+        img[offsets::SEGMENTS..offsets::SEGMENTS + 8].copy_from_slice(&to.to_ne_bytes());
+        let seg_len = offsets::SEGMENTS + SEGMENT_SIZE + 12;
+        img[seg_len..seg_len + 4].copy_from_slice(&total);
+        let d =
+            (self.shape.recv + self.shape.send) * self.shape.slot + (self.shape.recv + j) * DESC;
+        self.region.write(d, img)?;
+        self.vi
+            .post_send(&self.region, d)
+            .map_err(|e| via_err("write a message", self.peer, e))?;
+        r.send_seq = r.send_seq.wrapping_add(1);
+        r.send_slot = if r.send_slot + 1 == self.shape.recv {
+            0
+        } else {
+            r.send_slot + 1
+        };
         self.send_next = self.next_slot(j);
         self.sent = self.sent.wrapping_add(1);
         self.inflight.push_back(SendOp::Message);
@@ -548,6 +682,106 @@ impl Channel {
         }
     }
 
+    /// The next message of the write ring if it has landed: its slot (its
+    /// header: [`Channel::header`]).
+    ///
+    /// # Errors
+    /// `Transport` for a trailer or header that cannot be right.
+    #[inline]
+    pub fn ring_poll(&mut self) -> Result<Option<usize>> {
+        let Some(r) = self.ring.as_deref_mut() else {
+            return Err(Error::Intern("no write ring".into()));
+        };
+        let i = self.next_head;
+        let end = (i + 1) * self.shape.slot;
+        // Acquire: the peer's write stores this word last (Release), so the
+        // message before it is complete once it carries the number.
+        let w = self
+            .region
+            .load_u64(end - TRAILER)
+            .ok_or_else(|| Error::Intern("ring trailer out of the region".into()))?;
+        if (w >> 32) as u32 != r.recv_seq {
+            return Ok(None);
+        }
+        let m = (w as u32) as usize;
+        if !(crate::wire::SHORT..=self.shape.slot - TRAILER).contains(&m) {
+            return Err(self.corrupt());
+        }
+        let start = self.shape.slot - TRAILER - m;
+        r.starts[i] = start;
+        r.recv_seq = r.recv_seq.wrapping_add(1);
+        let n = m.min(HEADER);
+        self.region
+            .read(i * self.shape.slot + start, &mut self.last.1[..n])?;
+        let h = Header::decode(&self.last.1).ok_or_else(|| self.corrupt())?;
+        // The length the trailer gives must be the header's: data is read
+        // only within the message.
+        if m != h.wire_len()
+            + if h.kind == crate::wire::Kind::Eager {
+                h.len as usize
+            } else {
+                0
+            }
+        {
+            return Err(self.corrupt());
+        }
+        self.hdr = h;
+        self.last.0 = i;
+        self.next_head = if i + 1 == self.shape.recv { 0 } else { i + 1 };
+        if (h.freed.wrapping_sub(self.peer_freed) as i32) > 0 {
+            self.peer_freed = h.freed;
+        }
+        Ok(Some(i))
+    }
+
+    #[cold]
+    fn corrupt(&self) -> Error {
+        Error::Transport(format!("corrupt message from rank {}", self.peer))
+    }
+
+    /// Waits up to `timeout` for the next message of the write ring: its
+    /// slot (header: [`Channel::header`]), `None` if none came. Polls the
+    /// ring in memory, yielding the processor after `spin`; every 64 polls
+    /// it looks at the VI, whose flushed receives tell of a broken
+    /// connection (nothing else arrives there).
+    ///
+    /// # Errors
+    /// `Transport` if the connection broke or a message is corrupt.
+    pub fn ring_wait(&mut self, timeout: Duration, spin: Duration) -> Result<Option<usize>> {
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                if let Some(i) = self.ring_poll()? {
+                    return Ok(Some(i));
+                }
+                std::hint::spin_loop();
+            }
+            match self.vi.recv_done() {
+                Ok(c) if c.status & via::descriptor::status::ERROR_MASK != 0 => {
+                    return Err(Error::Transport(format!(
+                        "connection to rank {} broke (receive status {:#x})",
+                        self.peer, c.status
+                    )));
+                }
+                Ok(c) => {
+                    return Err(Error::Intern(format!(
+                        "a message by send on a write ring (descriptor {:#x})",
+                        c.desc
+                    )));
+                }
+                Err(e) if e.kind() == via::ErrorKind::NotDone => {}
+                Err(e) => return Err(e.into()),
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Ok(None);
+            }
+            if waited >= spin {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// Reads the expected receive's status up to `n` times: whether it
     /// completed. (Out of line: `tools/vmpi-count.sh` counts it with the
     /// waits, as the spinning it is.)
@@ -612,7 +846,9 @@ impl Channel {
             dst.copy_from_slice(&self.last.1[hl + off..end]);
             return Ok(());
         }
-        self.region.read(i * self.shape.slot + hl + off, dst)?;
+        let start = self.ring.as_deref().map_or(0, |r| r.starts[i]);
+        self.region
+            .read(i * self.shape.slot + start + hl + off, dst)?;
         Ok(())
     }
 
@@ -624,6 +860,11 @@ impl Channel {
         let at = self.off_rdesc(i);
         if self.last.0 == i {
             self.last.0 = usize::MAX;
+        }
+        if self.ring.is_some() {
+            // A ring slot is free once copied out: counted, nothing posted.
+            self.freed = self.freed.wrapping_add(1);
+            return Ok(());
         }
         self.vi
             .post_recv(&self.region, at)

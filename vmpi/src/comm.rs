@@ -78,6 +78,13 @@ impl Comm {
         self.rank as i32
     }
 
+    /// How many of this process's connections take messages through a
+    /// write ring (`crate::channel`): 1 in a two-process job on a NIC that
+    /// stores a write's last word last, unless `VMPI_RING=off`; else 0.
+    pub fn write_rings(&self) -> usize {
+        self.world.engine().write_rings()
+    }
+
     /// Members.
     pub fn size(&self) -> i32 {
         self.group.len() as i32

@@ -210,6 +210,12 @@ pub struct Config {
     /// outnumber cores): a message that lands meanwhile is taken with a
     /// dequeue, without the wait's set-up and its locked polls.
     pub poll: u32,
+    /// Messages between the two processes of a two-process job travel by
+    /// RDMA write into a ring polled in memory, where the NIC stores a
+    /// write's last word last (`VMPI_RING=on|off`; unset: on unless
+    /// processes outnumber cores, since a ring wait polls and yields but
+    /// never sleeps). See [`crate::channel`].
+    pub ring: bool,
 }
 
 impl Config {
@@ -231,6 +237,11 @@ impl Config {
                 0
             } else {
                 get("VMPI_POLL", DEFAULT_POLL).min(1 << 20) as u32
+            },
+            ring: match std::env::var("VMPI_RING").as_deref() {
+                Ok("0" | "off" | "no" | "false") => false,
+                Ok("1" | "on" | "yes" | "true") => true,
+                _ => std::env::var_os("VMPI_OVERSUBSCRIBED").is_none(),
             },
         }
     }
@@ -276,6 +287,11 @@ pub struct Engine {
     pub(crate) spare_ids: Vec<ReqId>,
 }
 
+/// How long a wait on a write ring polls before it also yields the
+/// processor between polls (as the provider's wait spins `VIA_SPIN_US`
+/// before it sleeps).
+const RING_SPIN: Duration = Duration::from_micros(20);
+
 /// How long `finalize` waits for queued sends that make no progress.
 const DRAIN_STALL: Duration = Duration::from_secs(10);
 
@@ -305,12 +321,15 @@ pub(crate) type Connected = (Nic, Ptag, Option<Cq>, Vec<Option<Channel>>);
 /// Opens the NIC and connects a set of channels to every other process:
 /// the channel set of the engine, or of the offload context (`kind`).
 /// `with_cq`: the channels' receive completions go to one CQ (else each
-/// VI is polled itself).
+/// VI is polled itself). `ring`: this process would take messages through
+/// write rings; a channel uses one when both of its ends would and the NIC
+/// stores a write's last word last.
 pub(crate) fn connect_all(
     pmi: &mut Pmi,
     kind: &str,
     shape: Shape,
     with_cq: bool,
+    ring: bool,
 ) -> Result<Connected> {
     let (rank, size) = (pmi.rank(), pmi.size());
     let nic = Nic::open(None)?;
@@ -330,11 +349,14 @@ pub(crate) fn connect_all(
             Some(Channel::new(&nic, ptag, cq.as_ref(), p, shape)?)
         });
     }
+    let ring = ring && nic.writes_tail_last();
     for ch in channels.iter().flatten() {
         let (a, h) = ch.credit_word()?;
+        // The ring's base, 0 for none.
+        let base = if ring { ch.ring_base()? } else { 0 };
         pmi.put(
             &format!("{kind}.cw.{rank}.{}", ch.peer()),
-            &format!("{a}:{h}"),
+            &format!("{a}:{h}:{base}"),
         )?;
     }
     pmi.put(&format!("{kind}.host.{rank}"), &hex(&nic.host_address()))?;
@@ -345,11 +367,17 @@ pub(crate) fn connect_all(
         let v = pmi
             .get(&format!("{kind}.cw.{p}.{rank}"))
             .ok_or_else(|| Error::Intern(format!("rank {p} published no credit word")))?;
-        let (a, h) = v
-            .split_once(':')
-            .and_then(|(a, h)| Some((a.parse().ok()?, h.parse().ok()?)))
-            .ok_or_else(|| Error::Intern(format!("bad credit word {v:?}")))?;
+        let mut f = v.split(':').map(str::parse::<u64>);
+        let (Some(Ok(a)), Some(Ok(h)), Some(Ok(base)), None) =
+            (f.next(), f.next(), f.next(), f.next())
+        else {
+            return Err(Error::Intern(format!("bad credit word {v:?}")));
+        };
+        let h = u32::try_from(h).map_err(|_| Error::Intern(format!("bad credit word {v:?}")))?;
         ch.set_remote_credit(a, h);
+        if ring && base != 0 {
+            ch.use_ring(base, h)?;
+        }
     }
     // Client/server set-up, which every kind of NIC offers (the sockets
     // NIC has no peer-to-peer set-up across hosts): the lower rank of a
@@ -409,7 +437,13 @@ impl Engine {
             slot,
         };
         let single = (pmi.size() == 2).then(|| 1 - pmi.rank());
-        let (nic, ptag, cq, channels) = connect_all(pmi, "p2p", shape, single.is_none())?;
+        let (nic, ptag, cq, channels) = connect_all(
+            pmi,
+            "p2p",
+            shape,
+            single.is_none(),
+            cfg.ring && single.is_some(),
+        )?;
         let mut by_vi = Vec::new();
         for ch in channels.iter().flatten() {
             let v = ch.vi_slot() as usize;
@@ -456,6 +490,16 @@ impl Engine {
     /// The NIC (for the offload context and statistics).
     pub fn nic(&self) -> &Nic {
         &self.nic
+    }
+
+    /// How many of this process's channels take messages through a write
+    /// ring (diagnostics, and the tests' check of which transport ran).
+    pub fn write_rings(&self) -> usize {
+        self.channels
+            .iter()
+            .flatten()
+            .filter(|c| c.is_ring())
+            .count()
     }
 
     /// The eager limit in bytes.
@@ -876,7 +920,13 @@ impl Engine {
     /// channel's [`Channel::header`].
     fn poll_message(&mut self) -> Result<Option<(u32, usize)>> {
         if let Some(peer) = self.single {
-            return Ok(self.ch(peer)?.recv_done()?.map(|i| (peer, i)));
+            let ch = self.ch(peer)?;
+            let m = if ch.is_ring() {
+                ch.ring_poll()?
+            } else {
+                ch.recv_done()?
+            };
+            return Ok(m.map(|i| (peer, i)));
         }
         loop {
             let cq = self
@@ -923,7 +973,13 @@ impl Engine {
         let timeout = Duration::from_millis(500);
         if let Some(peer) = self.single {
             let poll = self.poll;
-            return Ok(self.ch(peer)?.recv_wait(timeout, poll)?.map(|i| (peer, i)));
+            let ch = self.ch(peer)?;
+            let m = if ch.is_ring() {
+                ch.ring_wait(timeout, RING_SPIN)?
+            } else {
+                ch.recv_wait(timeout, poll)?
+            };
+            return Ok(m.map(|i| (peer, i)));
         }
         let cq = self
             .cq

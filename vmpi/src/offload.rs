@@ -96,7 +96,8 @@ impl Offload {
             send: 16,
             slot: MAX_BCAST + HEADER,
         };
-        let (nic, _ptag, cq, channels) = crate::engine::connect_all(pmi, "off", shape, true)?;
+        let (nic, _ptag, cq, channels) =
+            crate::engine::connect_all(pmi, "off", shape, true, false)?;
         let cq = cq.ok_or_else(|| Error::Intern("offload channels without a CQ".into()))?;
         let mut by_vi = HashMap::new();
         for ch in channels.iter().flatten() {

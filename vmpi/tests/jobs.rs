@@ -20,14 +20,24 @@ fn point_to_point() {
 
 #[test]
 fn short_cuts_of_the_common_case_and_their_fallbacks() {
-    check("fast2", 2, &[], &["fastpath"]);
-    // Without the poll of the receive's status before the wait (as when
-    // processes outnumber cores), and with a long one.
-    check("fast2-nopoll", 2, &[("VMPI_POLL", "0")], &["fastpath"]);
+    // Two processes: messages through the write ring (on even where
+    // processes would outnumber cores), then through sends into posted
+    // receives, without the poll of the receive's status before the wait
+    // (as when processes outnumber cores) and with a long one.
+    let ring = [("VMPI_RING", "on"), ("VMPI_CHECK_RINGS", "1")];
+    check("fast2", 2, &ring, &["fastpath"]);
+    let send = [("VMPI_RING", "off"), ("VMPI_CHECK_RINGS", "0")];
+    check("fast2-send", 2, &send, &["fastpath"]);
+    check(
+        "fast2-nopoll",
+        2,
+        &[send[0], send[1], ("VMPI_POLL", "0")],
+        &["fastpath"],
+    );
     check(
         "fast2-longpoll",
         2,
-        &[("VMPI_POLL", "100000")],
+        &[send[0], send[1], ("VMPI_POLL", "100000")],
         &["fastpath"],
     );
     // Two slots: send descriptor slots cycle through messages, credit
@@ -38,8 +48,27 @@ fn short_cuts_of_the_common_case_and_their_fallbacks() {
         &[("VMPI_SLOTS", "2"), ("VMPI_EAGER_LIMIT", "4096")],
         &["fastpath"],
     );
-    // More peers: receives through the CQ.
-    check("fast3", 3, &[("VMPI_SLOTS", "4")], &["fastpath"]);
+    check(
+        "fast2-slots-send",
+        2,
+        &[
+            ("VMPI_SLOTS", "2"),
+            ("VMPI_EAGER_LIMIT", "4096"),
+            ("VMPI_RING", "off"),
+        ],
+        &["fastpath"],
+    );
+    // More peers: receives through the CQ (no ring).
+    check(
+        "fast3",
+        3,
+        &[
+            ("VMPI_SLOTS", "4"),
+            ("VMPI_RING", "on"),
+            ("VMPI_CHECK_RINGS", "0"),
+        ],
+        &["fastpath"],
+    );
     // The two-process allreduce straight on the engine, and its fallback
     // when a send cannot go at once (two slots: often no credit).
     check("coll2-slots", 2, &[("VMPI_SLOTS", "2")], &["coll", "quick"]);

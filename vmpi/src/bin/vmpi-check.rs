@@ -125,6 +125,14 @@ fn matching(c: &Comm, seed: u64) {
 /// received in another order, wildcards, and more outstanding sends than
 /// receive slots.
 fn fastpath(c: &Comm) {
+    // The transport the test asked for (`VMPI_CHECK_RINGS`: write rings
+    // expected in this process).
+    if let Some(n) = std::env::var("VMPI_CHECK_RINGS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        assert_eq!(c.write_rings(), n, "write rings in rank {}", c.rank());
+    }
     let r = c.rank();
     if r > 1 {
         c.barrier().unwrap();

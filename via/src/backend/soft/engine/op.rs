@@ -15,7 +15,9 @@ use crate::vi::{ViCore, Which};
 
 use super::EngineState;
 use super::lane::Lane;
-use super::transfer::{CUT, NO_SEG, Source, move_fast, move_general, still_registered};
+use super::transfer::{
+    CUT, NO_SEG, Source, copy_mapped_tail_last, move_fast, move_general, still_registered,
+};
 use crate::backend::soft::SoftNic;
 use crate::backend::soft::complete;
 use crate::backend::soft::layout::{MAX_SEGS, NicView, RecvSlot, ViShared, flags, slot};
@@ -504,6 +506,30 @@ impl<'a> Op<'a> {
         })
     }
 
+    /// An RDMA write's bytes in the common case, straight through: one
+    /// local segment whose bytes the poster found in one mapped extent, a
+    /// target in one mapped extent of the peer's region at `far`. `None`
+    /// (nothing moved) when the case does not apply: [`Op::rdma_copy`]
+    /// then moves them, with the same rule for the last word.
+    #[inline(always)]
+    fn write_fast(&self, far: usize) -> Option<std::result::Result<(), u32>> {
+        let wr = self.wr;
+        if wr.seg_count != 1 || wr.length as u64 > region::CHUNK {
+            return None;
+        }
+        let (sm, sat) = self.known.src?;
+        let len = wr.length as u64;
+        let (dm, dat) = self.regions.get(far).span(wr.remote_va, len)?;
+        let aligned = wr.remote_va.wrapping_add(len) % 8 == 0;
+        Some(
+            if copy_mapped_tail_last(sm, sat, dm, dat, len as usize, aligned) {
+                Ok(())
+            } else {
+                Err(status::PROTECTION_ERROR)
+            },
+        )
+    }
+
     fn rdma_write(&mut self) -> u32 {
         if self.wr.length > self.link.mtu {
             return status::LENGTH_ERROR;
@@ -521,7 +547,11 @@ impl<'a> Op<'a> {
         } else {
             None
         };
-        if let Err(e) = self.rdma_copy(target, true) {
+        let moved = match self.write_fast(target) {
+            Some(r) => r,
+            None => self.rdma_copy(target, true),
+        };
+        if let Err(e) = moved {
             return e;
         }
         if let Some(pos) = imm_pos {

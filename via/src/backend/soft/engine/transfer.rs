@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use crate::descriptor::status;
 use crate::mem::region::{self, Cursor, EMPTY, Fault, Seg};
+use crate::shm::mapping::Mapping;
 use crate::translate::SendWr;
 
 use crate::backend::soft::SoftNic;
@@ -61,6 +62,37 @@ pub(crate) fn move_fast(
         crate::shm::mapping::Mapping::copy(sm, sat, dm, dat, len as usize)
     };
     Some(if ok { 0 } else { status::PROTECTION_ERROR })
+}
+
+/// Copies `len` bytes from `src[so..]` to `dst[doff..]`, the last 8 last
+/// (as one Release word where it is aligned in `dst`) when `end_aligned`:
+/// the one-`memcpy` case of `region::copy_tail_last` (an RDMA write whose
+/// source and target each lie in one mapped extent). `false` if a range is
+/// outside its mapping.
+pub(crate) fn copy_mapped_tail_last(
+    src: &Mapping,
+    so: usize,
+    dst: &Mapping,
+    doff: usize,
+    len: usize,
+    end_aligned: bool,
+) -> bool {
+    if len < 8 || !end_aligned {
+        return Mapping::copy(src, so, dst, doff, len);
+    }
+    let mut tail = [0u8; 8];
+    if !Mapping::copy(src, so, dst, doff, len - 8) || !src.read(so + len - 8, &mut tail) {
+        return false;
+    }
+    match dst.u64_at(doff + len - 8) {
+        Some(w) => {
+            // Release: the bytes copied above are visible to whoever sees
+            // this word (an Acquire load).
+            w.store(u64::from_ne_bytes(tail), Ordering::Release);
+            true
+        }
+        None => dst.write(doff + len - 8, &tail),
+    }
 }
 
 /// Moves a scatter/gather message chunk by chunk. Returns the error bits.
