@@ -705,7 +705,9 @@ impl<'a> WrRegions<'a> {
     #[inline(always)]
     pub fn of(wr: &SendWr, t: Translated<'a>) -> WrRegions<'a> {
         let src = match wr.local() {
-            [s] if wr.op() == control::OP_SENDRECV || wr.op() == control::OP_RDMAWRITE => {
+            // A send's or an RDMA write's source (the two opcodes below
+            // OP_RDMAREAD): one comparison on the path of every send.
+            [s] if wr.op() < control::OP_RDMAREAD => {
                 let len = s.len as u64;
                 t.descs
                     .place(s.handle, s.va, len)

@@ -445,6 +445,7 @@ impl<'a> NicView<'a> {
     }
 
     /// The header.
+    #[inline]
     pub fn header(&self) -> &'a NicHeader {
         self.map.view(0).expect("checked length")
     }
