@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
 # device rxe0) in a QEMU VM booted by tools/softroce-vm/run.sh.
-#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central c; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central c vmpi; names of tests/tests/*.rs)
 #   tools/verbs-vm.sh verbs@central  a test with VIA_DOORBELL=central (the central send
 #                                    queue; without @: the default, direct posting)
 #   tools/verbs-vm.sh verbs_bench    the measurements (doorbell posts/s table and JSON)
@@ -10,6 +10,8 @@
 #                                    the VM, 8 B and 64 KiB; and ibv_devinfo -v of rxe0
 #   tools/verbs-vm.sh c              the C conformance suite (tests/c/suite, the
 #                                    programs listed in $c_programs) on rxe0
+#   tools/verbs-vm.sh vmpi           vmpi jobs (via-run + vmpi-check) on rxe0: the
+#                                    message-passing layer unchanged on the verbs kind
 # Each named integration test binary runs inside the VM with the test's peer
 # process (via-peer) and viad beside it, all on rxe0 (VIA_DEVICE=rxe0); the
 # binaries are built on the host (feature via/verbs) and reached over the
@@ -29,7 +31,7 @@ command -v qemu-system-x86_64 >/dev/null ||
 [ -x "$vm" ] || fail "no Soft-RoCE VM script at $vm (tools/softroce-vm/run.sh)"
 
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central c)
+[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central c vmpi)
 
 # The C programs of the suite that run on rxe0 (SUITE_DEVICE=rxe0); each
 # forks its peer, so two processes and their viad run in the VM.
@@ -68,6 +70,31 @@ c_suite() {
         fail "the C suite failed on Soft-RoCE (exit $?)"
 }
 
+# vmpi's jobs on rxe0: two processes (no write ring: verbs does not store a
+# write's last word last, so sends into posted receives, checked), with a
+# tiny eager limit (rendezvous by RDMA read), three processes (receives
+# through the CQ) and the collectives.
+vmpi_jobs() {
+    local out=$root/target/verbs-vm/vmpi script
+    mkdir -p "$out"
+    script=$out/run.sh
+    {
+        echo "cd $root; fails=0"
+        echo "job() { name=\$1; n=\$2; shift 2"
+        echo "  if VIA_INSTANCE=vmpi-\$name timeout 600 env \$ENVS target/$profile/via-run -n \$n target/$profile/vmpi-check \"\$@\" > $out/\$name.out 2>&1 && grep -q PASS $out/\$name.out"
+        echo "  then echo \"VMPI PASS \$name\"; else echo \"VMPI FAIL \$name\"; tail -30 $out/\$name.out; fails=\$((fails+1)); fi; }"
+        echo 'ENVS="VMPI_RING=on VMPI_CHECK_RINGS=0" job fast2 2 fastpath'
+        echo 'ENVS="VMPI_EAGER_LIMIT=64" job p2p2-rndv 2 p2p'
+        echo 'ENVS="VMPI_SLOTS=4" job fast3 3 fastpath'
+        echo 'ENVS="VMPI_COLL=host" job coll3 3 coll quick'
+        echo 'echo "VMPI failures: $fails"; exit $((fails > 0))'
+    } > "$script"
+    printf '\n==> vmpi jobs on Soft-RoCE (rxe0, in a VM)\n'
+    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1200} SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
+    SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 ${VERBS_VM_ENV:-}" \
+        "$vm" "$(command -v bash)" "$script" ||
+        fail "vmpi jobs failed on Soft-RoCE (exit $?)"
+}
 # VERBS_VM_PROFILE=release builds and runs optimised binaries (the
 # measurements: verbs_bench); debug by default.
 profile=${VERBS_VM_PROFILE:-debug}
@@ -122,6 +149,10 @@ for t in "${tests[@]}"; do
     fi
     if [ "$t" = callgrind ]; then
         callgrind_run
+        continue
+    fi
+    if [ "$t" = vmpi ]; then
+        vmpi_jobs
         continue
     fi
     mode_env=
