@@ -5,7 +5,9 @@
 //! something drains the completion queue first); no helper thread is on
 //! this path. The one completion queue of the process takes the receive
 //! completions of every channel; with a single peer (two processes) there
-//! is no CQ and the channel's VI is polled and waited on directly. Send
+//! is no CQ: the channel's write ring is polled in memory (see
+//! [`crate::channel`]), or, without one, its VI is polled and waited on
+//! directly. Send
 //! completions are reaped lazily from each VI (see [`crate::channel`]);
 //! only while RDMA reads are outstanding does progress look at them.
 //!
