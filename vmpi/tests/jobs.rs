@@ -10,12 +10,20 @@ use common::check;
 
 #[test]
 fn point_to_point() {
-    check("p2p2", 2, &[], &["p2p"]);
+    check("p2p2", 2, &[("VMPI_RING", "on")], &["p2p"]);
+    check("p2p2-send", 2, &[("VMPI_RING", "off")], &["p2p"]);
     check("p2p3", 3, &[], &["p2p"]);
     // A tiny eager limit: most messages take the rendezvous path (two
     // processes: one peer, no CQ, reads waited for on the send queue).
     check("p2p-rndv", 3, &[("VMPI_EAGER_LIMIT", "64")], &["p2p"]);
-    check("p2p2-rndv", 2, &[("VMPI_EAGER_LIMIT", "64")], &["p2p"]);
+    for ring in ["on", "off"] {
+        check(
+            &format!("p2p2-rndv-{ring}"),
+            2,
+            &[("VMPI_EAGER_LIMIT", "64"), ("VMPI_RING", ring)],
+            &["p2p"],
+        );
+    }
 }
 
 #[test]
@@ -82,7 +90,7 @@ fn bad_input_gives_the_expected_error_classes() {
 
 #[test]
 fn randomised_matching_with_wildcards() {
-    check("match2", 2, &[], &["matching", "1"]);
+    check("match2", 2, &[("VMPI_RING", "on")], &["matching", "1"]);
     check("match4", 4, &[], &["matching", "2"]);
     check("match8", 8, &[], &["matching", "3"]);
     // Two receive slots per channel: senders wait for credits all the time.
@@ -93,13 +101,19 @@ fn randomised_matching_with_wildcards() {
         &["matching", "4"],
     );
     // The same with one peer: direct receives, their deferred re-posts
-    // and credit waits on the single VI.
-    check(
-        "match2-credits",
-        2,
-        &[("VMPI_SLOTS", "2"), ("VMPI_EAGER_LIMIT", "256")],
-        &["matching", "5"],
-    );
+    // and credit waits, through the write ring and through sends.
+    for ring in ["on", "off"] {
+        check(
+            &format!("match2-credits-{ring}"),
+            2,
+            &[
+                ("VMPI_SLOTS", "2"),
+                ("VMPI_EAGER_LIMIT", "256"),
+                ("VMPI_RING", ring),
+            ],
+            &["matching", "5"],
+        );
+    }
 }
 
 #[test]
