@@ -190,14 +190,15 @@ fn a_ring_receiver_hears_of_a_broken_connection() {
     b.disconnect();
     let (_, data) = take(&mut a);
     assert_eq!(data, payload(1, 8));
-    // Then the wait ends with the break, long before its timeout.
+    // Then the wait ends with the break, well before its timeout (the
+    // bound is for a loaded machine, not a claim about time).
     let start = Instant::now();
     match a.ring_wait(Duration::from_secs(20), Duration::from_micros(20)) {
         Err(vmpi::Error::Transport(m)) => assert!(m.contains("broke"), "{m}"),
         other => panic!("a wait on a broken ring: {other:?}"),
     }
     assert!(
-        start.elapsed() < Duration::from_secs(5),
+        start.elapsed() < Duration::from_secs(15),
         "{:?}",
         start.elapsed()
     );
