@@ -443,13 +443,13 @@ impl Channel {
     /// end of the peer's next slot.
     #[inline(always)]
     fn ring_send(&mut self, h: &mut Header, data: &[u8]) -> Result<()> {
+        let j = self.send_next;
+        let (at, d) = (self.off_send(j), self.off_sdesc(j));
         let Some(r) = self.ring.as_deref_mut() else {
             return Err(Error::Intern("no write ring".into()));
         };
-        let j = self.send_next;
         h.freed = self.freed;
         self.reported = self.freed;
-        let at = (self.shape.recv + j) * self.shape.slot;
         let hl = h.wire_len();
         let m = hl + data.len();
         let trailer = ((u64::from(r.send_seq) << 32) | m as u64).to_ne_bytes();
@@ -475,8 +475,6 @@ impl Channel {
         img[offsets::SEGMENTS..offsets::SEGMENTS + 8].copy_from_slice(&to.to_ne_bytes());
         let seg_len = offsets::SEGMENTS + SEGMENT_SIZE + 12;
         img[seg_len..seg_len + 4].copy_from_slice(&total);
-        let d =
-            (self.shape.recv + self.shape.send) * self.shape.slot + (self.shape.recv + j) * DESC;
         self.region.write(d, img)?;
         self.vi
             .post_send(&self.region, d)
@@ -734,6 +732,15 @@ impl Channel {
         Ok(Some(i))
     }
 
+    /// A receive completed in error: the connection broke.
+    #[cold]
+    fn broke(&self, status: u32) -> Error {
+        Error::Transport(format!(
+            "connection to rank {} broke (receive status {status:#x})",
+            self.peer
+        ))
+    }
+
     #[cold]
     fn corrupt(&self) -> Error {
         Error::Transport(format!("corrupt message from rank {}", self.peer))
@@ -758,10 +765,7 @@ impl Channel {
             }
             match self.vi.recv_done() {
                 Ok(c) if c.status & via::descriptor::status::ERROR_MASK != 0 => {
-                    return Err(Error::Transport(format!(
-                        "connection to rank {} broke (receive status {:#x})",
-                        self.peer, c.status
-                    )));
+                    return Err(self.broke(c.status));
                 }
                 Ok(c) => {
                     return Err(Error::Intern(format!(
@@ -805,10 +809,7 @@ impl Channel {
     #[inline]
     fn received(&mut self, c: via::Completion) -> Result<usize> {
         if c.status & via::descriptor::status::ERROR_MASK != 0 {
-            return Err(Error::Transport(format!(
-                "connection to rank {} broke (receive status {:#x})",
-                self.peer, c.status
-            )));
+            return Err(self.broke(c.status));
         }
         let base = self.rdesc_base;
         let i = (c.desc.wrapping_sub(base) as usize) / DESC;

@@ -433,16 +433,14 @@ pub(crate) fn copy_tail_last(
     }
     let (dp, dn) = dst.peek(8).ok_or(Fault::Protection)??;
     if let (Place::Map(m, off), 8) = (&dp, dn) {
-        if let Some(w) = m.u64_at(*off) {
-            // Release: the bytes copied above are visible to whoever
-            // sees this word (an Acquire load).
-            w.store(u64::from_ne_bytes(tail), Ordering::Release);
-            dst.advance(8);
-            return Ok(());
+        if !m.store_tail(*off, tail) {
+            return Err(Fault::Protection);
         }
+        dst.advance(8);
+        return Ok(());
     }
-    // Not one aligned word of a mapping (cross-memory attach, or an
-    // extent boundary inside the word): after the rest, as bytes.
+    // Not in one mapping (cross-memory attach, or an extent boundary
+    // inside the word): after the rest, as bytes.
     let mut done = 0usize;
     while done < 8 {
         let (dp, dn) = dst.peek((8 - done) as u64).ok_or(Fault::Protection)??;

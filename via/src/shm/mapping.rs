@@ -240,6 +240,23 @@ impl Mapping {
         self.view::<AtomicU64>(off)
     }
 
+    /// Stores the last 8 bytes of an RDMA write, after the rest: one
+    /// Release store of the word at `off` where it is 8-byte aligned (a
+    /// reader that sees it with an Acquire load sees the bytes written
+    /// before it), else as bytes. `false` if out of bounds.
+    pub fn store_tail(&self, off: usize, tail: [u8; 8]) -> bool {
+        match self.u64_at(off) {
+            Some(w) => {
+                w.store(
+                    u64::from_ne_bytes(tail),
+                    std::sync::atomic::Ordering::Release,
+                );
+                true
+            }
+            None => self.write(off, &tail),
+        }
+    }
+
     /// Copies `dst.len()` bytes out of the mapping. `false` if out of bounds.
     pub fn read(&self, off: usize, dst: &mut [u8]) -> bool {
         if !self.check(off, dst.len()) {

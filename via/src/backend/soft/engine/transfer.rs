@@ -81,18 +81,9 @@ pub(crate) fn copy_mapped_tail_last(
         return Mapping::copy(src, so, dst, doff, len);
     }
     let mut tail = [0u8; 8];
-    if !Mapping::copy(src, so, dst, doff, len - 8) || !src.read(so + len - 8, &mut tail) {
-        return false;
-    }
-    match dst.u64_at(doff + len - 8) {
-        Some(w) => {
-            // Release: the bytes copied above are visible to whoever sees
-            // this word (an Acquire load).
-            w.store(u64::from_ne_bytes(tail), Ordering::Release);
-            true
-        }
-        None => dst.write(doff + len - 8, &tail),
-    }
+    Mapping::copy(src, so, dst, doff, len - 8)
+        && src.read(so + len - 8, &mut tail)
+        && dst.store_tail(doff + len - 8, tail)
 }
 
 /// Moves a scatter/gather message chunk by chunk. Returns the error bits.
