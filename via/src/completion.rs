@@ -25,7 +25,7 @@ use crate::cq::entry;
 use crate::descriptor::offsets;
 use crate::mem::region::{Fault, Resolved};
 use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
-use crate::shm::mapping::Mapping;
+use crate::shm::mapping::{Block, Mapping};
 use crate::vi::{ViCore, Which};
 
 /// Bits of a VI's `interest` word.
@@ -42,20 +42,25 @@ pub mod interest {
 pub(crate) fn write(m: &Mapping, at: usize, status: u32, len: Option<u32>, imm: Option<u32>) {
     // The whole control segment through one bounds check (it always lies
     // in the mapping: whoever found `at` checked 32 bytes).
-    if let Some(cs) = m.slice::<AtomicU32>(at, 8) {
-        if let Some(i) = imm {
-            cs[offsets::IMMEDIATE_DATA / 4].store(i, Ordering::Relaxed);
-        }
-        if let Some(l) = len {
-            cs[offsets::LENGTH / 4].store(l, Ordering::Relaxed);
-        }
-        // Release: the data and the words above happen before a reader
-        // that sees this status with Acquire (VipRecvDone, or a program
-        // spinning on memory).
-        cs[offsets::STATUS / 4].store(status, Ordering::Release);
-        return;
+    match m.slice::<AtomicU32>(at, 8) {
+        Some(cs) => write_words_of(cs, status, len, imm),
+        None => write_words(m, at, status, len, imm),
     }
-    write_words(m, at, status, len, imm);
+}
+
+/// [`write`] into the words `cs` of a control segment.
+#[inline(always)]
+fn write_words_of(cs: &[AtomicU32], status: u32, len: Option<u32>, imm: Option<u32>) {
+    if let Some(i) = imm {
+        cs[offsets::IMMEDIATE_DATA / 4].store(i, Ordering::Relaxed);
+    }
+    if let Some(l) = len {
+        cs[offsets::LENGTH / 4].store(l, Ordering::Relaxed);
+    }
+    // Release: the data and the words above happen before a reader that
+    // sees this status with Acquire (VipRecvDone, or a program spinning on
+    // memory).
+    cs[offsets::STATUS / 4].store(status, Ordering::Release);
 }
 
 /// [`write`] word by word (each store checked on its own).
@@ -115,8 +120,8 @@ fn write_in_region_words(
 /// Where a descriptor's control segment lives, resolved once at post time.
 #[derive(Clone)]
 pub(crate) enum StatusLoc {
-    /// Offset of the descriptor in a shadow mapping.
-    Map(Arc<Mapping>, usize),
+    /// The control segment in a shadow mapping, checked once.
+    Map(Block),
     /// Virtual address of the descriptor (cross-memory attach on ourselves).
     Cma(i32, u64),
 }
@@ -131,39 +136,42 @@ impl Default for StatusLoc {
 impl StatusLoc {
     /// The location of the control segment at `va` of `region`.
     pub fn of(region: &Resolved, va: u64) -> StatusLoc {
-        match region.control_segment(va) {
-            Some((m, at)) => StatusLoc::Map(m, at),
+        match region
+            .control_segment(va)
+            .and_then(|(m, at)| Block::new(&m, at))
+        {
+            Some(b) => StatusLoc::Map(b),
             None => StatusLoc::Cma(region.pid, va),
         }
     }
 
     /// Becomes offset `at` of mapping `m`, changing no reference count when
     /// it is already in `m` (the common case: a work queue's slot reused for
-    /// the next descriptor of the same region).
+    /// the next descriptor of the same region). False if the 32 bytes at
+    /// `at` are not in `m` (whoever found `at` checked that they are).
     #[inline(always)]
-    pub fn set_map(&mut self, m: &Arc<Mapping>, at: usize) {
+    pub fn set_map(&mut self, m: &Arc<Mapping>, at: usize) -> bool {
         match self {
-            StatusLoc::Map(old, o) if Arc::ptr_eq(old, m) => *o = at,
-            _ => *self = StatusLoc::Map(m.clone(), at),
+            StatusLoc::Map(b) => b.set(m, at),
+            StatusLoc::Cma(..) => match Block::new(m, at) {
+                Some(b) => {
+                    *self = StatusLoc::Map(b);
+                    true
+                }
+                None => false,
+            },
         }
     }
 
     /// Reads `CS.Status` (Acquire).
+    #[inline(always)]
     pub fn status(&self) -> u32 {
-        self.word(offsets::STATUS)
-    }
-
-    /// Reads a 32-bit control-segment word at `off`.
-    pub fn word(&self, off: usize) -> u32 {
         match self {
-            StatusLoc::Map(m, at) => m
-                .u32_at(at + off)
-                // Acquire: pairs with the Release store of the completer.
-                .map(|w| w.load(Ordering::Acquire))
-                .unwrap_or(0),
+            // Acquire: pairs with the Release store of the completer.
+            StatusLoc::Map(b) => b.words()[offsets::STATUS / 4].load(Ordering::Acquire),
             StatusLoc::Cma(pid, va) => {
                 let mut b = [0u8; 4];
-                let _ = crate::sys::process_vm_read(*pid, &mut b, va + off as u64);
+                let _ = crate::sys::process_vm_read(*pid, &mut b, va + offsets::STATUS as u64);
                 u32::from_ne_bytes(b)
             }
         }
@@ -176,9 +184,7 @@ impl StatusLoc {
         match self {
             // Release as every status store (`write`); the post that follows
             // publishes the descriptor with Release too.
-            StatusLoc::Map(m, at) => {
-                m.store_u32(at + offsets::STATUS, 0, Ordering::Release);
-            }
+            StatusLoc::Map(b) => b.words()[offsets::STATUS / 4].store(0, Ordering::Release),
             StatusLoc::Cma(..) => self.complete(0, None, None),
         }
     }
@@ -186,7 +192,7 @@ impl StatusLoc {
     /// Writes a completion: `imm` and `len` first, then `status`.
     pub fn complete(&self, status: u32, len: Option<u32>, imm: Option<u32>) {
         match self {
-            StatusLoc::Map(m, at) => write(m, *at, status, len, imm),
+            StatusLoc::Map(b) => write_words_of(b.words(), status, len, imm),
             StatusLoc::Cma(pid, va) => {
                 let words = [
                     (offsets::IMMEDIATE_DATA, imm),
@@ -258,8 +264,9 @@ pub(crate) fn after_local(nic: &NicInner, vi: &ViCore, w: Which) {
 }
 
 /// [`after_local`] with the VI's signals and the provider's event count
-/// already at hand (a device completing its own work).
-#[inline]
+/// already at hand (a device completing its own work). Inlined: it is
+/// on the send path of every direct execution.
+#[inline(always)]
 pub(crate) fn after_local_with(
     nic: &NicInner,
     vi: &ViCore,

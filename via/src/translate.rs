@@ -350,7 +350,9 @@ fn locate_desc<'a>(
             let segs = m
                 .slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * h.n)
                 .ok_or(Error::DescriptorError)?;
-            status.set_map(m, at);
+            if !status.set_map(m, at) {
+                return Err(Error::DescriptorError);
+            }
             let dr = DescRegion {
                 handle,
                 va: descs.va,
@@ -419,7 +421,9 @@ fn locate_full<'a>(
     let words = m
         .slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * h.n)
         .ok_or(Error::DescriptorError)?;
-    status.set_map(m, at);
+    if !status.set_map(m, at) {
+        return Err(Error::DescriptorError);
+    }
     Ok((h, dr, Segs(words)))
 }
 

@@ -9,6 +9,7 @@ use crate::sys::CmaDir;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// A type that may be viewed in place in shared memory.
@@ -201,6 +202,20 @@ impl Mapping {
         Some(unsafe { &*self.ptr.as_ptr().add(off).cast::<T>() })
     }
 
+    /// Views a `T` at byte offset `off` without a check, for a caller that
+    /// checked the bounds and alignment once for many views (a NIC
+    /// segment's tables: `layout::Segment`).
+    ///
+    /// # Safety
+    /// `off + size_of::<T>() <= self.len()`, and `self.addr() + off` is
+    /// aligned for `T`.
+    #[inline(always)]
+    pub unsafe fn view_unchecked<T: Shared>(&self, off: usize) -> &T {
+        // SAFETY: in bounds and aligned (the caller's contract); otherwise
+        // as in `view`.
+        unsafe { &*self.ptr.as_ptr().add(off).cast::<T>() }
+    }
+
     /// Views `count` consecutive `T`s at `off`.
     pub fn slice<T: Shared>(&self, off: usize, count: usize) -> Option<&[T]> {
         let bytes = size_of::<T>().checked_mul(count)?;
@@ -384,6 +399,75 @@ pub(crate) unsafe fn dup_mapping(addr: usize, len: usize) -> io::Result<Mapping>
         len,
         owned: true,
     })
+}
+
+/// Eight 32-bit words of a mapping (a descriptor's control segment),
+/// checked once to lie in it aligned, then reached through a kept pointer
+/// without a check each time: a work queue's status location is cleared at
+/// post, polled by every `Vip*Done`, and completed, and each of those
+/// would otherwise repeat the same bounds and alignment test.
+#[derive(Clone, Debug)]
+pub struct Block {
+    map: Arc<Mapping>,
+    off: usize,
+    words: NonNull<[AtomicU32; 8]>,
+}
+
+// SAFETY: a `Block` is an `Arc<Mapping>` (Send and Sync) plus a pointer
+// into that mapping's memory, which is accessed only as atomics.
+unsafe impl Send for Block {}
+// SAFETY: as above.
+unsafe impl Sync for Block {}
+
+impl Block {
+    /// The 32 bytes at `off` of `map`; `None` if out of bounds or not
+    /// 4-byte aligned.
+    #[inline]
+    pub fn new(map: &Arc<Mapping>, off: usize) -> Option<Block> {
+        Some(Block {
+            words: Self::words_at(map, off)?,
+            map: map.clone(),
+            off,
+        })
+    }
+
+    #[inline(always)]
+    fn words_at(map: &Mapping, off: usize) -> Option<NonNull<[AtomicU32; 8]>> {
+        let s = map.slice::<AtomicU32>(off, 8)?;
+        Some(NonNull::from(s).cast())
+    }
+
+    /// Moves to the 32 bytes at `off` of `map`, keeping the reference to
+    /// the mapping when it is the same one (no count change: the common
+    /// case of a work queue's slot reused for a descriptor of the same
+    /// region). False, and unchanged, if out of bounds or misaligned.
+    #[inline(always)]
+    pub fn set(&mut self, map: &Arc<Mapping>, off: usize) -> bool {
+        let Some(words) = Self::words_at(map, off) else {
+            return false;
+        };
+        if !Arc::ptr_eq(&self.map, map) {
+            self.map = map.clone();
+        }
+        self.off = off;
+        self.words = words;
+        true
+    }
+
+    /// The mapping and the offset of the words in it.
+    pub fn place(&self) -> (&Arc<Mapping>, usize) {
+        (&self.map, self.off)
+    }
+
+    /// The eight words.
+    #[inline(always)]
+    pub fn words(&self) -> &[AtomicU32; 8] {
+        // SAFETY: `words` points at 32 bytes inside `map`, 4-byte aligned
+        // (checked when set); the `Arc` keeps the mapping alive as long as
+        // `self`, and the reference borrows `self`. Atomics make concurrent
+        // access by other processes race-free.
+        unsafe { self.words.as_ref() }
+    }
 }
 
 impl Drop for Mapping {

@@ -19,9 +19,12 @@
 //! | [`RecvSlot`] × [`RQ_SLOTS`] per VI | `rq_off` | owner posts; the connected peer's engine takes | both |
 //!
 //! The only `unsafe` of the soft NIC: the `Shared`/`Plain` impls that let
-//! these types live in a mapping (each with its `SAFETY` argument).
+//! these types live in a mapping (each with its `SAFETY` argument), and
+//! [`NicView::entry`], which views a table entry of a [`Segment`] checked
+//! once, so that each access checks only its index.
 #![allow(unsafe_code)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use doorbell::EventCount;
@@ -378,23 +381,52 @@ impl std::fmt::Display for LayoutError {
 
 impl std::error::Error for LayoutError {}
 
-/// Typed, bounds-checked access to a NIC segment mapping.
+/// A mapping that holds a whole NIC segment: at least [`OFFSETS`]`.len`
+/// bytes, 64-byte aligned. Checked once here, so that the views of its
+/// tables check only the index (every access of the send path used to
+/// repeat the bounds and alignment test of [`Mapping::view`]).
+#[derive(Clone, Debug)]
+pub struct Segment(Arc<Mapping>);
+
+impl Segment {
+    /// `map` as a segment, if it is long enough and aligned (a mapping of
+    /// a memory file is page-aligned).
+    pub fn new(map: Arc<Mapping>) -> Result<Segment, LayoutError> {
+        if map.len() < OFFSETS.len {
+            return Err(LayoutError("mapping too short"));
+        }
+        if map.addr() % 64 != 0 {
+            return Err(LayoutError("mapping not 64-byte aligned"));
+        }
+        Ok(Segment(map))
+    }
+
+    /// The mapping.
+    pub fn mapping(&self) -> &Arc<Mapping> {
+        &self.0
+    }
+
+    /// Typed access to the segment. Its contents are checked by
+    /// [`NicView::attach`] (a peer's) or written by [`NicView::init`] (our
+    /// own) before any other use; a later change by another process can
+    /// only give wrong values, never an access outside the mapping.
+    #[inline(always)]
+    pub fn view(&self) -> NicView<'_> {
+        NicView { map: &self.0 }
+    }
+}
+
+/// Typed access to a NIC segment ([`Segment::view`]).
 pub struct NicView<'a> {
+    /// A [`Segment`]'s mapping: at least `OFFSETS.len` bytes, 64-byte
+    /// aligned.
     map: &'a Mapping,
 }
 
 impl<'a> NicView<'a> {
-    /// Formats a fresh (zero-filled) mapping as the segment of `nic_id`.
-    pub fn init(
-        map: &'a Mapping,
-        session: u64,
-        nic_id: u32,
-        pid: u32,
-    ) -> Result<NicView<'a>, LayoutError> {
-        if map.len() < OFFSETS.len {
-            return Err(LayoutError("mapping too short"));
-        }
-        let v = NicView { map };
+    /// Formats a fresh (zero-filled) segment as the segment of `nic_id`.
+    pub fn init(seg: &'a Segment, session: u64, nic_id: u32, pid: u32) -> NicView<'a> {
+        let v = seg.view();
         let h = v.header();
         h.version.store(VERSION, Ordering::Relaxed);
         h.pid.store(pid, Ordering::Relaxed);
@@ -408,15 +440,12 @@ impl<'a> NicView<'a> {
         h.len.store(OFFSETS.len as u64, Ordering::Relaxed);
         // Release: publishes the fields above; pairs with the Acquire in `attach`.
         h.magic.store(NIC_MAGIC, Ordering::Release);
-        Ok(v)
+        v
     }
 
     /// Validates a segment mapped from a peer.
-    pub fn attach(map: &'a Mapping) -> Result<NicView<'a>, LayoutError> {
-        if map.len() < OFFSETS.len {
-            return Err(LayoutError("mapping too short"));
-        }
-        let v = NicView { map };
+    pub fn attach(seg: &'a Segment) -> Result<NicView<'a>, LayoutError> {
+        let v = seg.view();
         let h = v.header();
         // Acquire: pairs with the Release in `init`.
         if h.magic.load(Ordering::Acquire) != NIC_MAGIC {
@@ -437,60 +466,77 @@ impl<'a> NicView<'a> {
         Ok(v)
     }
 
-    /// A view of a segment that was validated with [`NicView::attach`] or
-    /// created with [`NicView::init`] before (all accessors stay bounds
-    /// checked, so a stale validation can only give wrong values).
-    pub fn trusted(map: &'a Mapping) -> NicView<'a> {
-        NicView { map }
+    /// Entry `i` of the table of `count` `T`s at `base`; `None` if `i` is
+    /// out of range. Every caller passes one of the layout's tables, so the
+    /// table checks below are constants and fold away: what is left is the
+    /// index check.
+    #[inline(always)]
+    fn entry<T: Shared>(&self, base: usize, i: usize, count: usize) -> Option<&'a T> {
+        let (size, align) = (size_of::<T>(), align_of::<T>());
+        if align > 64
+            || base % align != 0
+            || size % align != 0
+            || count
+                .checked_mul(size)
+                .is_none_or(|b| base + b > OFFSETS.len)
+            || i >= count
+        {
+            return None;
+        }
+        // SAFETY: entry `i` lies in `base..base + count * size`, inside
+        // `0..OFFSETS.len`, which the mapping covers (a `Segment`: checked
+        // at its creation); its address is aligned for `T`: the mapping is
+        // 64-byte aligned (idem), `align` divides 64, and `base` and `size`
+        // are multiples of `align` (checked above).
+        Some(unsafe { self.map.view_unchecked(base + i * size) })
     }
 
     /// The header.
     #[inline]
     pub fn header(&self) -> &'a NicHeader {
-        self.map.view(0).expect("checked length")
+        self.entry(0, 0, 1).expect("the header is in every segment")
     }
 
     /// VI slot `i` (`None` if out of range).
+    #[inline]
     pub fn vi(&self, i: u32) -> Option<&'a ViShared> {
-        (i < MAX_VI).then(|| {
-            self.map
-                .view(OFFSETS.vi + i as usize * size_of::<ViShared>())
-        })?
+        self.entry(OFFSETS.vi, i as usize, MAX_VI as usize)
     }
 
     /// CQ slot `i`.
+    #[inline]
     pub fn cq(&self, i: u32) -> Option<&'a CqShared> {
-        (i < MAX_CQ).then(|| {
-            self.map
-                .view(OFFSETS.cq + i as usize * size_of::<CqShared>())
-        })?
+        self.entry(OFFSETS.cq, i as usize, MAX_CQ as usize)
     }
 
     /// Translation table entry `i` (index 0 is never valid).
+    #[inline]
     pub fn tpt(&self, i: u32) -> Option<&'a TptEntry> {
-        (i > 0 && i < MAX_REGIONS).then(|| {
-            self.map
-                .view(OFFSETS.tpt + i as usize * size_of::<TptEntry>())
-        })?
+        if i == 0 {
+            return None;
+        }
+        self.entry(OFFSETS.tpt, i as usize, MAX_REGIONS as usize)
     }
 
     /// The handle slot of handle bits `low` (a handle's low 16 bits): the
     /// table entry that handle lives in, 0 for none.
+    #[inline]
     pub fn handle_slot(&self, low: u32) -> Option<&'a AtomicU32> {
-        (low < MAX_REGIONS).then(|| self.map.view(OFFSETS.handle_slots + low as usize * 4))?
+        self.entry(OFFSETS.handle_slots, low as usize, MAX_REGIONS as usize)
     }
 
     /// Receive slot for ring position `pos` of VI `vi`.
+    #[inline]
     pub fn rq_slot(&self, vi: u32, pos: u64) -> Option<&'a RecvSlot> {
         if vi >= MAX_VI {
             return None;
         }
         let idx = vi as usize * RQ_SLOTS as usize + (pos % RQ_SLOTS as u64) as usize;
-        self.map.view(OFFSETS.rq + idx * size_of::<RecvSlot>())
+        self.entry(OFFSETS.rq, idx, MAX_VI as usize * RQ_SLOTS as usize)
     }
 
     /// Byte range of the error ring.
-    pub fn errors_range(&self) -> (usize, usize) {
+    pub fn errors_range() -> (usize, usize) {
         (OFFSETS.errors, cq::EntryRing::bytes_for(ERROR_RING))
     }
 }
@@ -518,8 +564,9 @@ mod tests {
     #[test]
     fn init_then_attach() {
         let (_fd, m) = Mapping::create("via-layout-test", OFFSETS.len).unwrap();
+        let m = Segment::new(Arc::new(m)).unwrap();
         assert!(NicView::attach(&m).is_err(), "zero memory has no magic");
-        let v = NicView::init(&m, 7, 3, 99).unwrap();
+        let v = NicView::init(&m, 7, 3, 99);
         assert!(v.vi(MAX_VI).is_none());
         assert!(v.tpt(0).is_none());
         assert!(v.tpt(MAX_REGIONS - 1).is_some());
@@ -528,5 +575,20 @@ mod tests {
         assert_eq!(a.header().session.load(Ordering::Relaxed), 7);
         a.header().version.store(9, Ordering::Relaxed);
         assert_eq!(NicView::attach(&m).err(), Some(LayoutError("version")));
+    }
+
+    #[test]
+    fn a_segment_is_long_enough() {
+        let short = Mapping::anonymous(OFFSETS.len - 4096).unwrap();
+        assert_eq!(
+            Segment::new(Arc::new(short)).err(),
+            Some(LayoutError("mapping too short"))
+        );
+        let v = Segment::new(Arc::new(Mapping::anonymous(OFFSETS.len).unwrap())).unwrap();
+        let v = v.view();
+        assert!(v.cq(MAX_CQ).is_none() && v.cq(MAX_CQ - 1).is_some());
+        assert!(v.handle_slot(MAX_REGIONS).is_none());
+        assert!(v.handle_slot(MAX_REGIONS - 1).is_some());
+        assert!(v.rq_slot(MAX_VI, 0).is_none());
     }
 }

@@ -57,7 +57,7 @@ use crate::vi::ViCore;
 use engine::Engine;
 use layout::{
     CqShared, ERROR_RING, MAX_CQ, MAX_EXTENTS, MAX_REGIONS, MAX_SEGS, MAX_VI, NicView, OFFSETS,
-    RQ_SLOTS, ViShared, flags,
+    RQ_SLOTS, Segment, ViShared, flags,
 };
 use remote::{PeerLink, RemoteNic};
 use tpt::TranslationTable;
@@ -157,7 +157,7 @@ impl ViLink {
 pub(crate) struct SoftNic {
     process: Arc<Process>,
     id: u32,
-    seg: Arc<Mapping>,
+    seg: Segment,
     tpt: TranslationTable,
     errors: MappedRing,
     engine: Engine,
@@ -175,11 +175,11 @@ pub(crate) fn open(process: &Arc<Process>, id: u32, _name: &str) -> Result<Arc<d
             log::error!("cannot create the NIC segment: {e}");
             Error::failed("creating the NIC segment", e)
         })?;
-    NicView::init(&map, session, id, process.pid as u32)
-        .map_err(|e| Error::failed("formatting the NIC segment", e))?;
-    let map = Arc::new(map);
-    let (eoff, elen) = NicView::trusted(&map).errors_range();
-    let errors = MappedRing::init(map.clone(), eoff, elen, ERROR_RING).map_err(|e| {
+    let seg =
+        Segment::new(Arc::new(map)).map_err(|e| Error::failed("formatting the NIC segment", e))?;
+    NicView::init(&seg, session, id, process.pid as u32);
+    let (eoff, elen) = NicView::errors_range();
+    let errors = MappedRing::init(seg.mapping().clone(), eoff, elen, ERROR_RING).map_err(|e| {
         log::error!("cannot format the error ring: {e}");
         Error::failed("formatting the error ring", e)
     })?;
@@ -196,8 +196,8 @@ pub(crate) fn open(process: &Arc<Process>, id: u32, _name: &str) -> Result<Arc<d
     Ok(Arc::new(SoftNic {
         process: process.clone(),
         id,
-        tpt: TranslationTable::new(map.clone()),
-        seg: map,
+        tpt: TranslationTable::new(seg.clone()),
+        seg,
         errors,
         engine,
         links: (0..MAX_VI).map(|_| ViLink::default()).collect(),
@@ -207,8 +207,9 @@ pub(crate) fn open(process: &Arc<Process>, id: u32, _name: &str) -> Result<Arc<d
 
 impl SoftNic {
     /// The segment view.
+    #[inline(always)]
     pub fn view(&self) -> NicView<'_> {
-        NicView::trusted(&self.seg)
+        self.seg.view()
     }
 
     fn vi_shared(&self, slot: u32) -> &ViShared {

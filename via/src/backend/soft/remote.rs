@@ -19,7 +19,7 @@ use crate::nic::{AsyncError, ErrorCode, ResourceCode};
 use crate::proto::{Endpoint, ObjKey, ObjKind};
 
 use super::SoftNic;
-use super::layout::{NicView, OFFSETS, ViShared};
+use super::layout::{LayoutError, NicView, OFFSETS, Segment, ViShared};
 use super::tpt;
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
@@ -45,7 +45,7 @@ pub(crate) struct RemoteNic {
     pub session: u64,
     pub nic: u32,
     pub pid: i32,
-    map: Arc<Mapping>,
+    seg: Segment,
     agent: Arc<Agent>,
     arenas: Mutex<ArenaMaps>,
     cqs: RwLock<HashMap<(u32, u32), Arc<MappedRing>>>,
@@ -73,9 +73,9 @@ impl RemoteNic {
             id: 0,
             generation: 0,
         };
-        let map = fetch_map(&agent, session, key, OFFSETS.len)?;
-        let view = NicView::attach(&map)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let bad = |e: LayoutError| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+        let seg = Segment::new(fetch_map(&agent, session, key, OFFSETS.len)?).map_err(bad)?;
+        let view = NicView::attach(&seg).map_err(bad)?;
         let h = view.header();
         if h.session.load(Ordering::Relaxed) != session || h.nic_id.load(Ordering::Relaxed) != nic {
             return Err(io::Error::new(
@@ -84,13 +84,13 @@ impl RemoteNic {
             ));
         }
         let pid = h.pid.load(Ordering::Relaxed) as i32;
-        let (off, len) = view.errors_range();
-        let errors = MappedRing::attach(map.clone(), off, len)?;
+        let (off, len) = NicView::errors_range();
+        let errors = MappedRing::attach(seg.mapping().clone(), off, len)?;
         Ok(RemoteNic {
             session,
             nic,
             pid,
-            map,
+            seg,
             agent,
             arenas: Mutex::new(ArenaMaps::default()),
             cqs: RwLock::new(HashMap::new()),
@@ -105,8 +105,9 @@ impl RemoteNic {
     }
 
     /// The peer's segment.
+    #[inline(always)]
     pub fn view(&self) -> NicView<'_> {
-        NicView::trusted(&self.map)
+        self.seg.view()
     }
 
     /// The mapping of the peer's arena `id` (fetched on first use).

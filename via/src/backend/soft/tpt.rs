@@ -22,14 +22,12 @@
 //! spread over the whole 32-bit space.
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
-use super::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, TptEntry};
+use super::layout::{MAX_EXTENTS, MAX_REGIONS, NicView, Segment, TptEntry};
 use crate::backend::RegionSlot;
 use crate::error::{Error, Result};
 use crate::mem::arena::Extent;
-use crate::shm::mapping::Mapping;
 
 /// Bit of [`TptEntry::check`] marking a live entry.
 pub const VALID: u32 = 1 << 31;
@@ -418,7 +416,7 @@ pub struct NewRegion<'a> {
 /// The owner's side of the table (the shared entries and the allocation
 /// of handles).
 pub struct TranslationTable {
-    map: Arc<Mapping>,
+    seg: Segment,
     /// Without poisoning (`doorbell::Lock`): every registration that comes
     /// back takes it once.
     alloc: doorbell::Lock<Alloc>,
@@ -426,14 +424,14 @@ pub struct TranslationTable {
 
 impl TranslationTable {
     /// The table inside the NIC segment `map`, with a fresh random key.
-    pub fn new(map: Arc<Mapping>) -> TranslationTable {
+    pub fn new(seg: Segment) -> TranslationTable {
         use std::hash::BuildHasher;
         // Keys from the standard library's per-process random source.
         let seed = std::collections::hash_map::RandomState::new();
         let keys = [0u8, 1, 2, 3].map(|i| seed.hash_one(("round", i)));
         let counter = seed.hash_one("start") as u32;
         TranslationTable {
-            map,
+            seg,
             alloc: doorbell::Lock::new(Alloc {
                 busy: vec![0; MAX_REGIONS as usize / 64],
                 free: Vec::new(),
@@ -448,8 +446,9 @@ impl TranslationTable {
     }
 
     /// The segment (our own: formatted by `NicView::init` at creation).
+    #[inline(always)]
     fn view(&self) -> NicView<'_> {
-        NicView::trusted(&self.map)
+        self.seg.view()
     }
 
     fn write(e: &TptEntry, f: impl FnOnce(&TptEntry)) {
@@ -638,6 +637,8 @@ impl TranslationTable {
 mod tests {
     use super::*;
     use crate::backend::soft::layout::OFFSETS;
+    use crate::shm::mapping::Mapping;
+    use std::sync::Arc;
 
     fn nr<'a>(va: u64, len: u64, ptag: u32, flags: u32, extents: &'a [Extent]) -> NewRegion<'a> {
         NewRegion {
@@ -655,8 +656,9 @@ mod tests {
 
     fn table() -> TranslationTable {
         let (_fd, m) = Mapping::create("via-tpt-test", OFFSETS.len).unwrap();
-        NicView::init(&m, 1, 1, 1).unwrap();
-        TranslationTable::new(Arc::new(m))
+        let seg = Segment::new(Arc::new(m)).unwrap();
+        NicView::init(&seg, 1, 1, 1);
+        TranslationTable::new(seg)
     }
 
     #[test]
