@@ -321,28 +321,31 @@ impl DescCache {
 
 /// Locates the descriptor at `va` in the region of `handle`, checks it
 /// against the VI's tag `ptag`, reads its control segment and resolves its
-/// status location into `status`; and returns its segments as 64-bit
-/// words, two per segment. A descriptor in the extent of the previous one
-/// takes [`DescCache::head`]; otherwise the cache resolves the region
-/// ([`locate_full`]).
+/// status location into `status`; and runs `read` on its head, its region
+/// and its segments as 64-bit words, two per segment. A descriptor in the
+/// extent of the previous one takes [`DescCache::head`]; otherwise the
+/// cache resolves the region ([`locate_full`]). `read` is inlined into
+/// both paths, so that the common one hands it what it found in
+/// registers rather than through a merged result on the stack.
 ///
 /// # Errors
 /// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
 /// misaligned descriptor, one outside the region or of another protection
 /// tag, more than [`MAX_SEGS`] segments, or a reserved control bit or
-/// operation.
+/// operation; and `read`'s.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn locate_desc<'a>(
+fn with_desc<R>(
     table: &RegionTable,
-    cache: &'a mut RegionCache,
-    descs: &'a mut DescCache,
+    cache: &mut RegionCache,
+    descs: &mut DescCache,
     va: u64,
     handle: u32,
     ptag: u32,
     status: &mut StatusLoc,
-    copy: &'a mut SegCopy,
-) -> Result<(Head, DescRegion, Segs<'a>)> {
+    copy: &mut SegCopy,
+    read: impl FnOnce(Head, DescRegion, Segs<'_>) -> Result<R>,
+) -> Result<R> {
     match descs.head(table, va, handle, ptag) {
         Some(Ok((h, at))) => {
             // `head` found the words in the mapping: these cannot fail.
@@ -358,15 +361,17 @@ fn locate_desc<'a>(
                 va: descs.va,
                 len: descs.len,
             };
-            return Ok((h, dr, Segs(segs)));
+            read(h, dr, Segs(segs))
         }
-        Some(Err(e)) => return Err(e),
-        None => {}
+        Some(Err(e)) => Err(e),
+        None => {
+            let (h, dr, segs) = locate_full(table, cache, descs, va, handle, ptag, status, copy)?;
+            read(h, dr, segs)
+        }
     }
-    locate_full(table, cache, descs, va, handle, ptag, status, copy)
 }
 
-/// [`locate_desc`] through the region cache; refills `descs`.
+/// [`with_desc`] through the region cache; refills `descs`.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 fn locate_full<'a>(
@@ -451,7 +456,7 @@ impl Segs<'_> {
     }
 }
 
-/// [`locate_desc`] for a descriptor read by copy (it straddles extents,
+/// [`with_desc`] for a descriptor read by copy (it straddles extents,
 /// or the region is reached by cross-memory attach).
 #[cold]
 fn locate_cold<'a>(
@@ -502,7 +507,7 @@ fn locate_cold<'a>(
 ///
 /// # Errors
 /// `InvalidParameter` for a dead or foreign handle; `DescriptorError` for a
-/// descriptor [`locate_desc`] refuses, an RDMA descriptor without address
+/// descriptor [`with_desc`] refuses, an RDMA descriptor without address
 /// segment, RDMA read with immediate data, or RDMA read on an unreliable
 /// VI.
 #[inline(always)]
@@ -515,7 +520,7 @@ pub(crate) fn read_send(
     status: &mut StatusLoc,
     copy: &mut SegCopy,
 ) -> Result<()> {
-    let (h, dr, seg) = locate_desc(
+    let others = with_desc(
         table,
         cache,
         descs,
@@ -524,7 +529,26 @@ pub(crate) fn read_send(
         cx.ptag,
         status,
         copy,
+        #[inline(always)]
+        |h, dr, seg| fill_send(cx, wr, h, dr, seg),
     )?;
+    if others {
+        check_others(table, cache, cx.ptag, wr);
+    }
+    Ok(())
+}
+
+/// [`read_send`] once the descriptor is found: its words into `wr`, each
+/// segment in the descriptor's region checked. True if a segment lies in
+/// another region (to be checked by the caller).
+#[inline(always)]
+fn fill_send(
+    cx: &SendCtx,
+    wr: &mut SendWr,
+    h: Head,
+    dr: DescRegion,
+    seg: Segs<'_>,
+) -> Result<bool> {
     let op = h.control & control::OP_MASK;
     let first = if op == control::OP_SENDRECV {
         0
@@ -572,10 +596,7 @@ pub(crate) fn read_send(
     }
     wr.fault = fault;
     wr.length = total.min(u32::MAX as u64) as u32;
-    if others {
-        check_others(table, cache, cx.ptag, wr);
-    }
-    Ok(())
+    Ok(others)
 }
 
 /// Checks the segments of `wr` in other regions than its descriptor's
@@ -618,7 +639,7 @@ fn other_base(
 /// (the receive then completes at once; its segments do not matter).
 ///
 /// # Errors
-/// As [`locate_desc`].
+/// As [`with_desc`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn read_recv(
@@ -632,7 +653,36 @@ pub(crate) fn read_recv(
     status: &mut StatusLoc,
     copy: &mut SegCopy,
 ) -> Result<()> {
-    let (h, dr, seg) = locate_desc(table, cache, descs, desc_va, handle, ptag, status, copy)?;
+    let others = with_desc(
+        table,
+        cache,
+        descs,
+        desc_va,
+        handle,
+        ptag,
+        status,
+        copy,
+        #[inline(always)]
+        |h, dr, seg| Ok(fill_recv(desc_va, handle, pd, h, dr, seg)),
+    )?;
+    if others {
+        recv_others(table, cache, ptag, pd);
+    }
+    Ok(())
+}
+
+/// [`read_recv`] once the descriptor is found: its segments into `pd`,
+/// those in the descriptor's region checked and made offsets. True if a
+/// segment lies in another region (to be checked by the caller).
+#[inline(always)]
+fn fill_recv(
+    desc_va: u64,
+    handle: u32,
+    pd: &mut RecvWr,
+    h: Head,
+    dr: DescRegion,
+    seg: Segs<'_>,
+) -> bool {
     pd.desc_off = desc_va - dr.va;
     pd.desc_handle = handle;
     let mut fault = if h.control & control::OP_MASK != control::OP_SENDRECV {
@@ -656,10 +706,7 @@ pub(crate) fn read_recv(
     }
     pd.n = h.n;
     pd.fault = fault;
-    if others {
-        recv_others(table, cache, ptag, pd);
-    }
-    Ok(())
+    others
 }
 
 /// Checks the segments of `pd` in other regions than its descriptor's and
