@@ -125,6 +125,12 @@ struct CqWords {
     interest: AtomicU32,
 }
 
+/// The record a work completion takes from its VI.
+enum Taken {
+    Recv(RecvDone),
+    Send(SendRec, Reliability),
+}
+
 /// A send in flight: where its completion goes.
 #[derive(Clone, Copy, Default)]
 struct SendRec {
@@ -672,14 +678,21 @@ impl Verbs {
         };
         let ok = wc.status == ibv::WC_SUCCESS;
         let flushed = wc.status == ibv::WC_WR_FLUSH_ERR;
-        // A QP that went to ERROR by itself (an error of this or the peer's
-        // side): the VI breaks.
-        let broke = {
-            let g = self.vis[slot as usize].lock();
-            match g.as_ref() {
-                Some(v) if v.generation == generation => !ok && !v.erroring,
+        // One look under the VI's lock (the poster takes it on every post):
+        // whether the QP went to ERROR by itself (an error of this or the
+        // peer's side: the VI breaks), and the record of the request.
+        let (broke, taken) = {
+            let mut g = self.vis[slot as usize].lock();
+            let v = match g.as_mut() {
+                Some(v) if v.generation == generation => v,
                 _ => return,
-            }
+            };
+            let taken = if recv {
+                v.recvs.take(pos).map(|r| Taken::Recv(r.done))
+            } else {
+                v.sends.take(pos).map(|r| Taken::Send(*r, v.reliability))
+            };
+            (!ok && !v.erroring, taken)
         };
         if !ok && !flushed {
             log::info!(
@@ -691,43 +704,35 @@ impl Verbs {
         if broke {
             self.brk((slot, generation), ErrorCode::ConnLost);
         }
-        if recv {
-            let rw = {
-                let mut g = self.vis[slot as usize].lock();
-                match g.as_mut().and_then(|v| v.recvs.take(pos)) {
-                    Some(r) => r.done,
-                    None => return,
-                }
-            };
-            if write_recv(nic, &rw, wc).is_some() {
+        let Some(taken) = taken else { return };
+        match taken {
+            Taken::Recv(rw) => {
+                // Nothing written (the descriptor's region is gone): no CQ
+                // entry, no wake-up.
+                let Some(_) = write_recv(nic, &rw, wc) else {
+                    return;
+                };
                 completion::after_local(nic, &vi, Which::Recv);
             }
-        } else {
-            let (rec, reliability) = {
-                let mut g = self.vis[slot as usize].lock();
-                let Some(v) = g.as_mut() else { return };
-                match v.sends.take(pos) {
-                    Some(r) => (*r, v.reliability),
-                    None => return,
-                }
-            };
-            let err = match wc.status {
-                ibv::WC_SUCCESS => 0,
-                ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
-                ibv::WC_LOC_LEN_ERR => status::LENGTH_ERROR,
-                ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
-                ibv::WC_REM_ACCESS_ERR if rec.rdma => status::RDMA_PROT_ERROR,
-                ibv::WC_REM_ACCESS_ERR
-                | ibv::WC_REM_INV_REQ_ERR
-                | ibv::WC_REM_OP_ERR
-                | ibv::WC_RNR_RETRY_EXC_ERR => match reliability {
-                    // Reliable delivery: the data left; the break reports it.
-                    Reliability::ReliableDelivery => 0,
-                    _ => status::REMOTE_DESC_ERROR,
-                },
-                _ => status::TRANSPORT_ERROR,
-            };
-            complete_send(nic, &vi, rec.desc_handle, rec.desc_va, err | rec.op_status);
+            Taken::Send(rec, reliability) => {
+                let err = match wc.status {
+                    ibv::WC_SUCCESS => 0,
+                    ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
+                    ibv::WC_LOC_LEN_ERR => status::LENGTH_ERROR,
+                    ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
+                    ibv::WC_REM_ACCESS_ERR if rec.rdma => status::RDMA_PROT_ERROR,
+                    ibv::WC_REM_ACCESS_ERR
+                    | ibv::WC_REM_INV_REQ_ERR
+                    | ibv::WC_REM_OP_ERR
+                    | ibv::WC_RNR_RETRY_EXC_ERR => match reliability {
+                        // Reliable delivery: the data left; the break reports it.
+                        Reliability::ReliableDelivery => 0,
+                        _ => status::REMOTE_DESC_ERROR,
+                    },
+                    _ => status::TRANSPORT_ERROR,
+                };
+                complete_send(nic, &vi, rec.desc_handle, rec.desc_va, err | rec.op_status);
+            }
         }
     }
 
