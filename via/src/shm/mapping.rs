@@ -409,7 +409,6 @@ pub(crate) unsafe fn dup_mapping(addr: usize, len: usize) -> io::Result<Mapping>
 #[derive(Clone, Debug)]
 pub struct Block {
     map: Arc<Mapping>,
-    off: usize,
     words: NonNull<[AtomicU32; 8]>,
 }
 
@@ -427,7 +426,6 @@ impl Block {
         Some(Block {
             words: Self::words_at(map, off)?,
             map: map.clone(),
-            off,
         })
     }
 
@@ -449,14 +447,8 @@ impl Block {
         if !Arc::ptr_eq(&self.map, map) {
             self.map = map.clone();
         }
-        self.off = off;
         self.words = words;
         true
-    }
-
-    /// The mapping and the offset of the words in it.
-    pub fn place(&self) -> (&Arc<Mapping>, usize) {
-        (&self.map, self.off)
     }
 
     /// The eight words.
@@ -497,6 +489,27 @@ mod tests {
         assert!(m.view::<AtomicU64>(4).is_none(), "misaligned");
         assert!(m.slice::<AtomicU64>(0, 512).is_some());
         assert!(m.slice::<AtomicU64>(0, 513).is_none());
+    }
+
+    #[test]
+    fn a_block_is_checked_once_where_it_is_set() {
+        let a = Arc::new(Mapping::anonymous(4096).unwrap());
+        let b = Arc::new(Mapping::anonymous(4096).unwrap());
+        assert!(Block::new(&a, 4096 - 28).is_none(), "past the end");
+        assert!(Block::new(&a, 2).is_none(), "misaligned");
+        assert!(Block::new(&a, usize::MAX).is_none());
+        let mut k = Block::new(&a, 4096 - 32).unwrap();
+        k.words()[7].store(7, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(a.load_u32(4092), 7);
+        assert!(!k.set(&b, 4096 - 31), "refused, and unchanged");
+        k.words()[0].store(1, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(a.load_u32(4096 - 32), 1);
+        assert!(k.set(&b, 64));
+        k.words()[1].store(5, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(b.load_u32(68), 5);
+        drop(b);
+        // The block keeps its mapping alive.
+        assert_eq!(k.words()[1].load(std::sync::atomic::Ordering::Relaxed), 5);
     }
 
     #[test]
