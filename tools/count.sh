@@ -13,7 +13,8 @@ rounds=${1:-20000}
 command -v valgrind >/dev/null || { echo "count.sh: valgrind is not installed (apt-get install valgrind)"; exit 1; }
 cargo build --release -q -p vipl -p via-tools
 lib=${CARGO_TARGET_DIR:-$PWD/target}/release
-# COUNT_KEEP=dir keeps the callgrind output there (for callgrind_annotate).
+# COUNT_KEEP=dir keeps the callgrind output there (for callgrind_annotate,
+# and with COUNT_INSTR=1 for tools/callgrind-asm.py).
 if [ -n "${COUNT_KEEP:-}" ]; then
     out=$COUNT_KEEP; mkdir -p "$out"
 else
@@ -28,7 +29,8 @@ cc -O2 -g -Wall -Iinclude -o "$out/vipl_count" benches/c/vipl_count.c -L"$out" -
 # (pidfd, userfaultfd), so one plain run starts it first.
 export VIA_INSTANCE="count-$$" VIA_VIAD="$lib/viad"
 "$out/vipl_count" 2000 >/dev/null
-valgrind --tool=callgrind --toggle-collect=round_trip --callgrind-out-file="$out/cg" \
+# COUNT_INSTR=1 records each instruction too (tools/callgrind-asm.py).
+valgrind --tool=callgrind --toggle-collect=round_trip ${COUNT_INSTR:+--dump-instr=yes} --callgrind-out-file="$out/cg" \
     "$out/vipl_count" "$rounds" >/dev/null 2>"$out/vg.log"
 total_rounds=$((rounds + 2000))
 callgrind_annotate --auto=no --threshold=100 --inclusive=yes "$out/cg" >"$out/incl.txt" 2>/dev/null
