@@ -8,7 +8,8 @@ the calls made to it, its inclusive instructions per call (summed over all
 call sites), its own (self) instructions per call, and its direct callees
 with their inclusive instructions per call of it: the breakdown of the
 post path (tools/verbs-vm.sh callgrind). Reads the file format of
-callgrind 3.x with name compression and one event (Ir).
+callgrind 3.x with name compression and one event (Ir), recorded with
+or without `--dump-instr=yes`.
 """
 import re
 import sys
@@ -37,10 +38,13 @@ def main():
 
     fn = cfn = None
     pending = False
+    npos = 1  # position columns before the cost ('positions: instr line' gives 2)
     with open(path, errors='replace') as f:
         for line in f:
             line = line.rstrip('\n')
-            if line.startswith('fn='):
+            if line.startswith('positions:'):
+                npos = len(line.split()) - 1
+            elif line.startswith('fn='):
                 fn = name(line[3:])
             elif line.startswith('cfn='):
                 cfn = name(line[4:])
@@ -49,7 +53,7 @@ def main():
                 pending = True
             elif line and (line[0].isdigit() or line[0] in '+-*'):
                 parts = line.split()
-                ir = int(parts[1]) if len(parts) > 1 else 0
+                ir = int(parts[npos]) if len(parts) > npos else 0
                 if pending:
                     incl[cfn] += ir
                     callees[fn][cfn] += ir

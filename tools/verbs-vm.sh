@@ -8,6 +8,8 @@
 #   tools/verbs-vm.sh callgrind      instructions per post (Vi::post_send/post_recv against
 #                                    the bare ibv_post_send/ibv_post_recv) under callgrind in
 #                                    the VM, 8 B and 64 KiB; and ibv_devinfo -v of rxe0
+#                                    (VERBS_VM_CG_INSTR=1: per instruction, for
+#                                    tools/callgrind-asm.py)
 #   tools/verbs-vm.sh c              the C conformance suite (tests/c/suite, the
 #                                    programs listed in $c_programs) on rxe0
 #   tools/verbs-vm.sh vmpi           vmpi jobs (via-run + vmpi-check) on rxe0: the
@@ -125,7 +127,7 @@ callgrind_run() {
         # library's start of viad uses (a running viad is only connected to).
         echo '"$VIA_VIAD" --daemon --idle-ms 600000 < /dev/null || echo VIAD-FAIL'
         for size in 8 65536; do
-            echo "VIA_BENCH_SIZES=$size VIA_BENCH_ITERS=${VERBS_VM_CG_ITERS:-256} valgrind --tool=callgrind --callgrind-out-file=$out/cg-$size.out $exe --exact post_cost_by_size --nocapture --test-threads=1 > cg-$size.log 2>&1 || echo CALLGRIND-FAIL $size"
+            echo "VIA_BENCH_SIZES=$size VIA_BENCH_ITERS=${VERBS_VM_CG_ITERS:-256} valgrind --tool=callgrind ${VERBS_VM_CG_INSTR:+--dump-instr=yes} --callgrind-out-file=$out/cg-$size.out $exe --exact post_cost_by_size --nocapture --test-threads=1 > cg-$size.log 2>&1 || echo CALLGRIND-FAIL $size"
         done
     } > "$script"
     printf '\n==> callgrind of the post path on Soft-RoCE (rxe0, in a VM)\n'

@@ -212,7 +212,7 @@ impl StatusLoc {
 
 /// Wakes the waiters of queue `w` and, if a Notify handler waits on it,
 /// the provider thread (`provider`).
-#[inline]
+#[inline(always)]
 pub(crate) fn wake_queue(s: &ViSignals<'_>, w: Which, provider: &EventCount) {
     let bit = match w {
         Which::Send => interest::SEND_NOTIFY,

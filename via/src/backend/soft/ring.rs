@@ -15,7 +15,9 @@ use crate::translate::RecvWr;
 use super::SoftNic;
 use super::layout::{RecvSlot, slot};
 
-/// Publishes `pd` at ring position `pos` of VI `vi`.
+/// Publishes `pd` at ring position `pos` of VI `vi`. Inlined into the soft
+/// NIC's `post_recv`, its one caller (one frame less per receive).
+#[inline(always)]
 pub(crate) fn offer(soft: &SoftNic, vi: u32, pos: u64, pd: &RecvWr) {
     let s = soft.view().rq_slot(vi, pos).expect("slot in range");
     s.desc_off.store(pd.desc_off, Ordering::Relaxed);
