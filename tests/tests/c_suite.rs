@@ -239,6 +239,74 @@ programs!(
     forkopen, handles, srq,
 );
 
+/// libvipl loaded at run time, as a dependency of a plugin the program
+/// `dlopen()`s (an MPI device, a language binding) rather than with the
+/// program: its thread-local storage (the per-thread handle cache every
+/// `Vip*` call reads, through TLS descriptors: `.cargo/config.toml`) is
+/// then set up by `dlopen`, for the threads that exist and those created
+/// later. The suite's `sendrecv` and `threads` are built as such plugins
+/// (`main` renamed `plugin_main`, linked with `-lvipl`) and run by
+/// `tests/c/dlopen_host.c`; once as glibc chooses, once with no static TLS
+/// to spare (`glibc.rtld.optional_static_tls=0`), so that the library's
+/// block is allocated per thread on first use.
+#[test]
+fn loaded_at_run_time() {
+    let inst = install();
+    let _g = serial();
+    let suite = root().join("tests/c/suite");
+    let lib = inst.prefix.join("lib");
+    let host = inst.bin.join("dlopen_host");
+    run(
+        Command::new(cc())
+            .args(WARN)
+            .arg("-o")
+            .arg(&host)
+            .arg(root().join("tests/c/dlopen_host.c"))
+            .arg("-ldl"),
+        "compiling dlopen_host.c",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let ldd = run(Command::new("ldd").arg(&host), "ldd").unwrap_or_default();
+    assert!(
+        !ldd.contains("libvipl"),
+        "the host program loads libvipl at start-up:\n{ldd}"
+    );
+    for name in ["sendrecv", "threads"] {
+        let plugin = inst.bin.join(format!("{name}-plugin.so"));
+        run(
+            Command::new(cc())
+                .args(WARN)
+                .args(["-fPIC", "-shared", "-Dmain=plugin_main"])
+                .arg(format!("-I{}", inst.prefix.join("include").display()))
+                .arg(format!("-I{}", suite.display()))
+                .arg("-o")
+                .arg(&plugin)
+                .arg(suite.join(format!("{name}.c")))
+                .arg(suite.join("common.c"))
+                .arg(format!("-L{}", lib.display()))
+                .arg("-lvipl")
+                .arg(format!("-Wl,-rpath,{}", lib.display())),
+            &format!("building {name} as a plugin"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        for (tag, env) in [
+            ("", &[][..]),
+            (
+                "-nostatic",
+                &[("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=0")][..],
+            ),
+        ] {
+            let mut cmd = Command::new(&host);
+            cmd.arg(&plugin);
+            let (ok, text) = execute_cmd(cmd, &format!("dlopen-{name}{tag}"), env);
+            assert!(
+                ok && text.lines().any(|l| l == format!("PASS {name}")),
+                "{name} loaded with dlopen {env:?} failed:\n{text}"
+            );
+        }
+    }
+}
+
 #[test]
 fn regfork_without_cache() {
     suite("regfork", false, &[("VIA_REGCACHE", "off")]);
