@@ -278,8 +278,9 @@ impl EventCount {
     /// Wakes every waiter, if there is any. Call it after publishing the condition.
     ///
     /// One load when nobody waits (a light fence: module doc); otherwise also an increment
-    /// and a `FUTEX_WAKE` system call.
-    #[inline]
+    /// and a `FUTEX_WAKE` system call. Always inlined: on every completion, and the
+    /// common case is that load.
+    #[inline(always)]
     pub fn notify_all(&self) {
         // Light fence [Fn]: the sleep/wake handshake (module doc). Orders the caller's
         // publication before the load of `waiters`; pairs with the heavy fence of the waiter
