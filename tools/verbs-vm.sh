@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
 # device rxe0) in a QEMU VM booted by tools/softroce-vm/run.sh.
-#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central c vmpi; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central c vmpi bench; names of tests/tests/*.rs)
 #   tools/verbs-vm.sh verbs@central  a test with VIA_DOORBELL=central (the central send
 #                                    queue; without @: the default, direct posting)
 #   tools/verbs-vm.sh verbs_bench    the measurements (doorbell posts/s table and JSON)
@@ -14,6 +14,9 @@
 #                                    programs listed in $c_programs) on rxe0
 #   tools/verbs-vm.sh vmpi           vmpi jobs (via-run + vmpi-check) on rxe0: the
 #                                    message-passing layer unchanged on the verbs kind
+#   tools/verbs-vm.sh bench          via-bench verbs on rxe0: VIA's 8-byte ping-pong over an
+#                                    ibv_rc_pingpong-style loop, same run (--quick unless
+#                                    VERBS_VM_BENCH_ARGS is set)
 # Each named integration test binary runs inside the VM with the test's peer
 # process (via-peer) and viad beside it, all on rxe0 (VIA_DEVICE=rxe0); the
 # binaries are built on the host (feature via/verbs) and reached over the
@@ -33,7 +36,7 @@ command -v qemu-system-x86_64 >/dev/null ||
 [ -x "$vm" ] || fail "no Soft-RoCE VM script at $vm (tools/softroce-vm/run.sh)"
 
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central c vmpi)
+[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central c vmpi bench)
 
 # The C programs of the suite that run on rxe0 (SUITE_DEVICE=rxe0); each
 # forks its peer, so two processes and their viad run in the VM.
@@ -97,6 +100,33 @@ vmpi_jobs() {
         "$vm" "$(command -v bash)" "$script" ||
         fail "vmpi jobs failed on Soft-RoCE (exit $?)"
 }
+# via-bench on rxe0: VIA's 8-byte ping-pong against an ibv_rc_pingpong-style
+# loop on the same device in the same run (`via-bench verbs`; --quick unless
+# VERBS_VM_BENCH_ARGS says otherwise, e.g. VERBS_VM_BENCH_ARGS= for the
+# defaults). The table is printed; the JSON is kept in
+# target/verbs-vm/bench/verbs.json and must hold the ratio.
+bench_run() {
+    local out=$root/target/verbs-vm/bench script
+    mkdir -p "$out"
+    rm -f "$out/verbs.json"
+    script=$out/run.sh
+    {
+        echo "cd $out"
+        echo "$root/target/$profile/via-bench verbs --device rxe0 ${VERBS_VM_BENCH_ARGS---quick} --json $out/verbs.json"
+    } > "$script"
+    printf '\n==> via-bench verbs on Soft-RoCE (rxe0, in a VM)\n'
+    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1200} SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
+    SOFTROCE_ENV="VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 ${VERBS_VM_ENV:-}" \
+        "$vm" "$(command -v bash)" "$script" ||
+        fail "via-bench verbs failed on Soft-RoCE (exit $?)"
+    python3 - "$out/verbs.json" <<'PY' || fail "via-bench verbs wrote no ratio ($out/verbs.json)"
+import json, sys
+v = json.load(open(sys.argv[1]))["summary"]["verbs"]
+assert v["via_over_raw"] > 0, v
+print(f"VERBS-BENCH {v['device']}: VIA {v['via_median_us']:.2f} us, raw verbs {v['raw_verbs_median_us']:.2f} us, ratio {v['via_over_raw']:.2f}")
+PY
+}
+
 # VERBS_VM_PROFILE=release builds and runs optimised binaries (the
 # measurements: verbs_bench); debug by default.
 profile=${VERBS_VM_PROFILE:-debug}
@@ -155,6 +185,10 @@ for t in "${tests[@]}"; do
     fi
     if [ "$t" = vmpi ]; then
         vmpi_jobs
+        continue
+    fi
+    if [ "$t" = bench ]; then
+        bench_run
         continue
     fi
     mode_env=

@@ -148,6 +148,13 @@ fn check(r: &Run, args: &[&str]) {
     assert!(
         doc["version"].is_string() && doc["device"].is_string() && doc["device_kind"].is_string()
     );
+    // The kind of the NIC measured, as it opened (not a fixed string).
+    let want_kind = match doc["device"].as_str().unwrap() {
+        d if d.starts_with("via_lo") || d.starts_with("/dev/via_lo") => "shared-memory",
+        d if d.starts_with("via_") || d.starts_with("/dev/via_") => "sockets",
+        _ => "verbs",
+    };
+    assert_eq!(doc["device_kind"], want_kind, "device_kind");
     assert!(
         doc["command"]
             .as_array()
@@ -503,6 +510,23 @@ fn unknown_devices_fail_cleanly() {
     assert!(err.contains("no such NIC"), "{err}");
 }
 
+/// `verbs` compares on an RDMA device only: the shared-memory NIC, and a
+/// device this host does not have (none here), are refused with a reason
+/// and exit code 2 before anything runs.
+#[test]
+fn verbs_needs_an_rdma_device() {
+    for (dev, why) in [("via_lo", "shared-memory kind"), ("mlx5_0", "no such NIC")] {
+        let out = Command::new(BIN)
+            .args(["verbs", "--device", dev, "--quick"])
+            .env("VIA_INSTANCE", instance())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{dev}: {err}");
+        assert!(err.contains(why), "{dev}: {err}");
+    }
+}
+
 #[test]
 fn every_command_has_help() {
     let cmds: &[&[&str]] = &[
@@ -534,6 +558,7 @@ fn every_command_has_help() {
         &["alt", "notify"],
         &["alt", "all"],
         &["sys-costs"],
+        &["verbs"],
         &["reg"],
         &["regpp"],
         &["regcost"],

@@ -93,10 +93,63 @@ pub fn bare_ibv_post_cost(
 }
 
 /// An `ibv_rc_pingpong`-style loop on raw verbs, the baseline of via's
-/// ping-pong latency on a verbs device (`tests/tests/verbs_bench.rs`).
+/// ping-pong latency on a verbs device (`tests/tests/verbs_bench.rs`,
+/// `via-bench verbs`).
 #[cfg(feature = "verbs")]
 #[doc(hidden)]
 pub use backend::verbs::bench::RawPingPong;
+
+/// [`RawPingPong`] in a build without the verbs kind: the same interface,
+/// whose constructor says that the kind is missing, so that tools build
+/// either way (cargo unifies the feature: a workspace built with
+/// `--features via/verbs` gives every tool the real one).
+#[cfg(not(feature = "verbs"))]
+#[doc(hidden)]
+pub struct RawPingPong(std::convert::Infallible);
+
+#[cfg(not(feature = "verbs"))]
+#[doc(hidden)]
+impl RawPingPong {
+    /// Always `Unsupported`: this build has no verbs kind.
+    ///
+    /// # Errors
+    /// Always.
+    pub fn new(_name: &str) -> std::io::Result<RawPingPong> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this build has no verbs kind (build with the cargo feature via/verbs)",
+        ))
+    }
+
+    /// Never reached (no value exists).
+    pub fn endpoint(&self) -> Vec<u8> {
+        match self.0 {}
+    }
+
+    /// Never reached (no value exists).
+    ///
+    /// # Errors
+    /// None.
+    pub fn connect(&self, _peer: &[u8]) -> std::io::Result<()> {
+        match self.0 {}
+    }
+
+    /// Never reached (no value exists).
+    ///
+    /// # Errors
+    /// None.
+    pub fn run(
+        &self,
+        _iters: u32,
+        _size: u32,
+        _initiator: bool,
+    ) -> std::io::Result<std::time::Duration> {
+        match self.0 {}
+    }
+}
+
+/// Whether this build has the verbs kind of NIC (cargo feature `verbs`).
+pub const HAS_VERBS: bool = cfg!(feature = "verbs");
 
 /// Whether RDMA device `name` supports XRC (`ibv_open_xrcd`), and the
 /// device's error if not (Soft-RoCE: "Operation not supported").

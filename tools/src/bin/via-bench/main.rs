@@ -21,6 +21,7 @@ mod reg;
 mod suite;
 mod syscost;
 mod tcache;
+mod verbs;
 mod xfer;
 
 use std::io::Write;
@@ -77,7 +78,7 @@ struct Cli {
 /// Options of every command.
 #[derive(Args, Clone, Debug, Default)]
 pub struct Common {
-    /// The NIC, as `VipOpenNic` names it: via_lo, /dev/via_lo, via_<interface>, /dev/via_<interface>
+    /// The NIC, as `VipOpenNic` names it: via_lo, /dev/via_lo, via_<interface>, /dev/via_<interface>; with the verbs kind an RDMA device (rxe0, mlx5_0, verbs)
     #[arg(long, global = true, default_value = "via_lo")]
     pub device: String,
     /// Short runs: fewer sizes, iterations and configurations
@@ -138,6 +139,8 @@ enum Cmd {
     },
     /// This machine's analogue of the thesis's table of system costs
     SysCosts,
+    /// VIA against raw verbs on an RDMA device (--device rxe0, mlx5_0, verbs): 8-byte half round trip of an ibv_rc_pingpong-style loop and of VIA's ping-pong, same run
+    Verbs,
     /// All registration benchmarks (regpp, regcost, regscale, reuse, regbig)
     Reg(RegArgs),
     /// Registering around every message vs once, cache on and off
@@ -196,6 +199,14 @@ enum Cmd {
     Loopback { rounds: Option<usize> },
     #[command(name = "__sink", hide = true)]
     Sink,
+    /// One side of `verbs`'s raw loop.
+    #[command(name = "__raw_verbs", hide = true)]
+    RawVerbs {
+        #[arg(long)]
+        role: String,
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
     #[command(name = "__tcp", hide = true)]
     Tcp {
         #[arg(long)]
@@ -391,6 +402,10 @@ fn main() {
         Cmd::Serve { args } => serve(&args),
         Cmd::Loopback { rounds } => loopback(rounds.unwrap_or(100_000)),
         Cmd::Sink => syscost::sink(),
+        Cmd::RawVerbs { role, cpu } => {
+            let iters = c.iters.unwrap_or(1).clamp(1, u64::from(u32::MAX)) as u32;
+            verbs::raw_side(&c.device, role == "initiator", iters, cpu)
+        }
         Cmd::Tcp { cpu, bind } => compare::tcp_server(cpu, bind.as_deref()),
         Cmd::TcpClient {
             connect,
@@ -510,6 +525,19 @@ fn main() {
             }
             suite::finish(ctx, "design alternatives", None);
         }
+        Cmd::Verbs => {
+            let mut ctx = start(c, Remote::Local, "verbs");
+            if ctx.device_kind != "verbs" {
+                eprintln!(
+                    "via-bench verbs: device {:?} is of the {} kind: name an RDMA device (--device rxe0, mlx5_0, verbs)",
+                    ctx.c.device, ctx.device_kind
+                );
+                std::process::exit(2);
+            }
+            let reps = ctx.c.reps.unwrap_or(3);
+            verbs::verbs(&mut ctx, reps);
+            suite::finish(ctx, "VIA against raw verbs", None);
+        }
         Cmd::SysCosts => {
             let mut ctx = start(c, Remote::Local, "sys-costs");
             syscost::sys_costs(&mut ctx);
@@ -520,13 +548,25 @@ fn main() {
 
 /// Checks the device, then the context of an orchestrating command.
 fn start(c: Common, remote: Remote, what: &str) -> Ctx {
-    if let Remote::Local = remote {
-        if let Err(e) = xfer::open_nic(&c.device) {
+    // The device is opened here once: to refuse a bad one before anything
+    // runs (locally; a client's points report their own errors), and to
+    // name its kind in the results.
+    let kind = match xfer::open_nic(&c.device) {
+        Ok(nic) => Some(nic.kind()),
+        Err(e) if matches!(remote, Remote::Local) => {
             eprintln!("via-bench {what}: {e}");
             std::process::exit(2);
         }
+        Err(_) => None,
+    };
+    let mut ctx = Ctx::new(c, remote);
+    if let Some(k) = kind {
+        ctx.device_kind = match k {
+            "soft" => "shared-memory",
+            k => k,
+        };
     }
-    Ctx::new(c, remote)
+    ctx
 }
 
 fn run_bench(ctx: &mut Ctx, b: &Bench) {

@@ -30,6 +30,9 @@ pub struct Ctx {
     /// Base (polling) results of this run, per size: the baseline of the
     /// ratios of the other data-transfer benchmarks.
     base: HashMap<usize, Measure>,
+    /// The kind of NIC measured, for the JSON document (`Nic::kind`,
+    /// the soft NIC called by what it is).
+    pub device_kind: &'static str,
 }
 
 pub fn default_sizes(quick: bool) -> Vec<usize> {
@@ -52,6 +55,7 @@ impl Ctx {
             progress: Progress::new(0, "via-bench"),
             epilogue: Vec::new(),
             base: HashMap::new(),
+            device_kind: "shared-memory",
         }
     }
 
@@ -1027,7 +1031,7 @@ pub fn finish(ctx: Ctx, title: &str, default_json: Option<&str>) {
         version: env!("CARGO_PKG_VERSION").into(),
         command: std::env::args().skip(1).collect(),
         device: ctx.c.device.clone(),
-        device_kind: "shared-memory".into(),
+        device_kind: ctx.device_kind.into(),
         pinning: out::Pinning {
             pinned: !ctx.c.no_pin,
             client_cpu: client_cpu.unwrap_or(0),

@@ -319,9 +319,14 @@ fn quiet_errors(nic: &Nic) {
 }
 
 pub fn open_nic(device: &str) -> Result<Nic, String> {
+    let verbs = if via::HAS_VERBS {
+        "and the verbs kind: an RDMA device's name (rxe0, mlx5_0) or verbs for the first"
+    } else {
+        "not the verbs kind (a build with the cargo feature via/verbs has it)"
+    };
     Nic::open(Some(device)).map_err(|e| match e.kind() {
         via::ErrorKind::InvalidParameter => format!(
-            "device {device:?}: no such NIC (this build has the shared-memory kind: via_lo, /dev/via_lo, and the sockets kind: via_<interface>, /dev/via_<interface>; the verbs kind does not exist yet)"
+            "device {device:?}: no such NIC (this build has the shared-memory kind: via_lo, /dev/via_lo; the sockets kind: via_<interface>, /dev/via_<interface>; {verbs})"
         ),
         _ => format!("device {device:?}: cannot open: {e} (see the log above)"),
     })

@@ -62,15 +62,28 @@ fn last_error(what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+/// A verb's return code as a result. Success inline (every post checks
+/// one), the error built out of line.
+#[inline(always)]
 fn check(rc: i32, what: &str) -> io::Result<()> {
-    match rc {
-        0 => Ok(()),
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(failed(rc, what))
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn failed(rc: i32, what: &str) -> io::Error {
+    if rc > 0 {
         // Most verbs return a positive errno; some return -1 and set errno.
-        rc if rc > 0 => Err(io::Error::new(
+        io::Error::new(
             io::Error::from_raw_os_error(rc).kind(),
             format!("{what}: {}", io::Error::from_raw_os_error(rc)),
-        )),
-        _ => Err(last_error(what)),
+        )
+    } else {
+        last_error(what)
     }
 }
 
