@@ -48,6 +48,18 @@ tests=("$@")
 # regrace, smi and viad_inherits_fds test the soft NIC or viad.
 c_programs=${VERBS_VM_C:-"sendrecv gather immediate connect disconnect accept_disconnect quiet_disconnect cq notify kill timeout threads badinput vi peer ns srq"}
 
+# Runs the bash script $2 in one VM, with SOFTROCE_ENV="$3 $VERBS_VM_ENV"
+# and the host executables $4 copied in; $1 says what it is (the heading,
+# and the failure).
+run_script() {
+    local what=$1 script=$2 env=$3 extra=${4:-}
+    printf '\n==> %s on Soft-RoCE (rxe0, in a VM)\n' "$what"
+    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1200} SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" SOFTROCE_EXTRA="$extra" \
+    SOFTROCE_ENV="$env ${VERBS_VM_ENV:-}" \
+        "$vm" "$(command -v bash)" "$script" ||
+        fail "$what failed on Soft-RoCE (exit $?)"
+}
+
 c_suite() {
     local out=$root/target/verbs-vm prefix bin
     prefix=$out/prefix
@@ -68,11 +80,7 @@ c_suite() {
         done
         echo 'echo "C-SUITE failures: $fails"; exit $((fails > 0))'
     } > "$script"
-    printf '\n==> the C conformance suite on Soft-RoCE (rxe0, in a VM): %s\n' "$c_programs"
-    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1200} SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" SOFTROCE_EXTRA="$bin/sendrecv" \
-    SOFTROCE_ENV="VIA_VIAD_TIMEOUT_MS=60000 ${VERBS_VM_ENV:-}" \
-        "$vm" "$(command -v bash)" "$script" ||
-        fail "the C suite failed on Soft-RoCE (exit $?)"
+    run_script "the C conformance suite ($c_programs)" "$script" "VIA_VIAD_TIMEOUT_MS=60000" "$bin/sendrecv"
 }
 
 # vmpi's jobs on rxe0: two processes (no write ring: verbs does not store a
@@ -94,11 +102,8 @@ vmpi_jobs() {
         echo 'ENVS="VMPI_COLL=host" job coll3 3 coll quick'
         echo 'echo "VMPI failures: $fails"; exit $((fails > 0))'
     } > "$script"
-    printf '\n==> vmpi jobs on Soft-RoCE (rxe0, in a VM)\n'
-    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1200} SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
-    SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 ${VERBS_VM_ENV:-}" \
-        "$vm" "$(command -v bash)" "$script" ||
-        fail "vmpi jobs failed on Soft-RoCE (exit $?)"
+    run_script "vmpi jobs" "$script" \
+        "VIA_DEVICE=rxe0 VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1"
 }
 # via-bench on rxe0: VIA's 8-byte ping-pong against an ibv_rc_pingpong-style
 # loop on the same device in the same run (`via-bench verbs`; --quick unless
@@ -114,11 +119,7 @@ bench_run() {
         echo "cd $out"
         echo "$root/target/$profile/via-bench verbs --device rxe0 ${VERBS_VM_BENCH_ARGS---quick} --json $out/verbs.json"
     } > "$script"
-    printf '\n==> via-bench verbs on Soft-RoCE (rxe0, in a VM)\n'
-    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1200} SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
-    SOFTROCE_ENV="VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 ${VERBS_VM_ENV:-}" \
-        "$vm" "$(command -v bash)" "$script" ||
-        fail "via-bench verbs failed on Soft-RoCE (exit $?)"
+    run_script "via-bench verbs" "$script" "VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000"
     python3 - "$out/verbs.json" <<'PY' || fail "via-bench verbs wrote no ratio ($out/verbs.json)"
 import json, sys
 v = json.load(open(sys.argv[1]))["summary"]["verbs"]
