@@ -7,7 +7,8 @@
 #   tools/verbs-vm.sh verbs_bench    the measurements (doorbell posts/s table and JSON)
 #   tools/verbs-vm.sh callgrind      instructions per post (Vi::post_send/post_recv against
 #                                    the bare ibv_post_send/ibv_post_recv) under callgrind in
-#                                    the VM, 8 B and 64 KiB; and ibv_devinfo -v of rxe0
+#                                    the VM, 8 B and 64 KiB; VipPostSend/VipPostRecv through
+#                                    the C API (benches/c/vipl_count.c); ibv_devinfo -v of rxe0
 #                                    (VERBS_VM_CG_INSTR=1: per instruction, for
 #                                    tools/callgrind-asm.py)
 #   tools/verbs-vm.sh c              the C conformance suite (tests/c/suite, the
@@ -160,7 +161,17 @@ callgrind_run() {
         for size in 8 65536; do
             echo "VIA_BENCH_SIZES=$size VIA_BENCH_ITERS=${VERBS_VM_CG_ITERS:-256} valgrind --tool=callgrind ${VERBS_VM_CG_INSTR:+--dump-instr=yes} --callgrind-out-file=$out/cg-$size.out $exe --exact post_cost_by_size --nocapture --test-threads=1 > cg-$size.log 2>&1 || echo CALLGRIND-FAIL $size"
         done
+        # The C API's calls: benches/c/vipl_count.c (what tools/count.sh
+        # counts on the soft NIC) on rxe0, each Vip* call in a function of
+        # its own.
+        echo "timeout 600 valgrind --tool=callgrind --fair-sched=yes --toggle-collect=round_trip --callgrind-out-file=$out/cg-c.out $out/vipl_count ${VERBS_VM_CG_ROUNDS:-100} > cg-c.log 2>&1 || echo CALLGRIND-FAIL C"
     } > "$script"
+    # Linked as tools/count.sh links it: the library under its soname.
+    cargo build -q "${cargo_profile[@]}" -p vipl --features via/verbs
+    ln -sf "$root/target/$profile/libvipl.so" "$out/libvipl.so.1"
+    ln -sf "$root/target/$profile/libvipl.so" "$out/libvipl.so"
+    ${CC:-cc} -O2 -g -Wall -Iinclude -o "$out/vipl_count" benches/c/vipl_count.c \
+        -L"$out" -lvipl -Wl,-rpath,"$out" || fail "compiling vipl_count.c"
     printf '\n==> callgrind of the post path on Soft-RoCE (rxe0, in a VM)\n'
     SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1800} SOFTROCE_VALGRIND=1 SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
     SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 ${VERBS_VM_ENV:-}" \
@@ -172,6 +183,9 @@ callgrind_run() {
         python3 tools/callgrind-calls.py "$out/cg-$size.out" 'Vi::post_send' 'Vi::post_recv' \
             'ibv::Qp::post_send' 'ibv::Qp::post_recv'
     done
+    [ -s "$out/cg-c.out" ] || { cat "$out/cg-c.log" 2>/dev/null; fail "no callgrind output for vipl_count"; }
+    printf '\n==> instructions per call of the C API, 8 B (%s)\n' "$out/cg-c.out"
+    python3 tools/callgrind-calls.py "$out/cg-c.out" 'step_post_send' 'step_post_recv'
 }
 
 cargo build -q "${cargo_profile[@]}" --workspace --bins --features via/verbs,via-tests/verbs
