@@ -71,97 +71,112 @@ pub fn raw_side(device: &str, initiator: bool, iters: u32, cpu: Option<usize>) {
     }
 }
 
-/// A side of the raw loop, started, with its stdout.
-fn spawn_side(
-    ctx: &Ctx,
-    initiator: bool,
-    iters: u32,
-    cpu: Option<usize>,
-) -> Result<(Child, BufReader<ChildStdout>), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["__raw_verbs", "--device", &ctx.c.device])
-        .args(["--role", if initiator { "initiator" } else { "responder" }])
-        .args(["--iters", &iters.to_string()]);
-    if let Some(c) = cpu {
-        cmd.args(["--cpu", &c.to_string()]);
-    }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start via-bench __raw_verbs: {e}"))?;
-    let out = BufReader::new(child.stdout.take().expect("piped stdout"));
-    Ok((child, out))
+/// A side of the raw loop, started: killed and reaped if dropped before
+/// [`Side::finish`] or [`Side::failed`] took its process.
+struct Side {
+    child: Option<Child>,
+    out: BufReader<ChildStdout>,
+    what: &'static str,
 }
 
-/// The next line of `out` that starts with `tag`, after the tag; `None` at
-/// the end of the output.
-fn line_after(out: &mut impl BufRead, tag: &str) -> Option<String> {
-    let mut l = String::new();
-    loop {
-        l.clear();
-        if out.read_line(&mut l).ok()? == 0 {
-            return None;
+impl Side {
+    fn spawn(ctx: &Ctx, initiator: bool, iters: u32, cpu: Option<usize>) -> Result<Side, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["__raw_verbs", "--device", &ctx.c.device])
+            .args(["--role", if initiator { "initiator" } else { "responder" }])
+            .args(["--iters", &iters.to_string()]);
+        if let Some(c) = cpu {
+            cmd.args(["--cpu", &c.to_string()]);
         }
-        if let Some(x) = l.trim().strip_prefix(tag) {
-            return Some(x.to_string());
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start via-bench __raw_verbs: {e}"))?;
+        let out = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let what = if initiator { "initiator" } else { "responder" };
+        Ok(Side {
+            child: Some(child),
+            out,
+            what,
+        })
+    }
+
+    /// The next line of its output that starts with `tag`, after the tag;
+    /// `None` at the end of the output.
+    fn line(&mut self, tag: &str) -> Option<String> {
+        let mut l = String::new();
+        loop {
+            l.clear();
+            if self.out.read_line(&mut l).ok()? == 0 {
+                return None;
+            }
+            if let Some(x) = l.trim().strip_prefix(tag) {
+                return Some(x.to_string());
+            }
+        }
+    }
+
+    /// Writes `line` to its stdin (a side that died meanwhile closed it:
+    /// its error comes from its exit).
+    fn send(&mut self, line: &str) {
+        if let Some(c) = &mut self.child {
+            let _ = writeln!(c.stdin.as_mut().expect("piped stdin"), "{line}");
+        }
+    }
+
+    /// Why it ended early: its stderr and status, once it exited.
+    fn failed(&mut self) -> String {
+        let Some(mut child) = self.child.take() else {
+            return format!("raw verbs {} failed", self.what);
+        };
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+        format!("raw verbs {} failed ({status}): {}", self.what, err.trim())
+    }
+
+    /// Waits for it; an error unless it succeeded.
+    fn finish(&mut self) -> Result<(), String> {
+        let ok = self
+            .child
+            .as_mut()
+            .is_some_and(|c| c.wait().is_ok_and(|s| s.success()));
+        if ok {
+            self.child = None;
+            Ok(())
+        } else {
+            Err(self.failed())
         }
     }
 }
 
-/// The error of a side that ended early: its stderr and status.
-fn side_failed(mut child: Child, what: &str) -> String {
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+impl Drop for Side {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
-    let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-    format!("raw verbs {what} failed ({status}): {}", err.trim())
 }
 
 /// Half round trip (us) of the raw loop between two processes, the
 /// endpoints relayed through their stdin and stdout.
 fn raw_half_rtt(ctx: &Ctx, iters: u32) -> Result<f64, String> {
     let (c0, c1) = ctx.cpus();
-    let (mut ini, mut ini_out) = spawn_side(ctx, true, iters, c0)?;
-    let (mut res, mut res_out) = match spawn_side(ctx, false, iters, c1) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ini.kill();
-            let _ = ini.wait();
-            return Err(e);
-        }
-    };
-    let Some(ep_ini) = line_after(&mut ini_out, "EP ") else {
-        let _ = res.kill();
-        let _ = res.wait();
-        return Err(side_failed(ini, "initiator"));
-    };
-    let Some(ep_res) = line_after(&mut res_out, "EP ") else {
-        let _ = ini.kill();
-        let _ = ini.wait();
-        return Err(side_failed(res, "responder"));
-    };
-    // A side that died meanwhile closed its stdin: its error is reported
-    // below, from its exit.
-    let _ = writeln!(ini.stdin.as_mut().expect("piped stdin"), "EP {ep_res}");
-    let _ = writeln!(res.stdin.as_mut().expect("piped stdin"), "EP {ep_ini}");
-    let half = line_after(&mut ini_out, "HALF ");
-    let Some(half) = half else {
-        let _ = res.kill();
-        let _ = res.wait();
-        return Err(side_failed(ini, "initiator"));
-    };
-    let ok = |c: &mut Child| c.wait().is_ok_and(|s| s.success());
-    if !ok(&mut res) {
-        let _ = ini.wait();
-        return Err(side_failed(res, "responder"));
-    }
-    if !ok(&mut ini) {
-        return Err(side_failed(ini, "initiator"));
-    }
+    let mut ini = Side::spawn(ctx, true, iters, c0)?;
+    let mut res = Side::spawn(ctx, false, iters, c1)?;
+    let ep_ini = ini.line("EP ").ok_or_else(|| ini.failed())?;
+    let ep_res = res.line("EP ").ok_or_else(|| res.failed())?;
+    ini.send(&format!("EP {ep_res}"));
+    res.send(&format!("EP {ep_ini}"));
+    let half = ini.line("HALF ").ok_or_else(|| ini.failed())?;
+    res.finish()?;
+    ini.finish()?;
     half.parse::<f64>()
         .map_err(|e| format!("raw verbs initiator printed {half:?}: {e}"))
 }
