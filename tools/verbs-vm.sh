@@ -121,12 +121,9 @@ bench_run() {
         echo "$root/target/$profile/via-bench verbs --device rxe0 ${VERBS_VM_BENCH_ARGS---quick} --json $out/verbs.json"
     } > "$script"
     run_script "via-bench verbs" "$script" "VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000"
-    python3 - "$out/verbs.json" <<'PY' || fail "via-bench verbs wrote no ratio ($out/verbs.json)"
-import json, sys
-v = json.load(open(sys.argv[1]))["summary"]["verbs"]
-assert v["via_over_raw"] > 0, v
-print(f"VERBS-BENCH {v['device']}: VIA {v['via_median_us']:.2f} us, raw verbs {v['raw_verbs_median_us']:.2f} us, ratio {v['via_over_raw']:.2f}")
-PY
+    # grep, not a JSON parser: this runs in CI, which installs no python.
+    grep -Eq '"via_over_raw": *[0-9]' "$out/verbs.json" 2>/dev/null ||
+        fail "via-bench verbs wrote no ratio ($out/verbs.json)"
 }
 
 # VERBS_VM_PROFILE=release builds and runs optimised binaries (the
