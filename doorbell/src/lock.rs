@@ -92,43 +92,6 @@ impl<T> Lock<T> {
             })
     }
 
-    /// Takes the lock without ever sleeping on it: spins, then yields the
-    /// processor until the holder lets go, and never marks the lock
-    /// contended. For a thread that completes work in the background
-    /// (a progress thread) and meets a poster that holds the lock across a
-    /// system call (a verbs post on a software device): had it slept, every
-    /// such post would pay a `futex_wake` on its way out. The cost moves
-    /// to the background thread, which spends its wait yielding.
-    #[inline]
-    pub fn lock_yielding(&self) -> LockGuard<'_, T> {
-        // Acquire: as in `lock`.
-        while self
-            .state
-            .compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            self.wait_free_yielding();
-        }
-        LockGuard {
-            lock: self,
-            _access: PhantomData,
-        }
-    }
-
-    /// Waits, spinning and then yielding, until the lock looks free.
-    #[cold]
-    fn wait_free_yielding(&self) {
-        let mut spins = 0u32;
-        while self.state.load(Ordering::Relaxed) != FREE {
-            if spins < 100 {
-                spins += 1;
-                core::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
     #[cold]
     fn lock_contended(&self) {
         // Spin a little while the holder is running (critical sections here
@@ -253,69 +216,6 @@ mod tests {
         }));
         assert!(r.is_err());
         assert_eq!(*l.try_lock().expect("released by the unwind"), 1);
-    }
-
-    #[test]
-    fn a_yielding_taker_excludes_and_never_asks_for_a_wake() {
-        // One thread takes the lock as a progress thread does, the other
-        // with `try_lock` (which never marks it contended either); a lost
-        // update shows in the total. While holding it, the second checks
-        // that the word never says "a thread may sleep": only the
-        // yielding taker could have written that, and every release
-        // would then make a system call.
-        let l = Arc::new(Lock::new(0u64));
-        let yielding = {
-            let l = l.clone();
-            std::thread::spawn(move || {
-                for _ in 0..50_000 {
-                    let mut g = l.lock_yielding();
-                    *g += 1;
-                }
-            })
-        };
-        let mut contended = 0u64;
-        for _ in 0..50_000 {
-            let mut g = loop {
-                match l.try_lock() {
-                    Some(g) => break g,
-                    None => std::hint::spin_loop(),
-                }
-            };
-            *g += 1;
-            let v = *g;
-            std::hint::black_box(v);
-            if l.state.load(Ordering::Relaxed) == CONTENDED {
-                contended += 1;
-            }
-            drop(g);
-        }
-        yielding.join().unwrap();
-        assert_eq!(*l.lock(), 100_000);
-        assert_eq!(contended, 0, "the yielding taker marked the lock contended");
-    }
-
-    #[test]
-    fn a_yielding_taker_waits_for_the_holder() {
-        // The holder keeps the lock until the yielding thread is running;
-        // the thread must not get it before the release, and gets it after.
-        let l = Arc::new(Lock::new(0u32));
-        let mut g = l.lock();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let t = {
-            let l = l.clone();
-            std::thread::spawn(move || {
-                tx.send(()).unwrap();
-                *l.lock_yielding()
-            })
-        };
-        rx.recv().unwrap();
-        for _ in 0..10_000 {
-            assert_eq!(l.state.load(Ordering::Relaxed), HELD);
-            std::hint::spin_loop();
-        }
-        *g = 7;
-        drop(g);
-        assert_eq!(t.join().unwrap(), 7, "taken before the holder let go");
     }
 
     #[test]

@@ -681,12 +681,8 @@ impl Verbs {
         // One look under the VI's lock (the poster takes it on every post):
         // whether the QP went to ERROR by itself (an error of this or the
         // peer's side: the VI breaks), and the record of the request.
-        // Taken yielding, never sleeping: on a device whose post is a
-        // system call (rxe) the poster holds the lock across it, and a
-        // completer asleep on it made nearly every post end in a
-        // `futex_wake`.
         let (broke, taken) = {
-            let mut g = self.vis[slot as usize].lock_yielding();
+            let mut g = self.vis[slot as usize].lock();
             let v = match g.as_mut() {
                 Some(v) if v.generation == generation => v,
                 _ => return,
@@ -871,7 +867,7 @@ impl Verbs {
         for f in failed {
             let (slot, generation) = f.vi;
             let rec = {
-                let mut g = self.vis[slot as usize].lock_yielding();
+                let mut g = self.vis[slot as usize].lock();
                 match g.as_mut() {
                     Some(v) if v.generation == generation => v.sends.take(f.seq as u64).copied(),
                     _ => None,
@@ -939,7 +935,7 @@ impl Verbs {
             );
             if let Some((slot, generation)) = vi {
                 let erroring = self.vis[slot as usize]
-                    .lock_yielding()
+                    .lock()
                     .as_ref()
                     .is_some_and(|v| v.generation == generation && v.erroring);
                 if !erroring {
