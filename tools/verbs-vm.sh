@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
 # device rxe0) in a QEMU VM booted by tools/softroce-vm/run.sh.
-#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central c vmpi bench; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central transfer c vmpi bench; names of tests/tests/*.rs)
 #   tools/verbs-vm.sh verbs@central  a test with VIA_DOORBELL=central (the central send
 #                                    queue; without @: the default, direct posting)
 #   tools/verbs-vm.sh verbs_bench    the measurements (doorbell posts/s table and JSON)
@@ -37,7 +37,7 @@ command -v qemu-system-x86_64 >/dev/null ||
 [ -x "$vm" ] || fail "no Soft-RoCE VM script at $vm (tools/softroce-vm/run.sh)"
 
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central c vmpi bench)
+[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central transfer c vmpi bench)
 
 # The C programs of the suite that run on rxe0 (SUITE_DEVICE=rxe0); each
 # forks its peer, so two processes and their viad run in the VM.
