@@ -265,6 +265,7 @@ pub fn gen_request(bytes: &[u8], cx: &Ctx) -> (u32, Request) {
         9 => Request::Disconnect {
             peer: gen_ep(&mut i, cx),
             me: gen_ep(&mut i, cx),
+            reason: i.u8() % 12,
         },
         10 => Request::DisconnectAck {
             token: i.u8() as u64 % 8,

@@ -65,6 +65,7 @@ pub fn requests() -> Vec<Request> {
         Request::Disconnect {
             peer: ep(2),
             me: ep(1),
+            reason: 1,
         },
         Request::DisconnectAck { token: 1 },
         Request::ResolveName {
@@ -110,6 +111,7 @@ pub fn replies() -> Vec<Reply> {
         Reply::RemoteDisconnect {
             me: ep(1),
             token: 1,
+            reason: 4,
         },
     ]
 }

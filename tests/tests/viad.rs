@@ -326,7 +326,12 @@ fn garbage_child() {
         };
         let _ = via::sys::send_with_fds(
             c.as_raw_fd(),
-            &Request::Disconnect { peer: victim, me }.encode(10 + g),
+            &Request::Disconnect {
+                peer: victim,
+                me,
+                reason: 4,
+            }
+            .encode(10 + g),
             &[],
         );
     }

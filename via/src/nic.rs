@@ -80,6 +80,9 @@ pub enum ErrorCode {
     Catastrophic = 10,
 }
 
+// A disconnect's reason on viad's wire is an `ErrorCode` value.
+const _: () = assert!(ErrorCode::ConnLost as u8 == crate::proto::REASON_CONN_LOST);
+
 impl ErrorCode {
     fn from_u8(v: u8) -> Option<ErrorCode> {
         use ErrorCode::*;
@@ -941,9 +944,18 @@ impl NicInner {
     }
 
     /// viad says the peer of our VI `me` disconnected.
-    pub fn remote_disconnect(&self, me: &Endpoint) {
-        if let Some(vi) = self.vi(me.vi, me.vi_gen as u16) {
-            vi.peer_disconnected(self);
+    pub fn remote_disconnect(&self, me: &Endpoint, reason: u8) {
+        let Some(vi) = self.vi(me.vi, me.vi_gen as u16) else {
+            return;
+        };
+        // The errors a peer reports for us (it saw them, we did not: a
+        // verbs device tells only the initiator); anything else is a
+        // plain disconnect.
+        match ErrorCode::from_u8(reason) {
+            Some(code @ (ErrorCode::RdmawProt | ErrorCode::RdmarProt | ErrorCode::RecvqEmpty)) => {
+                vi.peer_reported(self, code)
+            }
+            _ => vi.peer_disconnected(self),
         }
     }
 

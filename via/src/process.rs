@@ -261,10 +261,10 @@ fn on_event(ev: Event) {
                 nic.peer_died(session);
             }
         }
-        Event::Daemon(Reply::RemoteDisconnect { me, token }) => {
+        Event::Daemon(Reply::RemoteDisconnect { me, token, reason }) => {
             if me.session == p.session() {
                 for nic in p.all_nics().into_iter().filter(|n| n.id == me.nic) {
-                    nic.remote_disconnect(&me);
+                    nic.remote_disconnect(&me, reason);
                 }
             }
             if let Ok(a) = p.agent() {

@@ -774,6 +774,23 @@ impl ViCore {
         self.break_connection_as(nic, ErrorCode::ConnLost, false, false, true);
     }
 
+    /// The peer broke the connection over an error it saw on our side
+    /// (`code`: an RDMA protection violation here, a message that found no
+    /// receive): the VI breaks with `code`. If it broke already (its own
+    /// device saw the connection fail first, as `CONN_LOST`), the error
+    /// callback still hears `code`: the reason comes second then.
+    pub fn peer_reported(&self, nic: &NicInner, code: ErrorCode) {
+        if !self.break_connection_as(nic, code, false, false, false) {
+            nic.report(AsyncError {
+                resource: ResourceCode::Vi,
+                code,
+                vi: Some((self.slot, self.generation)),
+                cq: None,
+                descriptor: 0,
+            });
+        }
+    }
+
     /// Connects to `peer` (CONNECT_PENDING → CONNECTED).
     pub fn complete_connect(&self, nic: &NicInner, peer: &Endpoint) -> Result<()> {
         nic.dev.connect(nic, self, peer)?;
@@ -797,7 +814,8 @@ impl ViCore {
 
     /// [`ViCore::break_connection`]; `orderly`: the peer disconnected on
     /// purpose (`VipDisconnect`), which is reported to the callback as
-    /// always but is not logged as an error when there is none.
+    /// always but is not logged as an error when there is none. False if
+    /// the VI was not connected (nothing done).
     pub fn break_connection_as(
         &self,
         nic: &NicInner,
@@ -805,11 +823,11 @@ impl ViCore {
         tell_peer: bool,
         peer_dead: bool,
         orderly: bool,
-    ) {
+    ) -> bool {
         {
             let mut st = self.state.lock().unwrap();
             if st.state != ViState::Connected {
-                return;
+                return false;
             }
             self.set_state(&mut st, ViState::Error);
             self.broken.store(true, Ordering::Release);
@@ -827,6 +845,7 @@ impl ViCore {
             },
             orderly,
         );
+        true
     }
 
     /// Completes every outstanding descriptor with `DESC_FLUSHED_ERROR`.
@@ -884,7 +903,10 @@ impl ViCore {
                 .process
                 .agent()
                 .map_err(|_| std::io::Error::other("no viad session"))
-                .and_then(|a| a.call(&Request::Disconnect { peer, me }, None));
+                .and_then(|a| {
+                    let reason = crate::proto::REASON_CONN_LOST;
+                    a.call(&Request::Disconnect { peer, me, reason }, None)
+                });
             if let Err(e) = r {
                 log::warn!("disconnect: viad unreachable ({e}); flushing anyway");
             }

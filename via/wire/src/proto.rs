@@ -18,8 +18,12 @@ use std::fmt;
 pub const MAGIC: u16 = 0x4456;
 /// Protocol version, sent in `Hello` (3: the `Welcome` tells the mode and
 /// the session's limits, `Refused(Quota)`; 4: an [`Endpoint`] carries an
-/// opaque device part instead of the soft NIC's receive ring position).
-pub const VERSION: u32 = 4;
+/// opaque device part instead of the soft NIC's receive ring position;
+/// 5: a disconnect carries the error its peer reports).
+pub const VERSION: u32 = 5;
+/// [`Request::Disconnect`]'s `reason` of a plain disconnect: the peer
+/// reports `VIP_ERROR_CONN_LOST` (the library's `ErrorCode` values).
+pub const REASON_CONN_LOST: u8 = 1;
 /// Largest datagram either side accepts.
 pub const MAX_FRAME: usize = 4096;
 /// Largest host address in bytes.
@@ -278,6 +282,11 @@ pub enum Request {
         peer: Endpoint,
         /// The local end.
         me: Endpoint,
+        /// The asynchronous error the peer's VI reports (the library's
+        /// `ErrorCode` value): [`REASON_CONN_LOST`], or why the connection
+        /// broke where only this side saw it (an RDMA protection violation
+        /// at the peer, a message that found no receive there).
+        reason: u8,
     },
     /// Ack of a `RemoteDisconnect` event (no reply).
     DisconnectAck {
@@ -383,6 +392,8 @@ pub enum Reply {
         me: Endpoint,
         /// Ack token.
         token: u64,
+        /// The `reason` of the peer's [`Request::Disconnect`].
+        reason: u8,
     },
 }
 
@@ -599,9 +610,10 @@ impl Request {
                 w.u32(*timeout_ms);
                 9
             }
-            Request::Disconnect { peer, me } => {
+            Request::Disconnect { peer, me, reason } => {
                 w.ep(peer);
                 w.ep(me);
+                w.u8(*reason);
                 10
             }
             Request::DisconnectAck { token } => {
@@ -662,6 +674,7 @@ impl Request {
             10 => Request::Disconnect {
                 peer: r.ep()?,
                 me: r.ep()?,
+                reason: r.u8()?,
             },
             11 => Request::DisconnectAck { token: r.u64()? },
             12 => Request::ResolveName {
@@ -732,9 +745,10 @@ impl Reply {
                 w.u64(*session);
                 9
             }
-            Reply::RemoteDisconnect { me, token } => {
+            Reply::RemoteDisconnect { me, token, reason } => {
                 w.ep(me);
                 w.u64(*token);
+                w.u8(*reason);
                 10
             }
         };
@@ -775,6 +789,7 @@ impl Reply {
             10 => Reply::RemoteDisconnect {
                 me: r.ep()?,
                 token: r.u64()?,
+                reason: r.u8()?,
             },
             _ => return Err(DecodeError("reply kind")),
         };
@@ -846,6 +861,7 @@ mod tests {
             Request::Disconnect {
                 peer: ep(),
                 me: ep(),
+                reason: 4,
             },
             Request::DisconnectAck { token: 4 },
             Request::ResolveName { name: "h".into() },
@@ -890,7 +906,11 @@ mod tests {
             Reply::Address { host: vec![9] },
             Reply::Name { name: "x".into() },
             Reply::PeerDied { session: 5 },
-            Reply::RemoteDisconnect { me: ep(), token: 6 },
+            Reply::RemoteDisconnect {
+                me: ep(),
+                token: 6,
+                reason: REASON_CONN_LOST,
+            },
         ];
         for r in all {
             assert_eq!(Reply::decode(&r.encode(7)).unwrap(), (7, r));

@@ -307,6 +307,12 @@ pub struct Broker {
     /// relayed only along one of them (a client may not break a connection
     /// it is not part of). A VI has at most one connection.
     links: HashMap<ViKey, ViKey>,
+    /// Connections a `Disconnect` of one side just dissolved, by the other
+    /// side: that side may still send its own, crossing, `Disconnect` with
+    /// a reason only it saw (the verbs kind: the peer's RDMA violation),
+    /// which is relayed once. Dropped when either VI is linked again or
+    /// its session ends.
+    crossed: HashMap<ViKey, ViKey>,
     next_session: u64,
     next_id: u64,
 }
@@ -341,6 +347,7 @@ impl Broker {
             discs: HashMap::new(),
             timers: BinaryHeap::new(),
             links: HashMap::new(),
+            crossed: HashMap::new(),
             next_session: 1,
             next_id: 1,
         }
@@ -621,6 +628,7 @@ impl Broker {
         let (a, b) = (vi_key(a), vi_key(b));
         for k in [a, b] {
             self.unlink_vi(&k);
+            self.crossed.remove(&k);
         }
         self.links.insert(a, b);
         self.links.insert(b, a);
@@ -1110,7 +1118,9 @@ impl Broker {
                     self.timer(deadline(now, timeout_ms), Timer::Peer(pid));
                 }
             }
-            Request::Disconnect { peer, me } => {
+            Request::Disconnect { peer, me, reason } => {
+                let crossing = reason != proto::REASON_CONN_LOST
+                    && self.crossed.get(&vi_key(&me)) == Some(&vi_key(&peer));
                 if me.session != s {
                     out.push(Out::Close {
                         session: s,
@@ -1123,12 +1133,19 @@ impl Broker {
                         id,
                         reply: Reply::Ok,
                     });
-                } else if self.links.get(&vi_key(&me)) != Some(&vi_key(&peer)) {
+                } else if !crossing && self.links.get(&vi_key(&me)) != Some(&vi_key(&peer)) {
                     // Not a connection of the sender's VI: nothing to relay.
                     log::warn!("session {s}: disconnect of a VI it is not connected to");
                     refuse(&mut out, Refusal::Invalid);
                 } else {
-                    self.unlink_vi(&vi_key(&me));
+                    if crossing {
+                        // The peer's own disconnect came first; its side
+                        // still hears this one's reason.
+                        self.crossed.remove(&vi_key(&me));
+                    } else {
+                        self.unlink_vi(&vi_key(&me));
+                        self.crossed.insert(vi_key(&peer), vi_key(&me));
+                    }
                     let token = self.id();
                     out.push(Out::Send {
                         to: peer.session,
@@ -1136,6 +1153,7 @@ impl Broker {
                         reply: Reply::RemoteDisconnect {
                             me: peer.clone(),
                             token,
+                            reason,
                         },
                     });
                     self.discs.insert(
@@ -1328,6 +1346,7 @@ impl Broker {
         for k in &sess.vis {
             self.unlink_vi(k);
         }
+        self.crossed.retain(|k, v| k.0 != s && v.0 != s);
         // Requests offered to the dead server go back to waiting.
         for &conn in &sess.offered {
             if let Some(c) = self.connects.get_mut(&conn) {
@@ -1899,7 +1918,11 @@ mod tests {
         let c = hello(&mut b);
         let x = hello(&mut b);
         connect(&mut b, a, c, "d");
-        let disc = |peer, me| Request::Disconnect { peer, me };
+        let disc = |peer, me| Request::Disconnect {
+            peer,
+            me,
+            reason: proto::REASON_CONN_LOST,
+        };
         // A third session names c's VI: refused, nothing relayed.
         let out = b.on_request(x, 2, disc(ep(c, 1, 2), ep(x, 1, 2)), vec![], now);
         assert_eq!(
@@ -1947,6 +1970,7 @@ mod tests {
             Request::Disconnect {
                 peer: ep(c, 1, 2),
                 me: ep(a, 1, 2),
+                reason: proto::REASON_CONN_LOST,
             },
             vec![],
             now,
@@ -1971,12 +1995,78 @@ mod tests {
             Request::Disconnect {
                 peer: ep(c, 1, 2),
                 me: ep(a, 1, 2),
+                reason: proto::REASON_CONN_LOST,
             },
             vec![],
             now,
         );
         let out = b.on_tick(now + DISCONNECT_ACK);
         assert_eq!(replies(&out), vec![(a, 3, Reply::Ok)]);
+    }
+
+    #[test]
+    fn a_crossing_disconnect_relays_its_reason_once() {
+        // The verbs kind: c's QP broke by itself (its disconnect comes
+        // first), while a saw why (an RDMA violation at c) and says so.
+        let now = Instant::now();
+        let mut b = Broker::new(vec![1], "h".into(), vec![]);
+        let a = hello(&mut b);
+        let c = hello(&mut b);
+        let x = hello(&mut b);
+        connect(&mut b, a, c, "d");
+        let disc = |peer, me, reason| Request::Disconnect { peer, me, reason };
+        let out = b.on_request(
+            c,
+            2,
+            disc(ep(a, 1, 2), ep(c, 1, 2), proto::REASON_CONN_LOST),
+            vec![],
+            now,
+        );
+        assert!(matches!(replies(&out)[0], (to, 0, Reply::RemoteDisconnect { .. }) if to == a));
+        // A third session cannot use the dissolved connection.
+        let out = b.on_request(x, 3, disc(ep(c, 1, 2), ep(x, 1, 2), 4), vec![], now);
+        assert_eq!(
+            replies(&out),
+            vec![(x, 3, Reply::Refused(Refusal::Invalid))]
+        );
+        // A plain crossing disconnect has nothing to add: refused as before.
+        let out = b.on_request(
+            a,
+            4,
+            disc(ep(c, 1, 2), ep(a, 1, 2), proto::REASON_CONN_LOST),
+            vec![],
+            now,
+        );
+        assert_eq!(
+            replies(&out),
+            vec![(a, 4, Reply::Refused(Refusal::Invalid))]
+        );
+        // One with a reason reaches c, carrying it, once.
+        let out = b.on_request(a, 5, disc(ep(c, 1, 2), ep(a, 1, 2), 4), vec![], now);
+        let r = replies(&out);
+        let (to, 0, Reply::RemoteDisconnect { me, token, reason }) = r[0].clone() else {
+            panic!("{r:?}")
+        };
+        assert_eq!((to, me, reason), (c, ep(c, 1, 2), 4));
+        let out = b.on_request(c, 0, Request::DisconnectAck { token }, vec![], now);
+        assert_eq!(replies(&out), vec![(a, 5, Reply::Ok)]);
+        let out = b.on_request(a, 6, disc(ep(c, 1, 2), ep(a, 1, 2), 4), vec![], now);
+        assert_eq!(
+            replies(&out),
+            vec![(a, 6, Reply::Refused(Refusal::Invalid))]
+        );
+        // Linked again, a crossing left over is forgotten: a reason meant
+        // for the old connection cannot reach the new one.
+        connect(&mut b, a, c, "d2");
+        b.on_request(c, 7, disc(ep(a, 1, 2), ep(c, 1, 2), 1), vec![], now);
+        assert_eq!(b.crossed.len(), 1);
+        connect(&mut b, a, c, "d3");
+        assert!(b.crossed.is_empty());
+        // And a death forgets the crossings of its session.
+        b.on_request(a, 8, disc(ep(c, 1, 2), ep(a, 1, 2), 1), vec![], now);
+        assert_eq!(b.crossed.len(), 1);
+        b.on_death(c);
+        assert!(b.crossed.is_empty());
     }
 
     #[test]

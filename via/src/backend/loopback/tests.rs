@@ -695,3 +695,47 @@ fn a_parked_registration_comes_back_under_a_fresh_handle_on_a_kind_that_keeps_no
         "every registration after the first"
     );
 }
+
+/// viad's `RemoteDisconnect` with a reason (the verbs kind: the initiator
+/// saw our RDMA violation, or its message found no receive here): the VI
+/// breaks with that error; if it broke already (its device saw the
+/// connection fail first), the callback still hears the reason; a plain
+/// or unknown reason is a disconnect (`CONN_LOST`).
+#[test]
+fn a_peer_reported_error_breaks_with_its_reason() {
+    let p = pair(Reliability::ReliableDelivery, true);
+    let errs = errors(&p.nic);
+    let me = p.b.core().endpoint(&p.nic.inner);
+    p.nic
+        .inner
+        .remote_disconnect(&me, ErrorCode::RdmawProt as u8);
+    assert_eq!(errs.recv_timeout(T).unwrap().code, ErrorCode::RdmawProt);
+    assert_eq!(p.b.state(), ViState::Error);
+    // Already broken: only the report.
+    p.nic
+        .inner
+        .remote_disconnect(&me, ErrorCode::RecvqEmpty as u8);
+    let e = errs.recv_timeout(T).unwrap();
+    assert_eq!(
+        (e.code, e.vi.map(|v| v.0)),
+        (ErrorCode::RecvqEmpty, Some(p.b.core().slot))
+    );
+    assert_eq!(p.b.state(), ViState::Error);
+    // On a connected VI, a reason that is not one a peer reports (200,
+    // or a catastrophic error) is a plain disconnect.
+    let q = pair(Reliability::ReliableDelivery, true);
+    let errs = errors(&q.nic);
+    let me = q.a.core().endpoint(&q.nic.inner);
+    q.nic
+        .inner
+        .remote_disconnect(&me, ErrorCode::Catastrophic as u8);
+    assert_eq!(errs.recv_timeout(T).unwrap().code, ErrorCode::ConnLost);
+    assert_eq!(q.a.state(), ViState::Error);
+    // Broken already, a plain disconnect adds nothing: the next report is
+    // the one after it.
+    q.nic.inner.remote_disconnect(&me, 200);
+    q.nic
+        .inner
+        .remote_disconnect(&me, ErrorCode::RdmarProt as u8);
+    assert_eq!(errs.recv_timeout(T).unwrap().code, ErrorCode::RdmarProt);
+}

@@ -217,6 +217,26 @@ struct SrqDev {
 struct Break {
     vi: (u32, u16),
     code: ErrorCode,
+    /// What the peer reports (`CONN_LOST`, or an error only this side saw
+    /// that happened at the peer: [`peer_reason`]).
+    tell: ErrorCode,
+}
+
+/// The asynchronous error the peer reports when a send of ours failed with
+/// `status`: an RDMA protection violation or a message without a receive
+/// happened at the peer, which verbs reports to the initiator only (as
+/// the soft NIC's engine tells the target through its error ring).
+fn peer_reason(status: u32, rec: &SendRec) -> ErrorCode {
+    match status {
+        ibv::WC_REM_ACCESS_ERR | ibv::WC_REM_INV_REQ_ERR
+            if rec.rdma && rec.op_status == status::OP_RDMA_READ =>
+        {
+            ErrorCode::RdmarProt
+        }
+        ibv::WC_REM_ACCESS_ERR | ibv::WC_REM_INV_REQ_ERR if rec.rdma => ErrorCode::RdmawProt,
+        ibv::WC_RNR_RETRY_EXC_ERR => ErrorCode::RecvqEmpty,
+        _ => ErrorCode::ConnLost,
+    }
 }
 
 /// What a peer needs to reach one of our QPs (the endpoint blob).
@@ -594,7 +614,12 @@ impl Verbs {
     }
 
     fn brk(&self, vi: (u32, u16), code: ErrorCode) {
-        self.breaks.lock().unwrap().push(Break { vi, code });
+        self.brk_telling(vi, code, ErrorCode::ConnLost);
+    }
+
+    /// [`Verbs::brk`], the peer reporting `tell`.
+    fn brk_telling(&self, vi: (u32, u16), code: ErrorCode, tell: ErrorCode) {
+        self.breaks.lock().unwrap().push(Break { vi, code, tell });
         // After the push: a settler that sees the flag sees the break.
         self.breaks_pending.store(true, Ordering::Release);
     }
@@ -616,20 +641,25 @@ impl Verbs {
             let Some(vi) = nic.vi(b.vi.0, b.vi.1) else {
                 continue;
             };
+            // A reason for the peer is sent even if the VI broke already
+            // (the peer's own disconnect came first: viad relays a crossing
+            // one that carries a reason).
+            let telling = b.tell != ErrorCode::ConnLost;
             let peer = {
                 let st = vi.state.lock().unwrap();
-                (st.state == ViState::Connected)
+                (st.state == ViState::Connected || (telling && st.state == ViState::Error))
                     .then(|| st.peer.clone())
                     .flatten()
             };
             vi.break_connection(nic, b.code, false, false);
             if let Some(peer) = peer {
                 let me = vi.endpoint(nic);
+                let reason = b.tell as u8;
                 let r = nic
                     .process
                     .agent()
                     .map_err(|_| std::io::Error::other("no viad session"))
-                    .and_then(|a| a.call(&Request::Disconnect { peer, me }, None));
+                    .and_then(|a| a.call(&Request::Disconnect { peer, me, reason }, None));
                 if let Err(e) = r {
                     log::debug!("verbs: VI {}: telling the peer: {e}", vi.slot);
                 }
@@ -702,7 +732,11 @@ impl Verbs {
             );
         }
         if broke {
-            self.brk((slot, generation), ErrorCode::ConnLost);
+            let tell = match &taken {
+                Some(Taken::Send(rec, _)) => peer_reason(wc.status, rec),
+                _ => ErrorCode::ConnLost,
+            };
+            self.brk_telling((slot, generation), ErrorCode::ConnLost, tell);
         }
         let Some(taken) = taken else { return };
         match taken {
@@ -720,7 +754,13 @@ impl Verbs {
                     ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
                     ibv::WC_LOC_LEN_ERR => status::LENGTH_ERROR,
                     ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
-                    ibv::WC_REM_ACCESS_ERR if rec.rdma => status::RDMA_PROT_ERROR,
+                    // An RDMA operation the target refused: a bad rkey or
+                    // bounds (access error), or RDMA disabled on its QP, which
+                    // rxe answers as an invalid request; VIA's RDMA enables
+                    // are protection either way.
+                    ibv::WC_REM_ACCESS_ERR | ibv::WC_REM_INV_REQ_ERR if rec.rdma => {
+                        status::RDMA_PROT_ERROR
+                    }
                     ibv::WC_REM_ACCESS_ERR
                     | ibv::WC_REM_INV_REQ_ERR
                     | ibv::WC_REM_OP_ERR
