@@ -778,17 +778,24 @@ impl ViCore {
     /// (`code`: an RDMA protection violation here, a message that found no
     /// receive): the VI breaks with `code`. If it broke already (its own
     /// device saw the connection fail first, as `CONN_LOST`), the error
-    /// callback still hears `code`: the reason comes second then.
+    /// callback still hears `code`: the reason comes second then. A VI
+    /// that is not broken (idle again, or connecting anew) ignores it: the
+    /// reason was for a connection it has left.
     pub fn peer_reported(&self, nic: &NicInner, code: ErrorCode) {
-        if !self.break_connection_as(nic, code, false, false, false) {
-            nic.report(AsyncError {
-                resource: ResourceCode::Vi,
-                code,
-                vi: Some((self.slot, self.generation)),
-                cq: None,
-                descriptor: 0,
-            });
+        if self.break_connection_as(nic, code, false, false, false) {
+            return;
         }
+        if self.vi_state() != ViState::Error {
+            log::debug!("VI {}: {code:?} from a former peer, ignored", self.slot);
+            return;
+        }
+        nic.report(AsyncError {
+            resource: ResourceCode::Vi,
+            code,
+            vi: Some((self.slot, self.generation)),
+            cq: None,
+            descriptor: 0,
+        });
     }
 
     /// Connects to `peer` (CONNECT_PENDING → CONNECTED).

@@ -739,3 +739,25 @@ fn a_peer_reported_error_breaks_with_its_reason() {
         .remote_disconnect(&me, ErrorCode::RdmarProt as u8);
     assert_eq!(errs.recv_timeout(T).unwrap().code, ErrorCode::RdmarProt);
 }
+
+/// A reason that arrives once the VI left its connection (idle again) is
+/// not reported: it was about the connection it left.
+#[test]
+fn a_peer_reported_error_after_the_disconnect_is_ignored() {
+    let p = pair(Reliability::ReliableDelivery, true);
+    let errs = errors(&p.nic);
+    let me = p.b.core().endpoint(&p.nic.inner);
+    p.b.disconnect().unwrap();
+    assert_eq!(p.b.state(), ViState::Idle);
+    p.nic
+        .inner
+        .remote_disconnect(&me, ErrorCode::RdmawProt as u8);
+    assert_eq!(p.b.state(), ViState::Idle);
+    // The next report is the one after it (`a`'s break by its peer).
+    p.a.core().peer_disconnected(&p.nic.inner);
+    let e = errs.recv_timeout(T).unwrap();
+    assert_eq!(
+        (e.code, e.vi.map(|v| v.0)),
+        (ErrorCode::ConnLost, Some(p.a.core().slot))
+    );
+}
