@@ -1910,14 +1910,21 @@ mod tests {
         b.on_request(c, 92, accept, vec![], now);
     }
 
-    #[test]
-    fn disconnect_only_along_a_connection() {
-        let now = Instant::now();
+    /// A broker with sessions `a` and `c` connected (VI 1 each) and a third,
+    /// `x`.
+    fn two_connected_and_a_third() -> (Broker, u64, u64, u64) {
         let mut b = Broker::new(vec![1], "h".into(), vec![]);
         let a = hello(&mut b);
         let c = hello(&mut b);
         let x = hello(&mut b);
         connect(&mut b, a, c, "d");
+        (b, a, c, x)
+    }
+
+    #[test]
+    fn disconnect_only_along_a_connection() {
+        let now = Instant::now();
+        let (mut b, a, c, x) = two_connected_and_a_third();
         let disc = |peer, me| Request::Disconnect {
             peer,
             me,
@@ -2009,11 +2016,7 @@ mod tests {
         // The verbs kind: c's QP broke by itself (its disconnect comes
         // first), while a saw why (an RDMA violation at c) and says so.
         let now = Instant::now();
-        let mut b = Broker::new(vec![1], "h".into(), vec![]);
-        let a = hello(&mut b);
-        let c = hello(&mut b);
-        let x = hello(&mut b);
-        connect(&mut b, a, c, "d");
+        let (mut b, a, c, x) = two_connected_and_a_third();
         let disc = |peer, me, reason| Request::Disconnect { peer, me, reason };
         let out = b.on_request(
             c,
