@@ -227,16 +227,26 @@ struct Break {
 /// happened at the peer, which verbs reports to the initiator only (as
 /// the soft NIC's engine tells the target through its error ring).
 fn peer_reason(status: u32, rec: &SendRec) -> ErrorCode {
-    match status {
-        ibv::WC_REM_ACCESS_ERR | ibv::WC_REM_INV_REQ_ERR
-            if rec.rdma && rec.op_status == status::OP_RDMA_READ =>
-        {
+    if rdma_refused(status, rec) {
+        if rec.op_status == status::OP_RDMA_READ {
             ErrorCode::RdmarProt
+        } else {
+            ErrorCode::RdmawProt
         }
-        ibv::WC_REM_ACCESS_ERR | ibv::WC_REM_INV_REQ_ERR if rec.rdma => ErrorCode::RdmawProt,
-        ibv::WC_RNR_RETRY_EXC_ERR => ErrorCode::RecvqEmpty,
-        _ => ErrorCode::ConnLost,
+    } else if status == ibv::WC_RNR_RETRY_EXC_ERR {
+        ErrorCode::RecvqEmpty
+    } else {
+        ErrorCode::ConnLost
     }
+}
+
+/// Whether the target refused our RDMA operation `rec` (work completion
+/// `status`): a bad rkey or bounds (an access error), or RDMA disabled on
+/// its QP, which rxe answers as an invalid request. VIA's RDMA enables are
+/// protection either way: `RDMA_PROT_ERROR` here, `RDMAW_PROT` or
+/// `RDMAR_PROT` at the target.
+fn rdma_refused(status: u32, rec: &SendRec) -> bool {
+    rec.rdma && matches!(status, ibv::WC_REM_ACCESS_ERR | ibv::WC_REM_INV_REQ_ERR)
 }
 
 /// What a peer needs to reach one of our QPs (the endpoint blob).
@@ -750,17 +760,11 @@ impl Verbs {
             }
             Taken::Send(rec, reliability) => {
                 let err = match wc.status {
+                    st if rdma_refused(st, &rec) => status::RDMA_PROT_ERROR,
                     ibv::WC_SUCCESS => 0,
                     ibv::WC_WR_FLUSH_ERR => status::DESC_FLUSHED_ERROR,
                     ibv::WC_LOC_LEN_ERR => status::LENGTH_ERROR,
                     ibv::WC_LOC_PROT_ERR | ibv::WC_LOC_ACCESS_ERR => status::PROTECTION_ERROR,
-                    // An RDMA operation the target refused: a bad rkey or
-                    // bounds (access error), or RDMA disabled on its QP, which
-                    // rxe answers as an invalid request; VIA's RDMA enables
-                    // are protection either way.
-                    ibv::WC_REM_ACCESS_ERR | ibv::WC_REM_INV_REQ_ERR if rec.rdma => {
-                        status::RDMA_PROT_ERROR
-                    }
                     ibv::WC_REM_ACCESS_ERR
                     | ibv::WC_REM_INV_REQ_ERR
                     | ibv::WC_REM_OP_ERR
