@@ -604,25 +604,6 @@ fn fill_send(w: &mut sys::ibv_send_wr, r: &SendReq<'_>) {
     }
 }
 
-/// A send work request its poster keeps from one post to the next (one
-/// per VI, under the VI's lock): a post sets only what changes (no zeroed
-/// 128-byte request per post, as [`Qp::post_send`] builds).
-pub(crate) struct SendWrBuf(sys::ibv_send_wr);
-
-// SAFETY: the raw pointers in the request (`sg_list`; `next` stays null)
-// point into the poster's scatter list only during a post, under the
-// owner's lock; between posts they are not dereferenced by anyone.
-unsafe impl Send for SendWrBuf {}
-
-impl Default for SendWrBuf {
-    fn default() -> Self {
-        // SAFETY: plain data, zero is valid for every field.
-        let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        SendWrBuf(w)
-    }
-}
-
 /// A send opcode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Opcode(sys::ibv_wr_opcode::Type);
@@ -635,9 +616,9 @@ impl Opcode {
     pub const RDMA_READ: Opcode = Opcode(sys::ibv_wr_opcode::IBV_WR_RDMA_READ);
 }
 
-/// What [`Qp::post_send_buf`] sets in the kept request.
+/// One send work request for [`Qp::post_send_one`].
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct BufReq {
+pub(crate) struct OneReq {
     pub wr_id: u64,
     pub opcode: Opcode,
     /// Immediate data (host order), for the `WITH_IMM` opcodes.
@@ -847,17 +828,18 @@ impl Qp {
         self.post_chain(unsafe { &mut *base }, reqs.len())
     }
 
-    /// Posts one signalled request through the poster's `buf`: as
-    /// [`Qp::post_send`] of one request, setting only the fields that
-    /// change between posts, all of them unconditionally (the provider
-    /// reads the immediate data and the RDMA address only for the opcodes
-    /// that have them).
+    /// Posts one signalled request: as [`Qp::post_send`] of one request,
+    /// without its matching on the operation (the opcode is given), the
+    /// immediate data and the RDMA address set unconditionally (the
+    /// provider reads them only for the opcodes that have them).
     ///
     /// # Errors
     /// The provider's.
     #[inline]
-    pub fn post_send_buf(&self, buf: &mut SendWrBuf, r: &BufReq, sges: &[Sge]) -> io::Result<()> {
-        let w = &mut buf.0;
+    pub fn post_send_one(&self, r: &OneReq, sges: &[Sge]) -> io::Result<()> {
+        // SAFETY: plain data, zero is valid for every field.
+        let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         w.wr_id = r.wr_id;
         (w.sg_list, w.num_sge) = sg_list(sges);
         w.opcode = r.opcode.0;
@@ -869,7 +851,7 @@ impl Qp {
         let mut bad = ptr::null_mut();
         // SAFETY: live QP; the request (`next` null) and its scatter list
         // live until the call returns (the provider copies them).
-        let rc = unsafe { sys::ibv_post_send(self.qp, w, &mut bad) };
+        let rc = unsafe { sys::ibv_post_send(self.qp, &mut w, &mut bad) };
         check(rc, "ibv_post_send")
     }
 

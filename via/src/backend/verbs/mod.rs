@@ -59,8 +59,7 @@ use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
 use ibv::{
-    BufReq, Context, Cq, Mr, Opcode, Pd, Qp, Remote, SendOp, SendReq, SendWrBuf, Sge, Srq,
-    Transport, Wc,
+    Context, Cq, Mr, OneReq, Opcode, Pd, Qp, Remote, SendOp, SendReq, Sge, Srq, Transport, Wc,
 };
 use keys::{Epoch, Key, KeyCache};
 use records::{PosRing, RecvDone, RecvRec, RecvSlab};
@@ -163,11 +162,6 @@ struct ViQp {
     recvs: PosRing<RecvRec>,
     /// The lkeys of the regions this VI posts from.
     keys: KeyCache,
-    /// The scatter list of the send being posted (filled up to its
-    /// segments: no clearing per post).
-    sges: [Sge; crate::descriptor::MAX_SEGMENTS],
-    /// The work request of the send being posted (kept between posts).
-    send_wr: SendWrBuf,
     /// The SRQ the QP receives from.
     srq: Option<u32>,
 }
@@ -1025,7 +1019,10 @@ impl Verbs {
             _ => return Err(Error::InvalidState),
         };
         let local = wr.local();
-        let sges = &mut v.sges[..local.len()];
+        // On the stack: the post itself runs after the VI's lock is
+        // released (below).
+        let mut sge_buf = [Sge::default(); crate::descriptor::MAX_SEGMENTS];
+        let sges = &mut sge_buf[..local.len()];
         v.keys.validate(self.mr_epoch.now());
         for (d, s) in sges.iter_mut().zip(local) {
             let Some(k) = v.keys.get(s.handle, |h| self.mr_key(h)) else {
@@ -1057,7 +1054,7 @@ impl Verbs {
             op_status,
             rdma,
         };
-        let sges = &v.sges[..local.len()];
+        let sges = &sge_buf[..local.len()];
         if let Some(c) = &self.central {
             // In this VI's order (under its lock); the poster posts it.
             let mut q = Queued {
@@ -1075,16 +1072,28 @@ impl Verbs {
             self.settle_failed(nic);
             return Ok(());
         }
-        let req = BufReq {
+        let req = OneReq {
             wr_id: wr_id(vi.slot, vi.generation, false, wr.seq as u64),
             opcode,
             imm: wr.imm,
             remote_va: wr.remote_va,
             rkey: wr.remote_handle,
         };
-        if let Err(e) = v.qp.post_send_buf(&mut v.send_wr, &req, sges) {
-            v.sends.take(wr.seq as u64);
-            drop(g);
+        // Posted without the VI's lock: the provider's post is a system
+        // call on rxe, and the completer (which takes the lock for every
+        // completion) would sleep on it and cost this post a wake-up. The
+        // VI's send-queue lock, held by the caller, keeps the posts of
+        // this VI in order; the Arc keeps the QP alive should a racing
+        // thread destroy the VI meanwhile (the completion then finds no
+        // VI and is dropped).
+        let qp = v.qp.clone();
+        drop(g);
+        if let Err(e) = qp.post_send_one(&req, sges) {
+            if let Some(v) = self.vis[vi.slot as usize].lock().as_mut() {
+                if v.generation == vi.generation {
+                    v.sends.take(wr.seq as u64);
+                }
+            }
             log::warn!("verbs: VI {}: {e}", vi.slot);
             if vi.reliability().is_reliable() {
                 self.brk((vi.slot, vi.generation), ErrorCode::ConnLost);
@@ -1304,8 +1313,6 @@ impl Device for Verbs {
             sends: PosRing::new(QUEUE_DEPTH as usize),
             recvs: PosRing::new(QUEUE_DEPTH as usize),
             keys: KeyCache::default(),
-            sges: [Sge::default(); crate::descriptor::MAX_SEGMENTS],
-            send_wr: SendWrBuf::default(),
             srq: None,
         });
         Ok(())
@@ -1527,6 +1534,8 @@ impl Device for Verbs {
             recvs, keys, qp, ..
         } = v;
         let id = wr_id(vi.slot, vi.generation, true, pos);
+        // Under the VI's lock, unlike a send: a receive is posted without
+        // a system call (rxe's receive queue is in user memory).
         let r = self.post_recv_rec(keys, recvs.insert(pos), wr, 0, |s| qp.post_recv(id, s));
         if r.is_err() {
             recvs.take(pos);
