@@ -41,12 +41,20 @@ tests=("$@")
 # The generic suites (tests/tests/*.rs that open the NIC VIA_DEVICE names)
 # that run on rxe0. Not listed: peer_death (it reads the soft NIC's
 # memfds), registration (the soft NIC's translation cache), layering (runs
-# nm on the host's build), limits (its 1024 VIs of one NIC are 1024 QPs
-# of 1024 entries each way: the test is killed, SIGKILL, in the VM's
-# 1 GiB), the viad, sockets and
-# c_suite files (no VI traffic on VIA_DEVICE, or their own runner: `c`).
+# nm on the host's build), the viad, sockets and c_suite files (no VI
+# traffic on VIA_DEVICE, or their own runner: `c`).
 generic=(transfer rdma_protection errors connect pingpong modes notify threads timeouts cq
-    name_service registration_heap registration_reuse_race)
+    name_service registration_heap registration_reuse_race limits)
+
+# The VM's memory (MiB) for a suite. limits creates the NIC's 1024 VIs:
+# 1024 RC QPs of 1024 entries each way, whose queues rxe allocates in the
+# kernel; in 1 or 2 GiB the test is killed (SIGKILL, the OOM killer).
+mem_of() {
+    case $1 in
+        limits) echo "${SOFTROCE_MEM:-4096}" ;;
+        *) echo "${SOFTROCE_MEM:-1024}" ;;
+    esac
+}
 [ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central "${generic[@]}" c vmpi bench)
 
 # Tests of the generic suites that do not apply to the verbs kind, by
@@ -236,7 +244,7 @@ for t in "${tests[@]}"; do
     skips=$(skips_of "$t")
     printf '\n==> %s on Soft-RoCE (rxe0, in a VM) %s %s\n' "$t" "$mode_env" "${skips:+(not on verbs: $skips)}"
     # shellcheck disable=SC2086 # $skips: separate arguments
-    SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" \
+    SOFTROCE_SELFTEST=0 SOFTROCE_SHARE="$root" SOFTROCE_MEM=$(mem_of "$t") \
     SOFTROCE_ENV="VIA_DEVICE=rxe0 VIA_VIAD=$root/target/$profile/viad VIA_VIAD_TIMEOUT_MS=60000 RUST_BACKTRACE=1 $mode_env ${VERBS_VM_ENV:-}" \
         "$vm" "$exe" --test-threads=1 --show-output $skips ||
         fail "$t failed on Soft-RoCE (exit $?)"
