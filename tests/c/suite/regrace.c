@@ -1,6 +1,7 @@
 /* regrace.c: registration against concurrent activity.
  *
- * 1. VipDeregisterMem while the peer's RDMA write or read of 64 MiB into
+ * 1. VipDeregisterMem while the peer's RDMA write or read of 64 MiB (or the
+ *    NIC's MaxTransferSize, if smaller) into
  *    or out of the region is in flight. Once VipDeregisterMem returns, no
  *    byte of the region is written or read by the peer: the target fills
  *    the region with a sentinel right after it returns, and the sentinel
@@ -19,6 +20,9 @@
 
 #define BIG (64u << 20)
 #define ROUNDS 8
+/* Bytes of each transfer: BIG, or the NIC's MaxTransferSize if smaller
+ * (a verbs device's largest message: 8 MiB on Soft-RoCE). */
+static size_t xfer;
 static const double delay_us[ROUNDS / 2] = {0, 3000, 12000, 400000};
 
 static unsigned char *map_big(void)
@@ -86,6 +90,25 @@ static void writer_during_registration(VIP_NIC_HANDLE nic, VIP_PROTECTION_HANDLE
 
 /* ---- part 1: deregistration during a transfer ------------------------ */
 
+/* The error statuses of a transfer cut short by the deregistration. On
+ * Soft-RoCE (SUITE_DEVICE=rxe...) a read cut in the middle of its response
+ * stream ends in a transport error instead: the target's QP goes to ERROR
+ * without a word to the initiator, whose retries then run out. */
+static unsigned cut_short(int read)
+{
+    const char *d = getenv("SUITE_DEVICE");
+    unsigned st = VIP_STATUS_RDMA_PROT_ERROR | VIP_STATUS_PROTECTION_ERROR;
+    if (read && d != NULL && strncmp(d, "rxe", 3) == 0)
+        st |= VIP_STATUS_TRANSPORT_ERROR;
+    return st;
+}
+
+static size_t transfer_size(VIP_NIC_HANDLE nic)
+{
+    size_t max = nic_attrs(nic).MaxTransferSize;
+    return max < BIG ? max : BIG;
+}
+
 static int parent(void)
 {
     VIP_NIC_HANDLE nic = open_nic();
@@ -93,9 +116,10 @@ static int parent(void)
     unsigned char *t = map_big();
     int k, cut = 0, done = 0;
     char notes[512] = "";
+    xfer = transfer_size(nic);
     for (k = 0; k < ROUNDS; k++) {
         int read = k & 1;
-        VIP_VI_HANDLE vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_DELIVERY, BIG, 1, 1), NULL, NULL);
+        VIP_VI_HANDLE vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_DELIVERY, xfer, 1, 1), NULL, NULL);
         VIP_MEM_HANDLE mh;
         uint64_t st;
         size_t i, hit = 0;
@@ -103,10 +127,10 @@ static int parent(void)
         snprintf(d, sizeof d, "race%d", k);
         accept_on(nic, vi, disc(d));
         if (read)
-            fill(t, BIG, 500 + k);
+            fill(t, xfer, 500 + k);
         else
-            memset(t, 0, BIG);
-        mh = reg(nic, t, BIG, tag);
+            memset(t, 0, xfer);
+        mh = reg(nic, t, xfer, tag);
         say_u64((uint64_t)(uintptr_t)t);
         say_u64(mh);
         barrier(10);
@@ -116,15 +140,15 @@ static int parent(void)
         OK(VipDeregisterMem(nic, t, mh));
         if (!read) {
             size_t in = 0;
-            for (i = 0; i < BIG; i += 4096)
+            for (i = 0; i < xfer; i += 4096)
                 in += t[i + 4095] != 0;
-            snprintf(notes + strlen(notes), sizeof notes - strlen(notes), " %zu/%u",
-                     in, BIG / 4096);
+            snprintf(notes + strlen(notes), sizeof notes - strlen(notes), " %zu/%zu",
+                     in, xfer / 4096);
         }
-        memset(t, 0xEE, BIG);
+        memset(t, 0xEE, xfer);
         barrier(11); /* the child's descriptor completed */
         st = hear_u64();
-        for (i = 0; i < BIG; i++)
+        for (i = 0; i < xfer; i++)
             hit += t[i] != 0xEE;
         CHECK_MSG(hit == 0, "round %d (%s): %zu bytes written after VipDeregisterMem returned (status 0x%llx)",
                   k, read ? "read" : "write", hit, (unsigned long long)st);
@@ -151,9 +175,10 @@ static int child(void)
     region r = region_new(nic, tag, 4096, 0, 0);
     VIP_MEM_HANDLE lh = reg(nic, l, BIG, tag);
     int k;
+    xfer = transfer_size(nic);
     for (k = 0; k < ROUNDS; k++) {
         int read = k & 1;
-        VIP_VI_HANDLE vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_DELIVERY, BIG, 1, 1), NULL, NULL);
+        VIP_VI_HANDLE vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_DELIVERY, xfer, 1, 1), NULL, NULL);
         VIP_DESCRIPTOR *d = desc_at(&r, 0);
         uint64_t ta, th;
         char dn[32];
@@ -163,24 +188,24 @@ static int child(void)
         ta = hear_u64();
         th = hear_u64();
         if (read)
-            memset(l, 0, BIG);
+            memset(l, 0, xfer);
         else
-            fill(l, BIG, 900 + k);
+            fill(l, xfer, 900 + k);
         desc_init(d, read ? VIP_CONTROL_OP_RDMAREAD : VIP_CONTROL_OP_RDMAWRITE, 2);
         desc_remote(d, ta, (VIP_MEM_HANDLE)th);
-        desc_local(d, 1, l, lh, BIG);
-        d->CS.Length = BIG;
+        desc_local(d, 1, l, lh, xfer);
+        d->CS.Length = xfer;
         barrier(10);
         OK(VipPostSend(vi, d, r.mh));
         send_wait(vi, d);
         st = (unsigned)d->CS.Status;
         if (read && !(st & VIP_STATUS_ERROR_MASK)) {
-            long bad = check_fill(l, BIG, 500 + k);
+            long bad = check_fill(l, xfer, 500 + k);
             CHECK_MSG(bad == -1, "round %d: a read completed DONE with data from after the "
                       "deregistration (byte %ld)", k, bad);
         }
         CHECK_MSG((st & VIP_STATUS_DONE) && ((st & VIP_STATUS_ERROR_MASK) == 0 ||
-                                            (st & (VIP_STATUS_RDMA_PROT_ERROR | VIP_STATUS_PROTECTION_ERROR))),
+                                            (st & cut_short(read))),
                   "round %d: status 0x%x", k, st);
         barrier(11);
         say_u64(st);

@@ -756,7 +756,11 @@ impl Qp {
         let mut mask = m::IBV_QP_STATE | m::IBV_QP_SQ_PSN;
         if rc {
             a.timeout = 14;
-            a.retry_cnt = 7;
+            // Six retries, not seven: rxe reads 7 as "retry forever" (as
+            // the spec does only for the RNR count), so a request whose
+            // responder's QP went to ERROR silently (an RDMA read cut
+            // short by a deregistration) would never complete.
+            a.retry_cnt = 6;
             // VIA: a send that finds no receive descriptor on a reliable VI
             // breaks the connection; no RNR retry gives exactly that.
             a.rnr_retry = 0;
