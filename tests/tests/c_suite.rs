@@ -572,6 +572,7 @@ const BETWEEN_HOSTS: &[&str] = &[
     "handles",
     "accept_disconnect",
     "quiet_disconnect",
+    "regrace",
 ];
 
 /// The programs that do not apply between hosts, and why.
@@ -598,11 +599,6 @@ const ONE_HOST_ONLY: &[(&str, &str)] = &[
         "errcb",
         "an Unreliable send completes once written: only on one host does that mean the message \
          reached (and was dropped by) the target before the receive the program posts next",
-    ),
-    (
-        "regrace",
-        "64 MiB single transfers racing deregistration: above the sockets NIC's \
-         MaxTransferSize (4 MiB)",
     ),
     (
         "viad_inherits_fds",

@@ -45,6 +45,9 @@ pub mod feature {
 
 /// Registration modes (`UFFDIO_REGISTER_MODE_*`).
 pub mod mode {
+    /// Faults on pages never touched (none mapped yet) go to the
+    /// descriptor.
+    pub const MISSING: u64 = 1;
     /// Write-protect faults go to the descriptor.
     pub const WP: u64 = 2;
 }
