@@ -163,6 +163,37 @@ impl StatusLoc {
         }
     }
 
+    /// Moves the location into a library-owned copy of the control
+    /// segment if it lies in one of `windows` (borrowed windows of a
+    /// registration that goes away): the application may unmap that
+    /// memory next, and the descriptor, still posted, must stay readable
+    /// and completable. True if it moved. Reads the segment as it is now
+    /// without trusting the memory to be mapped (cross-memory attach on
+    /// ourselves; zeros if it is gone already).
+    pub fn detach(&mut self, windows: &[Arc<Mapping>], pid: i32, va: u64) -> bool {
+        let StatusLoc::Map(b) = self else {
+            return false;
+        };
+        if !windows.iter().any(|w| Arc::ptr_eq(w, b.mapping())) {
+            return false;
+        }
+        let mut cs = [0u8; 32];
+        let _ = crate::sys::process_vm_read(pid, &mut cs, va);
+        let Ok(copy) = Mapping::anonymous(cs.len()) else {
+            // No memory for a copy: a location that reads through the
+            // kernel, which fails cleanly once the memory is gone.
+            *self = StatusLoc::Cma(pid, va);
+            return true;
+        };
+        let copy = Arc::new(copy);
+        copy.write(0, &cs);
+        match Block::new(&copy, 0) {
+            Some(b) => *self = StatusLoc::Map(b),
+            None => *self = StatusLoc::Cma(pid, va),
+        }
+        true
+    }
+
     /// Reads `CS.Status` (Acquire).
     #[inline(always)]
     pub fn status(&self) -> u32 {

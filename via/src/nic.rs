@@ -21,6 +21,7 @@ use crate::parked::Key;
 use crate::process::Process;
 use crate::proto::Endpoint;
 use crate::regions::{RegionTable, TableWriter};
+use crate::shm::mapping::Mapping;
 use crate::vi::ViCore;
 
 /// RDMA enable bits of a region or VI, as devices store them.
@@ -680,10 +681,10 @@ impl NicInner {
         // before the peers are quiesced is sound: the dead handle is what
         // they must stop using, and a registration that takes the parked
         // one back meanwhile makes the bytes registered again anyway.
-        let (rec, evicted) = {
+        let (rec, evicted, windows) = {
             let _fork = crate::mem::fork::enter();
             let mut w = self.regions.write();
-            let (translates, key) = match w.get(handle) {
+            let (translates, key, windows) = match w.get(handle) {
                 Some(l) if l.rec.va == addr => (
                     l.region.is_some(),
                     Key {
@@ -692,6 +693,10 @@ impl NicInner {
                         ptag: l.rec.ptag,
                         flags: l.rec.flags,
                     },
+                    l.region
+                        .as_ref()
+                        .map(|r| r.borrowed_windows())
+                        .unwrap_or_default(),
                 ),
                 _ => return Err(Error::InvalidParameter),
             };
@@ -702,17 +707,19 @@ impl NicInner {
                 let entry = self.dev.retire_region(self, handle);
                 w.park(handle, ParkedReg { entry });
                 let evicted = w.parked().put(key, handle).and_then(|old| w.remove(old));
-                (None, evicted)
+                (None, evicted, windows)
             } else {
                 let live = w.remove(handle).expect("present");
                 // Revoked (the memory went away): nothing is reachable.
                 if translates {
                     self.dev.remove_region(self, handle);
                 }
-                (Some(live.rec), None)
+                (Some(live.rec), None, windows)
             }
         };
         self.dev.quiesce_region_users(self);
+        // The application may unmap the memory once this returns.
+        self.detach_posted(&windows);
         if let Some(rec) = rec {
             self.release(*rec);
         }
@@ -794,6 +801,7 @@ impl NicInner {
             kept.retain(|(_, x)| self.process.arenas.is_current(x));
         }
         let mut revoked = 0;
+        let mut windows = Vec::new();
         let parked = {
             let mut w = self.regions.write();
             for h in w.handles_where(|r| overlaps(r)) {
@@ -803,6 +811,9 @@ impl NicInner {
                         self.name
                     );
                     continue;
+                }
+                if let Some(r) = w.get(h).and_then(|l| l.region.as_ref()) {
+                    windows.extend(r.borrowed_windows());
                 }
                 if w.revoke(h) {
                     self.dev.remove_region(self, h);
@@ -820,6 +831,32 @@ impl NicInner {
                 self.name
             );
             self.dev.quiesce_region_users(self);
+        }
+        self.detach_posted(&windows);
+    }
+
+    /// Moves the status locations of posted descriptors that lie in
+    /// `windows` (borrowed windows of registrations going away: memory
+    /// the application may unmap next) into library-owned copies, so that
+    /// dequeuing or flushing them never touches that memory again. A
+    /// descriptor deregistered while posted is an error of the program;
+    /// it completes in the copy (`VipRecvDone` returns it) instead of
+    /// crashing the library.
+    fn detach_posted(&self, windows: &[Arc<Mapping>]) {
+        if windows.is_empty() {
+            return;
+        }
+        let pid = self.process.pid;
+        for vi in self.all_vis() {
+            let n = vi.detach_posted(windows, pid);
+            if n > 0 {
+                log::warn!(
+                    "{}: VI {}: {n} posted descriptors lost their registration (deregistered \
+                     or unmapped while posted); their completions go to a copy",
+                    self.name,
+                    vi.slot
+                );
+            }
         }
     }
 

@@ -27,6 +27,7 @@ use crate::descriptor::status;
 use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{AsyncError, ErrorCode, NicInner, ResourceCode};
 use crate::proto::{Endpoint, Request};
+use crate::shm::mapping::Mapping;
 use crate::translate;
 
 /// A posted descriptor waiting to be dequeued.
@@ -91,6 +92,16 @@ impl Ring {
     /// Oldest first, with their positions.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Posted)> {
         (self.head..self.tail).map(|p| (p, self.slot(p)))
+    }
+
+    /// Oldest first, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Posted> {
+        // The live slots are one run of the ring, which may wrap.
+        let size = self.slots.len();
+        let (start, n) = (self.head as usize & (size - 1), self.len());
+        let (low, high) = self.slots.split_at_mut(start);
+        let wrapped = (start + n).saturating_sub(size);
+        high.iter_mut().take(n).chain(low.iter_mut().take(wrapped))
     }
 
     /// The slot the next [`Ring::commit`] makes the newest (room made
@@ -884,6 +895,20 @@ impl ViCore {
                 None,
             );
         }
+    }
+
+    /// Moves the status locations of this VI's posted descriptors that lie
+    /// in `windows` (borrowed windows of a registration going away) into
+    /// library-owned copies ([`StatusLoc::detach`]); returns how many.
+    pub fn detach_posted(&self, windows: &[Arc<Mapping>], pid: i32) -> usize {
+        let mut n = 0;
+        for w in [Which::Send, Which::Recv] {
+            let mut q = self.queue(w).lock();
+            for p in q.posted.iter_mut() {
+                n += p.status.detach(windows, pid, p.desc_va) as usize;
+            }
+        }
+        n
     }
 
     /// `VipDisconnect`.

@@ -235,6 +235,16 @@ impl Resolved {
         None
     }
 
+    /// The windows of this region on memory the library does not own
+    /// (its cross-memory-attach extents, read in place): valid only while
+    /// the application keeps them mapped.
+    pub fn borrowed_windows(&self) -> Vec<Arc<Mapping>> {
+        self.extents
+            .iter()
+            .filter_map(|e| e.map.clone().filter(|m| m.is_borrowed()))
+            .collect()
+    }
+
     /// The mapping (shared) and offset of the 32-byte control segment at
     /// `va`, if it lies in one arena.
     pub fn control_segment(&self, va: u64) -> Option<(Arc<Mapping>, usize)> {

@@ -177,6 +177,12 @@ impl Mapping {
         self.len
     }
 
+    /// Whether this is a window on memory the library does not own
+    /// ([`Mapping::borrowed`]): valid only while its owner keeps it mapped.
+    pub fn is_borrowed(&self) -> bool {
+        !self.owned
+    }
+
     /// Whether the mapping is empty (never true: mappings are non-empty).
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -452,6 +458,11 @@ impl Block {
     }
 
     /// The eight words.
+    /// The mapping the block is in.
+    pub fn mapping(&self) -> &Arc<Mapping> {
+        &self.map
+    }
+
     #[inline(always)]
     pub fn words(&self) -> &[AtomicU32; 8] {
         // SAFETY: `words` points at 32 bytes inside `map`, 4-byte aligned

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::api::{DescBuilder, Nic, Region, Vi};
+use crate::api::{DescBuilder, Memory, Nic, Region, Vi};
 use crate::attrs::{Ptag, Reliability, ViAttributes, ViState};
 use crate::descriptor::control;
 use crate::descriptor::status::*;
@@ -760,4 +760,45 @@ fn a_peer_reported_error_after_the_disconnect_is_ignored() {
         (e.code, e.vi.map(|v| v.0)),
         (ErrorCode::ConnLost, Some(p.a.core().slot))
     );
+}
+
+#[test]
+fn descriptors_deregistered_and_unmapped_while_posted_flush_into_a_copy() {
+    // A program frees the memory of descriptors it still has posted
+    // (deregisters it, then unmaps it), then tears the connection down and
+    // drains the queue. The region covers part of a page only, so the
+    // library reads it in place (a window it does not own): flushing or
+    // dequeuing through that window after the unmap crashed the process.
+    // Now the deregistration moves the posted descriptors' control
+    // segments into copies: the flush completes them there, and the
+    // program dequeues them as usual.
+    let nic = nic();
+    let ptag = nic.create_ptag().unwrap();
+    let at = attrs(Reliability::ReliableDelivery, ptag, false);
+    let a = nic.create_vi(&at, None, None).unwrap();
+    let b = nic.create_vi(&at, None, None).unwrap();
+    connect(&nic, &a, &b);
+    let mem = Memory::new(4096).unwrap();
+    let m = Region::within(&nic, &mem, 64, 2048, ptag, false, false).unwrap();
+    let descs: Vec<u64> = (0..3)
+        .map(|i| {
+            let d = DescBuilder::recv()
+                .segment(&m, 1024, 64)
+                .write(&m, 64 * i)
+                .unwrap();
+            b.post_recv(&m, d).unwrap();
+            m.addr(d).unwrap()
+        })
+        .collect();
+    drop(m);
+    drop(mem);
+    b.disconnect().unwrap();
+    for d in descs {
+        let c = b.recv_done().unwrap();
+        assert_eq!(c.desc, d);
+        assert_eq!(c.status, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
+    }
+    assert_eq!(b.recv_done(), Err(Error::NotDone));
+    b.destroy().map_err(|r| r.error).unwrap();
+    a.disconnect().unwrap();
 }
