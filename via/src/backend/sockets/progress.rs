@@ -244,7 +244,7 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
             }
         }
         for (c, b) in breaks {
-            settle(&nic, &c, b);
+            settle(&nic, &shared, &c, b);
         }
     }
 }
@@ -266,7 +266,7 @@ pub(crate) fn poll(nic: &NicInner, shared: &Shared, vi: &ViCore) {
         Err(_) => Ok(()),
     };
     if let Err(b) = r {
-        settle(nic, &c, b);
+        settle(nic, shared, &c, b);
         return;
     }
     // An acknowledgement owed: sent alone once due; until then the
@@ -276,8 +276,25 @@ pub(crate) fn poll(nic: &NicInner, shared: &Shared, vi: &ViCore) {
     }
 }
 
-/// Breaks the connection of `c` for `b`.
-pub(crate) fn settle(nic: &NicInner, c: &Conn, b: Break) {
+/// Breaks the connection of `c` for `b`. The VI breaks only if `c` is
+/// still its connection: one its own `VipDisconnect` took away (and shut
+/// down, so that reading it ends) may be read to its end after the VI
+/// connected again, and must not break the new connection (the C program
+/// `accept_disconnect` between hosts: a server that accepts, disconnects
+/// and accepts again found its VI in ERROR right after an accept, under
+/// load).
+pub(crate) fn settle(nic: &NicInner, shared: &Shared, c: &Conn, b: Break) {
+    let current = shared.vis[c.vi.0 as usize]
+        .conn
+        .read()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|cur| std::ptr::eq(cur.as_ref(), c));
+    if !current {
+        log::debug!("VI {}: a former connection ended", c.vi.0);
+        c.close();
+        return;
+    }
     if let Some(vi) = nic.vi(b.vi.0, b.vi.1) {
         if b.orderly {
             vi.peer_disconnected(nic);
