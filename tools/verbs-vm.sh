@@ -65,9 +65,6 @@ skips_of() {
         # An Unreliable VI is a UC QP, whose target drops a violating RDMA
         # write without telling the initiator (it completes successfully).
         rdma_protection) echo "--skip rdma_write_violations_unreliable_keep_the_connection" ;;
-        # A UC QP goes to ERROR on a message longer than its receive: the
-        # Unreliable VI breaks, where VIA keeps it connected.
-        errors) echo "--skip message_longer_than_the_receive" ;;
     esac
 }
 

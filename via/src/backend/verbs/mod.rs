@@ -164,6 +164,57 @@ struct ViQp {
     keys: KeyCache,
     /// The SRQ the QP receives from.
     srq: Option<u32>,
+    /// The peer and path MTU of the connection (to bring the QP back).
+    remote: Option<(Remote, u32)>,
+    /// An Unreliable VI whose QP went to ERROR on a message longer than
+    /// its receive, until the QP is back ([`Recovery`]).
+    recovery: Option<Recovery>,
+}
+
+/// An Unreliable VI (a UC QP) coming back from a message longer than its
+/// receive. VIA completes that receive with a length error and keeps the
+/// VI connected; verbs moves the QP to ERROR and flushes every request.
+/// Until each request of the QP has come out, receives are kept (a
+/// flushed one, or one posted meanwhile, is not handed to the device) and
+/// a flushed send completes as sent (Unreliable: its message is lost, as
+/// one may be). Then the QP goes through RESET back to RTS towards the
+/// same peer (UC takes the peer's next message at any PSN), the kept
+/// receives are posted again in their order, and only then is the failed
+/// receive completed, so that what the program does next meets a working
+/// VI.
+struct Recovery {
+    /// The failed receive, and its completion.
+    failed: (RecvDone, Wc),
+    /// Its queue position: the kept receives follow it.
+    pos: u64,
+    /// Receives kept: flushed, or posted during the recovery.
+    kept: usize,
+}
+
+/// What a completion during a [`Recovery`] leaves to complete.
+#[derive(Default)]
+struct Recovered {
+    /// A send that came out, and its error bits.
+    send: Option<(SendRec, u32)>,
+    /// The failed receive, once the QP is back (or could not come back).
+    failed: Option<(RecvDone, Wc)>,
+    /// The QP could not come back: the VI breaks.
+    broke: bool,
+}
+
+/// Whether a receive that failed with `status` starts a [`Recovery`]: a
+/// message longer than the receive (as `recv_status` reads it) on a
+/// connected Unreliable VI with its own receive queue.
+fn recoverable(v: &ViQp, status: u32) -> bool {
+    v.reliability == Reliability::Unreliable
+        && v.connected
+        && !v.erroring
+        && v.srq.is_none()
+        && v.remote.is_some()
+        && matches!(
+            status,
+            ibv::WC_LOC_LEN_ERR | ibv::WC_REM_INV_REQ_ERR | ibv::WC_LOC_QP_OP_ERR
+        )
 }
 
 /// A map keyed by memory handles or queue positions: integers that need
@@ -607,14 +658,127 @@ impl Verbs {
         desc_va: u64,
         post: impl FnOnce(&[Sge]) -> std::io::Result<()>,
     ) -> Result<()> {
-        keys.validate(self.mr_epoch.now());
-        if !rec.fill(wr, desc_va, |h| keys.get(h, |h| self.mr_key(h))) {
-            return Err(Error::InvalidParameter);
-        }
+        self.fill_recv_rec(keys, rec, wr, desc_va)?;
         post(rec.sges()).map_err(|e| {
             log::warn!("verbs: posting a receive: {e}");
             Error::resource(e)
         })
+    }
+
+    /// One completion of a VI in [`Recovery`] (or the one that starts
+    /// it), under the VI's lock: what to complete once it is released.
+    fn recover(
+        &self,
+        v: &mut ViQp,
+        wc: &Wc,
+        recv: bool,
+        pos: u64,
+        slot: u32,
+        generation: u16,
+    ) -> Recovered {
+        let mut out = Recovered::default();
+        match v.recovery.as_mut() {
+            None => {
+                let Some(rec) = v.recvs.take(pos) else {
+                    return out;
+                };
+                log::debug!(
+                    "VI {slot}: a message longer than its receive ({}): the Unreliable VI's QP \
+                     is brought back",
+                    ibv::status_str(wc.status)
+                );
+                v.recovery = Some(Recovery {
+                    failed: (rec.done, *wc),
+                    pos,
+                    kept: 0,
+                });
+            }
+            Some(r) if recv => {
+                // Flushed: the record stays, to be posted again.
+                if v.recvs.contains(pos) {
+                    r.kept += 1;
+                }
+            }
+            Some(_) => {
+                if let Some(rec) = v.sends.take(pos) {
+                    // Flushed (or sent before the QP stopped): its message
+                    // is lost or went, as an Unreliable one may.
+                    let err = match wc.status {
+                        ibv::WC_SUCCESS | ibv::WC_WR_FLUSH_ERR => 0,
+                        _ => status::TRANSPORT_ERROR,
+                    };
+                    out.send = Some((*rec, err));
+                }
+            }
+        }
+        let r = v.recovery.as_ref().expect("in recovery");
+        if v.erroring || !v.sends.is_empty() || v.recvs.len() != r.kept {
+            // Requests still to come out (or a disconnect takes over).
+            return out;
+        }
+        let r = v.recovery.take().expect("in recovery");
+        out.failed = Some(r.failed);
+        let Some((remote, mtu)) = v.remote else {
+            out.broke = true;
+            return out;
+        };
+        v.psn = new_psn();
+        let back =
+            v.qp.reset(PORT, v.access)
+                .and_then(|_| v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index));
+        if let Err(e) = back {
+            log::warn!("verbs: VI {slot}: bringing the QP back: {e}");
+            out.broke = true;
+            return out;
+        }
+        // The kept receives, in their order (after the failed one).
+        let mut kept: Vec<(u64, RecvRec)> = v.recvs.iter().map(|(p, r)| (p, *r)).collect();
+        kept.sort_by_key(|(p, _)| p.wrapping_sub(r.pos) & records::POS_MASK);
+        for (p, rec) in &kept {
+            if let Err(e) =
+                v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())
+            {
+                log::warn!("verbs: VI {slot}: posting a receive again: {e}");
+                out.broke = true;
+                return out;
+            }
+        }
+        log::debug!("VI {slot}: QP back, {} receives posted again", kept.len());
+        out
+    }
+
+    /// Completes what [`Verbs::recover`] handed out (no lock held).
+    fn recovered(&self, nic: &NicInner, vi: &ViCore, out: Recovered, key: (u32, u16)) {
+        if let Some((rec, err)) = out.send {
+            complete_send(nic, vi, rec.desc_handle, rec.desc_va, err | rec.op_status);
+        }
+        if let Some((rw, wc)) = out.failed {
+            if write_recv(nic, &rw, &wc).is_some() {
+                completion::after_local(nic, vi, Which::Recv);
+            }
+        }
+        if out.broke {
+            self.brk(key, ErrorCode::ConnLost);
+        }
+    }
+
+    /// Fills the record `rec` of receive `wr` (descriptor at `desc_va`),
+    /// the segments' keys through `keys`.
+    ///
+    /// # Errors
+    /// `InvalidParameter` if a segment's region is gone.
+    fn fill_recv_rec(
+        &self,
+        keys: &mut KeyCache,
+        rec: &mut RecvRec,
+        wr: &RecvWr,
+        desc_va: u64,
+    ) -> Result<()> {
+        keys.validate(self.mr_epoch.now());
+        if !rec.fill(wr, desc_va, |h| keys.get(h, |h| self.mr_key(h))) {
+            return Err(Error::InvalidParameter);
+        }
+        Ok(())
     }
 
     fn brk(&self, vi: (u32, u16), code: ErrorCode) {
@@ -721,6 +885,12 @@ impl Verbs {
                 Some(v) if v.generation == generation => v,
                 _ => return,
             };
+            if v.recovery.is_some() || (recv && !ok && !flushed && recoverable(v, wc.status)) {
+                let out = self.recover(v, wc, recv, pos, slot, generation);
+                drop(g);
+                self.recovered(nic, &vi, out, (slot, generation));
+                return;
+            }
             let taken = if recv {
                 v.recvs.take(pos).map(|r| Taken::Recv(r.done))
             } else {
@@ -1314,6 +1484,8 @@ impl Device for Verbs {
             recvs: PosRing::new(QUEUE_DEPTH as usize),
             keys: KeyCache::default(),
             srq: None,
+            remote: None,
+            recovery: None,
         });
         Ok(())
     }
@@ -1411,23 +1583,20 @@ impl Device for Verbs {
         let mut g = self.vis[vi.slot as usize].lock();
         let v = g.as_mut().ok_or(Error::InvalidState)?;
         let mtu = self.mtu.min(b.mtu as u32).max(1);
-        v.qp.connect(
-            &Remote {
-                qpn: b.qpn,
-                psn: b.psn,
-                lid: b.lid,
-                gid: b.gid,
-                global: self.global || b.global,
-            },
-            v.psn,
-            mtu,
-            PORT,
-            self.gid_index,
-        )
-        .map_err(|e| {
-            log::warn!("verbs: VI {}: {e}", vi.slot);
-            Error::resource(e)
-        })?;
+        let remote = Remote {
+            qpn: b.qpn,
+            psn: b.psn,
+            lid: b.lid,
+            gid: b.gid,
+            global: self.global || b.global,
+        };
+        v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index)
+            .map_err(|e| {
+                log::warn!("verbs: VI {}: {e}", vi.slot);
+                Error::resource(e)
+            })?;
+        v.remote = Some((remote, mtu));
+        v.recovery = None;
         v.connected = true;
         v.mtu = vi.attributes().max_transfer_size.min(peer.mtu);
         v.erroring = false;
@@ -1449,8 +1618,11 @@ impl Device for Verbs {
         loop {
             let idle = {
                 let g = self.vis[vi.slot as usize].lock();
-                g.as_ref()
-                    .is_none_or(|v| v.sends.is_empty() && v.recvs.is_empty())
+                // In a recovery, the kept receives are out of the device.
+                g.as_ref().is_none_or(|v| {
+                    let kept = v.recovery.as_ref().map_or(0, |r| r.kept);
+                    v.sends.is_empty() && v.recvs.len() == kept
+                })
             };
             if idle {
                 break;
@@ -1471,7 +1643,21 @@ impl Device for Verbs {
         }
         // Back to INIT with a new PSN: the VI may connect again.
         let mut g = self.vis[vi.slot as usize].lock();
+        let mut unfinished = Vec::new();
         if let Some(v) = g.as_mut() {
+            if let Some(r) = v.recovery.take() {
+                // A recovery cut short: the failed receive completes with
+                // its error, the kept ones flushed, in their order.
+                unfinished.push(r.failed);
+                let mut kept: Vec<(u64, RecvDone)> =
+                    v.recvs.iter().map(|(p, rec)| (p, rec.done)).collect();
+                kept.sort_by_key(|(p, _)| p.wrapping_sub(r.pos) & records::POS_MASK);
+                let flushed = Wc {
+                    status: ibv::WC_WR_FLUSH_ERR,
+                    ..Wc::default()
+                };
+                unfinished.extend(kept.into_iter().map(|(_, d)| (d, flushed)));
+            }
             v.sends.clear();
             v.recvs.clear();
             if let Err(e) = v.qp.reset(PORT, v.access) {
@@ -1479,6 +1665,12 @@ impl Device for Verbs {
             }
             v.psn = new_psn();
             v.erroring = false;
+        }
+        drop(g);
+        for (rw, wc) in unfinished {
+            if write_recv(nic, &rw, &wc).is_some() {
+                completion::after_local(nic, vi, Which::Recv);
+            }
         }
     }
 
@@ -1531,9 +1723,24 @@ impl Device for Verbs {
             _ => return Err(Error::InvalidState),
         };
         let ViQp {
-            recvs, keys, qp, ..
+            recvs,
+            keys,
+            qp,
+            recovery,
+            ..
         } = v;
         let id = wr_id(vi.slot, vi.generation, true, pos);
+        if let Some(r) = recovery {
+            // Kept for the QP that comes back (one in ERROR would not
+            // flush it: rxe hears of a receive only when it needs one).
+            let filled = self.fill_recv_rec(keys, recvs.insert(pos), wr, 0);
+            if filled.is_err() {
+                recvs.take(pos);
+            } else {
+                r.kept += 1;
+            }
+            return filled;
+        }
         // Under the VI's lock, unlike a send: a receive is posted without
         // a system call (rxe's receive queue is in user memory).
         let r = self.post_recv_rec(keys, recvs.insert(pos), wr, 0, |s| qp.post_recv(id, s));

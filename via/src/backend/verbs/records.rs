@@ -190,6 +190,17 @@ impl<T: Copy + Default> PosRing<T> {
         self.live == 0
     }
 
+    /// Whether a record of `pos` is live.
+    pub fn contains(&self, pos: u64) -> bool {
+        let pos = pos & POS_MASK;
+        self.recs[self.index(pos)].0 == pos
+    }
+
+    /// Live records.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
     pub fn clear(&mut self) {
         for r in &mut self.recs {
             r.0 = FREE;
