@@ -183,8 +183,8 @@ struct ViQp {
 /// receive completed, so that what the program does next meets a working
 /// VI.
 struct Recovery {
-    /// The failed receive, and its completion.
-    failed: (RecvDone, Wc),
+    /// The failed receive, and its completion (`None`: cancelled).
+    failed: Option<(RecvDone, Wc)>,
     /// Its queue position: the kept receives follow it.
     pos: u64,
     /// Receives kept: flushed, or posted during the recovery.
@@ -679,16 +679,15 @@ impl Verbs {
         let mut out = Recovered::default();
         match v.recovery.as_mut() {
             None => {
-                let Some(rec) = v.recvs.take(pos) else {
-                    return out;
-                };
+                // (Its record gone, cancelled: the QP comes back all the same.)
+                let failed = v.recvs.take(pos).map(|rec| (rec.done, *wc));
                 log::debug!(
                     "VI {slot}: a message longer than its receive ({}): the Unreliable VI's QP \
                      is brought back",
                     ibv::status_str(wc.status)
                 );
                 v.recovery = Some(Recovery {
-                    failed: (rec.done, *wc),
+                    failed,
                     pos,
                     kept: 0,
                 });
@@ -717,7 +716,7 @@ impl Verbs {
             return out;
         }
         let r = v.recovery.take().expect("in recovery");
-        out.failed = Some(r.failed);
+        out.failed = r.failed;
         let Some((remote, mtu)) = v.remote else {
             out.broke = true;
             return out;
@@ -1648,7 +1647,7 @@ impl Device for Verbs {
             if let Some(r) = v.recovery.take() {
                 // A recovery cut short: the failed receive completes with
                 // its error, the kept ones flushed, in their order.
-                unfinished.push(r.failed);
+                unfinished.extend(r.failed);
                 let mut kept: Vec<(u64, RecvDone)> =
                     v.recvs.iter().map(|(p, rec)| (p, rec.done)).collect();
                 kept.sort_by_key(|(p, _)| p.wrapping_sub(r.pos) & records::POS_MASK);
