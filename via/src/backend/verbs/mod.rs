@@ -191,6 +191,16 @@ struct Recovery {
     kept: usize,
 }
 
+impl ViQp {
+    /// The receives in flight or kept, in queue order from position `pos`
+    /// on (positions wrap at `POS_MASK`).
+    fn recvs_after(&self, pos: u64) -> Vec<(u64, RecvRec)> {
+        let mut v: Vec<(u64, RecvRec)> = self.recvs.iter().map(|(p, r)| (p, *r)).collect();
+        v.sort_by_key(|(p, _)| p.wrapping_sub(pos) & records::POS_MASK);
+        v
+    }
+}
+
 /// What a completion during a [`Recovery`] leaves to complete.
 #[derive(Default)]
 struct Recovered {
@@ -730,9 +740,7 @@ impl Verbs {
             out.broke = true;
             return out;
         }
-        // The kept receives, in their order (after the failed one).
-        let mut kept: Vec<(u64, RecvRec)> = v.recvs.iter().map(|(p, r)| (p, *r)).collect();
-        kept.sort_by_key(|(p, _)| p.wrapping_sub(r.pos) & records::POS_MASK);
+        let kept = v.recvs_after(r.pos);
         for (p, rec) in &kept {
             if let Err(e) =
                 v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())
@@ -1648,14 +1656,12 @@ impl Device for Verbs {
                 // A recovery cut short: the failed receive completes with
                 // its error, the kept ones flushed, in their order.
                 unfinished.extend(r.failed);
-                let mut kept: Vec<(u64, RecvDone)> =
-                    v.recvs.iter().map(|(p, rec)| (p, rec.done)).collect();
-                kept.sort_by_key(|(p, _)| p.wrapping_sub(r.pos) & records::POS_MASK);
                 let flushed = Wc {
                     status: ibv::WC_WR_FLUSH_ERR,
                     ..Wc::default()
                 };
-                unfinished.extend(kept.into_iter().map(|(_, d)| (d, flushed)));
+                let kept = v.recvs_after(r.pos);
+                unfinished.extend(kept.into_iter().map(|(_, rec)| (rec.done, flushed)));
             }
             v.sends.clear();
             v.recvs.clear();
