@@ -727,30 +727,38 @@ impl Verbs {
         }
         let r = v.recovery.take().expect("in recovery");
         out.failed = r.failed;
-        let Some((remote, mtu)) = v.remote else {
-            out.broke = true;
-            return out;
-        };
-        v.psn = new_psn();
-        let back =
-            v.qp.reset(PORT, v.access)
-                .and_then(|_| v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index));
-        if let Err(e) = back {
-            log::warn!("verbs: VI {slot}: bringing the QP back: {e}");
-            out.broke = true;
-            return out;
-        }
         let kept = v.recvs_after(r.pos);
-        for (p, rec) in &kept {
-            if let Err(e) =
-                v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())
-            {
-                log::warn!("verbs: VI {slot}: posting a receive again: {e}");
+        let mut posted = 0;
+        let back = match v.remote {
+            Some((remote, mtu)) => {
+                v.psn = new_psn();
+                v.qp.reset(PORT, v.access)
+                    .and_then(|_| v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index))
+                    .and_then(|_| {
+                        kept.iter().try_for_each(|(p, rec)| {
+                            v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())
+                                .map(|_| posted += 1)
+                        })
+                    })
+            }
+            None => Err(std::io::Error::other("no peer recorded")),
+        };
+        match back {
+            Ok(()) => log::debug!("VI {slot}: QP back, {posted} receives posted again"),
+            Err(e) => {
+                // The VI breaks; its disconnect completes the receives:
+                // the ones not posted here as kept, the others when the
+                // QP (in ERROR again) flushes them.
+                log::warn!("verbs: VI {slot}: bringing the QP back: {e}");
+                let _ = v.qp.error();
+                v.recovery = Some(Recovery {
+                    failed: None,
+                    pos: r.pos,
+                    kept: kept.len() - posted,
+                });
                 out.broke = true;
-                return out;
             }
         }
-        log::debug!("VI {slot}: QP back, {} receives posted again", kept.len());
         out
     }
 
