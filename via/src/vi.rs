@@ -962,3 +962,39 @@ impl cq::Probe for QueueProbe {
             .then(|| crate::cq::entry(self.0.slot, self.0.generation, self.1))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Ring::iter_mut` visits the live slots oldest first, also when they
+    /// wrap around the end of the ring, and only them.
+    #[test]
+    fn a_ring_s_live_slots_in_order_across_the_wrap() {
+        let mut r = Ring::default();
+        let mut next = 1u64;
+        let mut post = |r: &mut Ring| {
+            r.next_slot();
+            r.commit(next);
+            next += 1;
+        };
+        for _ in 0..Ring::FIRST - 3 {
+            post(&mut r);
+        }
+        for _ in 0..Ring::FIRST - 5 {
+            r.pop_front();
+        }
+        // Head near the end: 5 live slots before the end, 3 after the wrap.
+        for _ in 0..6 {
+            post(&mut r);
+        }
+        let want: Vec<u64> = r.iter().map(|(_, p)| p.desc_va).collect();
+        assert_eq!(want.len(), 8);
+        assert_eq!(
+            want,
+            ((Ring::FIRST as u64 - 4)..(Ring::FIRST as u64 + 4)).collect::<Vec<_>>()
+        );
+        let got: Vec<u64> = r.iter_mut().map(|p| p.desc_va).collect();
+        assert_eq!(got, want);
+    }
+}

@@ -241,7 +241,7 @@ impl Resolved {
     pub fn borrowed_windows(&self) -> Vec<Arc<Mapping>> {
         self.extents
             .iter()
-            .filter_map(|e| e.map.clone().filter(|m| m.is_borrowed()))
+            .filter_map(|e| e.map.as_ref().filter(|m| m.is_borrowed()).cloned())
             .collect()
     }
 

@@ -408,6 +408,15 @@ fn recv_status(wc: &Wc) -> u32 {
     status::DONE | op | err | if imm.is_some() { status::IMMEDIATE } else { 0 }
 }
 
+/// Completes the receive of `vi` whose descriptor is `rw` with `wc`: the
+/// status written, then the CQ entry and the wake-up (none if nothing
+/// could be written: the descriptor's region is gone).
+fn complete_recv(nic: &NicInner, vi: &ViCore, rw: &RecvDone, wc: &Wc) {
+    if write_recv(nic, rw, wc).is_some() {
+        completion::after_local(nic, vi, Which::Recv);
+    }
+}
+
 /// Writes the completion `wc` into the receive descriptor of `rw`; its
 /// status, or `None` if the descriptor cannot be written.
 fn write_recv(nic: &NicInner, rw: &RecvDone, wc: &Wc) -> Option<u32> {
@@ -768,9 +777,7 @@ impl Verbs {
             complete_send(nic, vi, rec.desc_handle, rec.desc_va, err | rec.op_status);
         }
         if let Some((rw, wc)) = out.failed {
-            if write_recv(nic, &rw, &wc).is_some() {
-                completion::after_local(nic, vi, Which::Recv);
-            }
+            complete_recv(nic, vi, &rw, &wc);
         }
         if out.broke {
             self.brk(key, ErrorCode::ConnLost);
@@ -929,14 +936,7 @@ impl Verbs {
         }
         let Some(taken) = taken else { return };
         match taken {
-            Taken::Recv(rw) => {
-                // Nothing written (the descriptor's region is gone): no CQ
-                // entry, no wake-up.
-                let Some(_) = write_recv(nic, &rw, wc) else {
-                    return;
-                };
-                completion::after_local(nic, &vi, Which::Recv);
-            }
+            Taken::Recv(rw) => complete_recv(nic, &vi, &rw, wc),
             Taken::Send(rec, reliability) => {
                 let err = match wc.status {
                     st if rdma_refused(st, &rec) => status::RDMA_PROT_ERROR,
@@ -1681,9 +1681,7 @@ impl Device for Verbs {
         }
         drop(g);
         for (rw, wc) in unfinished {
-            if write_recv(nic, &rw, &wc).is_some() {
-                completion::after_local(nic, vi, Which::Recv);
-            }
+            complete_recv(nic, vi, &rw, &wc);
         }
     }
 
