@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
 # device rxe0) in a QEMU VM booted by tools/softroce-vm/run.sh.
-#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central and the generic suites in
-#                                    $generic, then c vmpi bench; names of tests/tests/*.rs)
+#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central verbs_faults and the generic
+#                                    suites in $generic, then c vmpi bench; names of
+#                                    tests/tests/*.rs; verbs_faults is built with the
+#                                    provider's fail points)
 #   tools/verbs-vm.sh verbs@central  a test with VIA_DOORBELL=central (the central send
 #                                    queue; without @: the default, direct posting)
 #   tools/verbs-vm.sh verbs_bench    the measurements (doorbell posts/s table and JSON)
@@ -55,7 +57,7 @@ mem_of() {
         *) echo "${SOFTROCE_MEM:-1024}" ;;
     esac
 }
-[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central "${generic[@]}" c vmpi bench)
+[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central verbs_faults "${generic[@]}" c vmpi bench)
 
 # Tests of the generic suites that do not apply to the verbs kind, by
 # suite, with why (README, "Not yet on verbs"): libtest reports them as
@@ -163,8 +165,16 @@ case $profile in
     release) cargo_profile=(--release) ;;
     *) fail "VERBS_VM_PROFILE must be debug or release" ;;
 esac
+# The features a suite is built with: verbs_faults needs the provider's
+# fail points (a build of its own; every other binary is built without).
+features_of() {
+    case $1 in
+        verbs_faults) echo "via/verbs,via-tests/verbs,via-tests/failpoints" ;;
+        *) echo "via/verbs,via-tests/verbs" ;;
+    esac
+}
 test_exe() {
-    cargo test -q "${cargo_profile[@]}" -p via-tests --features via/verbs,via-tests/verbs --test "$1" --no-run \
+    cargo test -q "${cargo_profile[@]}" -p via-tests --features "$(features_of "$1")" --test "$1" --no-run \
             --message-format=json 2>/dev/null |
         grep '"kind":\["test"\]' | grep "\"name\":\"$1\"" |
         grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4

@@ -13,6 +13,19 @@
 //!
 //! Configuration comes from the environment; see [`config`].
 
+/// A fail point (feature `failpoints`, tikv's `fail`): `failpoint!(name)`
+/// runs what a test configured for `name` (a callback, a pause),
+/// `failpoint!(name, |arg| value)` also returns `value` from the enclosing
+/// function when the test asks for `return`. Without the feature: nothing.
+// (Its points are all in the verbs kind so far.)
+#[cfg_attr(not(feature = "verbs"), allow(unused_macros))]
+macro_rules! failpoint {
+    ($($t:tt)*) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($($t)*);
+    };
+}
+
 pub mod agent;
 pub use via_sys as sys;
 pub use via_wire::proto;

@@ -710,6 +710,7 @@ impl Verbs {
                     pos,
                     kept: 0,
                 });
+                failpoint!("verbs-recovery-begins");
             }
             Some(r) if recv => {
                 // Flushed: the record stays, to be posted again.
@@ -734,6 +735,8 @@ impl Verbs {
             // Requests still to come out (or a disconnect takes over).
             return out;
         }
+        // A test holds the recovery open for a disconnect to land in.
+        failpoint!("verbs-recovery-holds", |_| std::mem::take(&mut out));
         let r = v.recovery.take().expect("in recovery");
         out.failed = r.failed;
         let kept = v.recvs_after(r.pos);
@@ -745,6 +748,9 @@ impl Verbs {
                     .and_then(|_| v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index))
                     .and_then(|_| {
                         kept.iter().try_for_each(|(p, rec)| {
+                            failpoint!("verbs-recovery-repost", |_| Err(std::io::Error::other(
+                                "fail point verbs-recovery-repost"
+                            )));
                             v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())
                                 .map(|_| posted += 1)
                         })

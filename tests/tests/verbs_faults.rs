@@ -1,0 +1,144 @@
+//! Error paths of the verbs kind that a real device takes only by chance,
+//! driven by fail points (feature `failpoints`, tikv's `fail`; built so by
+//! `tools/verbs-vm.sh verbs_faults`, run on Soft-RoCE `rxe0`).
+//!
+//! An Unreliable VI whose peer sends a message longer than its receive
+//! recovers (`backend/verbs`, `Recovery`): rxe moves the UC QP to ERROR and
+//! flushes every request; the VI keeps its receives, brings the QP back
+//! through RESET and posts them again. Two ways that can end otherwise:
+//! * a `VipDisconnect` lands while the recovery is under way (a window of
+//!   microseconds, held open here by `verbs-recovery-holds`): the failed
+//!   receive completes with its length error, every kept one flushed, in
+//!   order;
+//! * the QP cannot come back (`verbs-recovery-repost` fails the second
+//!   receive posted again): the VI breaks (`VIP_ERROR_CONN_LOST`), the
+//!   failed receive completes with its length error and the others
+//!   flushed, none lost.
+
+#[cfg(not(feature = "failpoints"))]
+#[test]
+fn fail_points_not_built() {
+    println!(
+        "SKIP: built without the feature failpoints; tools/verbs-vm.sh verbs_faults builds and \
+         runs these tests on Soft-RoCE"
+    );
+}
+
+#[cfg(feature = "failpoints")]
+mod with_fail_points {
+    use std::time::Duration;
+
+    use via::descriptor::status::*;
+    use via::{DescBuilder, Error, ErrorCode, Reliability, ViState};
+    use via_tests::*;
+
+    pub const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
+    pub const T: Duration = Duration::from_secs(20);
+
+    /// The test process and a connected peer, both Unreliable; a receive of
+    /// two 60-byte segments at descriptor 0 (shorter than the 121-byte
+    /// message the peer then sends) and two of 121 bytes behind it, at
+    /// descriptors 64 and 128.
+    fn recovering_pair(tag: &str) -> (Setup, Peer) {
+        let s = Setup::with(
+            open_nic(),
+            Reliability::Unreliable,
+            1 << 18,
+            false,
+            false,
+            65536,
+        );
+        let mut p = Peer::serve(PEER);
+        p.cmd_expect("open u 262144 0 0", "MEM");
+        s.connect_to(&mut p, &disc_str(tag));
+        let d = DescBuilder::recv()
+            .segment(&s.mem, 8192, 60)
+            .segment(&s.mem, 9000, 60)
+            .write(&s.mem, 0)
+            .unwrap();
+        s.vi.post_recv(&s.mem, d).unwrap();
+        post_recv(&s, 64, 16384, 121);
+        post_recv(&s, 128, 20480, 121);
+        (s, p)
+    }
+
+    /// The peer sends the 121-byte message (sent, as far as it can tell).
+    fn send_too_long(p: &mut Peer) {
+        assert_eq!(p.cmd("send 0 4096:121"), "OK");
+        let st = nums(&p.cmd_expect("wait_send", "SEND"))[0] as u32;
+        assert_eq!(st, DONE | OP_SEND);
+    }
+
+    /// The next receive completion, which must be `status` on descriptor
+    /// offset `desc`.
+    fn expect_recv(s: &Setup, desc: usize, status: u32) {
+        let c = s.vi.recv_wait(WAIT).unwrap();
+        assert_eq!(
+            (c.desc, c.status),
+            (s.mem.addr(desc).unwrap(), status),
+            "receive at {desc}: status {:#x}",
+            c.status
+        );
+    }
+
+    #[test]
+    fn a_disconnect_during_the_recovery_completes_every_receive() {
+        if verbs_device().is_none() {
+            return;
+        }
+        // One scenario at a time (the fail points are process-wide); removed
+        // when it drops.
+        let _scenario = fail::FailScenario::setup();
+        let (began, begins) = std::sync::mpsc::channel();
+        let began = std::sync::Mutex::new(began);
+        fail::cfg_callback("verbs-recovery-begins", move || {
+            let _ = began.lock().unwrap().send(());
+        })
+        .unwrap();
+        fail::cfg("verbs-recovery-holds", "return").unwrap();
+        let (s, mut p) = recovering_pair("fault-disc");
+        send_too_long(&mut p);
+        begins.recv_timeout(T).expect("no recovery began");
+        // A receive posted during the recovery is kept with the others.
+        post_recv(&s, 192, 24576, 121);
+        // The failed receive waits for the recovery's end.
+        assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
+        assert_eq!(s.vi.state(), ViState::Connected);
+        s.vi.disconnect().unwrap();
+        expect_recv(&s, 0, DONE | OP_RECEIVE | LENGTH_ERROR);
+        for desc in [64, 128, 192] {
+            expect_recv(&s, desc, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
+        }
+        assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
+        assert_eq!(s.vi.queues_empty(), (true, true));
+        assert_eq!(s.vi.state(), ViState::Idle);
+        p.exit();
+    }
+
+    #[test]
+    fn a_qp_that_cannot_come_back_breaks_the_vi_with_every_receive_completed() {
+        if verbs_device().is_none() {
+            return;
+        }
+        let _scenario = fail::FailScenario::setup();
+        // The first kept receive is posted again, the second is refused: one
+        // receive on the QP (flushed when it goes to ERROR again), one kept.
+        fail::cfg("verbs-recovery-repost", "1*off->return").unwrap();
+        let (s, mut p) = recovering_pair("fault-back");
+        let errs = ErrorLog::install(&s.nic);
+        send_too_long(&mut p);
+        expect_recv(&s, 0, DONE | OP_RECEIVE | LENGTH_ERROR);
+        assert!(
+            errs.wait_for(ErrorCode::ConnLost, T).is_some(),
+            "the VI's break was not reported"
+        );
+        assert_eq!(s.vi.state(), ViState::Error);
+        s.vi.disconnect().unwrap();
+        for desc in [64, 128] {
+            expect_recv(&s, desc, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
+        }
+        assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
+        assert_eq!(s.vi.state(), ViState::Idle);
+        p.exit();
+    }
+}
