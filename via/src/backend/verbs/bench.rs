@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ibv::{
-    self, Context, Cq, Mr, Pd, PortInfo, Qp, Remote, SendOp, SendReq, Sge, Transport, Wc,
+    self, Context, Cq, Mr, Pd, PortInfo, Qp, Remote, SendOp, SendReq, Sge, Transport,
 };
 use super::{Blob, PORT, pick_gid};
 
@@ -107,14 +107,18 @@ impl Bare {
 
     /// Takes `n` successful completions (busy polling).
     fn reap(&self, n: u32) -> io::Result<()> {
-        let mut wc = [Wc::default(); 16];
         let mut got = 0;
         let mut idle = 0u32;
         let mut deadline = None;
         while got < n {
-            let k = self.cq.poll(&mut wc[..(n - got).min(16) as usize]);
-            if let Some(w) = wc[..k].iter().find(|w| w.status != ibv::WC_SUCCESS) {
-                return Err(io::Error::other(ibv::status_str(w.status)));
+            let mut failed = None;
+            let k = self.cq.poll_each((n - got) as usize, |w| {
+                if w.status != ibv::WC_SUCCESS {
+                    failed.get_or_insert(w.status);
+                }
+            });
+            if let Some(st) = failed {
+                return Err(io::Error::other(ibv::status_str(st)));
             }
             got += k as u32;
             if k == 0 {

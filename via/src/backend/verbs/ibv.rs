@@ -362,21 +362,25 @@ impl Cq {
         }))
     }
 
-    /// Takes up to `out.len()` completions; how many.
-    pub fn poll(&self, out: &mut [Wc]) -> usize {
+    /// Takes up to `max` completions (at most 16), handing each to `f` in
+    /// order; how many. Nothing is zeroed first: a drain that finds one
+    /// completion (the common case) would otherwise clear 16 of them.
+    pub fn poll_each(&self, max: usize, mut f: impl FnMut(&Wc)) -> usize {
         const N: usize = 16;
-        // SAFETY: ibv_wc is plain data; all-zero is valid.
-        let mut raw: [sys::ibv_wc; N] = unsafe { std::mem::zeroed() };
-        let want = out.len().min(N) as i32;
+        let mut raw = std::mem::MaybeUninit::<[sys::ibv_wc; N]>::uninit();
+        let want = max.min(N) as i32;
         // SAFETY: `cq` is live; `raw` has room for `want` entries.
-        let n = unsafe { sys::ibv_poll_cq(self.cq, want, raw.as_mut_ptr()) };
+        let n = unsafe { sys::ibv_poll_cq(self.cq, want, raw.as_mut_ptr().cast()) };
         if n < 0 {
             log::error!("ibv_poll_cq failed ({n})");
             return 0;
         }
-        for (o, w) in out.iter_mut().zip(&raw[..n as usize]) {
+        let first: *const sys::ibv_wc = raw.as_ptr().cast();
+        for i in 0..n as usize {
+            // SAFETY: ibv_poll_cq wrote the first `n` (<= `want`) entries.
+            let w = unsafe { &*first.add(i) };
             let with_imm = w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-            *o = Wc {
+            f(&Wc {
                 wr_id: w.wr_id,
                 qp_num: w.qp_num,
                 status: w.status,
@@ -386,7 +390,7 @@ impl Cq {
                 // (and any u32 is a valid value either way).
                 imm: with_imm
                     .then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data })),
-            };
+            });
         }
         n as usize
     }

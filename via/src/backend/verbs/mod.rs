@@ -878,15 +878,12 @@ impl Verbs {
     }
 
     fn drain(&self, nic: &NicInner, _poller: std::sync::MutexGuard<'_, ()>) -> usize {
-        let mut wcs = [Wc::default(); 16];
+        const BATCH: usize = 16;
         let mut total = 0;
         loop {
-            let n = self.cq.poll(&mut wcs);
-            for wc in &wcs[..n] {
-                self.complete(nic, wc);
-            }
+            let n = self.cq.poll_each(BATCH, |wc| self.complete(nic, wc));
             total += n;
-            if n < wcs.len() {
+            if n < BATCH {
                 return total;
             }
         }
