@@ -14,6 +14,14 @@
 //!   receive posted again): the VI breaks (`VIP_ERROR_CONN_LOST`), the
 //!   failed receive completes with its length error and the others
 //!   flushed, none lost.
+//!
+//! And one race: a deregistration while the completer is about to write a
+//! send's status into the region (`verbs-send-status` stops it there).
+//! The region covers part of a page, so its descriptor is written in place,
+//! in the program's memory, which the program unmaps once
+//! `VipDeregisterMem` returns: the deregistration must wait for the
+//! completer (the test gives a deregistration that does not 2 s to show
+//! it: the completer waits that long for it to return).
 
 #[cfg(not(feature = "failpoints"))]
 #[test]
@@ -140,5 +148,77 @@ mod with_fail_points {
         assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
         assert_eq!(s.vi.state(), ViState::Idle);
         p.exit();
+    }
+
+    #[test]
+    fn a_deregistration_waits_for_the_completer_writing_into_the_region() {
+        if verbs_device().is_none() {
+            return;
+        }
+        let _scenario = fail::FailScenario::setup();
+        let nic = open_nic();
+        let ptag = nic.create_ptag().unwrap();
+        let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
+        at.max_transfer_size = 65536;
+        let (a, b) = (
+            nic.create_vi(&at, None, None).unwrap(),
+            nic.create_vi(&at, None, None).unwrap(),
+        );
+        let (x, y) = (nic.address(&disc("drain-a")), nic.address(&disc("drain-b")));
+        a.connect_peer(&x, &y, WAIT).unwrap();
+        b.connect_peer(&y, &x, WAIT).unwrap();
+        a.connect_peer_wait().unwrap();
+        b.connect_peer_wait().unwrap();
+        let dst = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
+        let r = DescBuilder::recv()
+            .segment(&dst, 1024, 64)
+            .write(&dst, 0)
+            .unwrap();
+        b.post_recv(&dst, r).unwrap();
+        // Part of a page: the library reads and writes it in place.
+        let mem = via::Memory::new(4096).unwrap();
+        let m = via::Region::within(&nic, &mem, 64, 2048, ptag, false, false).unwrap();
+        let d = DescBuilder::send()
+            .segment(&m, 1024, 8)
+            .write(&m, 0)
+            .unwrap();
+        // The completer stops after looking the region up, before writing,
+        // and waits there for the deregistration below to return. It must
+        // not: while a completer holds the region, the deregistration
+        // waits. After 2 s without it, the completer goes on.
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let (returned_tx, returned) = std::sync::mpsc::channel::<()>();
+        let early = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = std::sync::Mutex::new((reached_tx, returned, early.clone()));
+        fail::cfg_callback("verbs-send-status", move || {
+            let g = stop.lock().unwrap();
+            let _ = g.0.send(());
+            if g.1.recv_timeout(Duration::from_secs(2)).is_ok() {
+                g.2.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+        a.post_send(&m, d).unwrap();
+        reached.recv_timeout(T).expect("no send completion");
+        // The program deregisters and unmaps the memory meanwhile.
+        let freer = std::thread::spawn(move || {
+            m.deregister().unwrap();
+            let _ = returned_tx.send(());
+            drop(mem);
+        });
+        freer.join().unwrap();
+        assert!(
+            !early.load(std::sync::atomic::Ordering::SeqCst),
+            "VipDeregisterMem returned while a completion was writing into the region"
+        );
+        fail::remove("verbs-send-status");
+        // Written before the deregistration returned, and kept (in a copy
+        // of the control segment) for the program to dequeue.
+        let c = a.send_wait(WAIT).unwrap();
+        assert_eq!(c.status, DONE | OP_SEND, "{:#x}", c.status);
+        assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+        a.disconnect().unwrap();
+        let _ = b.disconnect();
+        nic.close().unwrap();
     }
 }

@@ -877,6 +877,13 @@ impl Verbs {
         }
     }
 
+    /// The poll lock, held to write a status outside [`Verbs::drain`] (which
+    /// holds it throughout): then the write cannot outlive the
+    /// deregistration of its region (`quiesce_region_users`).
+    fn status_writer(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.poll_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn drain(&self, nic: &NicInner, _poller: std::sync::MutexGuard<'_, ()>) -> usize {
         const BATCH: usize = 16;
         let mut total = 0;
@@ -1105,6 +1112,7 @@ impl Verbs {
             if vi.reliability().is_reliable() {
                 self.brk(f.vi, ErrorCode::ConnLost);
             }
+            let _w = self.status_writer();
             complete_send(
                 nic,
                 &vi,
@@ -1292,6 +1300,7 @@ impl Verbs {
     }
 
     fn complete_now(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr, st: u32) {
+        let _w = self.status_writer();
         complete_send(nic, vi, wr.desc_handle, wr.desc_va, st);
     }
 }
@@ -1303,6 +1312,7 @@ fn complete_send(nic: &NicInner, vi: &ViCore, desc_handle: u32, desc_va: u64, st
         .regions
         .get(desc_handle)
         .filter(|r| r.covers(desc_va, 32));
+    failpoint!("verbs-send-status");
     completion::send(nic, vi, desc.as_deref(), desc_va, status::DONE | st);
 }
 
@@ -1441,6 +1451,16 @@ impl Device for Verbs {
     // An MR with remote access is deregistered at once: the peer's device
     // checks the rkey alone, and a parked registration must be out of
     // reach, as any deregistered one.
+    fn quiesce_region_users(&self, _nic: &NicInner) {
+        // The device stopped at `ibv_dereg_mr`; what may still write into
+        // the region is a completer that looked it up before it went away
+        // and is about to write a status there, through a window on the
+        // program's memory when pages stayed in place. Statuses are written
+        // under the poll lock (`status_writer`): once we had it, no writer
+        // holds a region removed before.
+        drop(self.poll_lock.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
     fn retire_region(&self, _nic: &NicInner, handle: u32) -> Option<RetiredEntry> {
         let mr = self.mrs.write().unwrap().remove(&handle);
         // After the removal: a queue that sees the new count looks again
@@ -1683,6 +1703,7 @@ impl Device for Verbs {
             v.erroring = false;
         }
         drop(g);
+        let _w = self.status_writer();
         for (rw, wc) in unfinished {
             complete_recv(nic, vi, &rw, &wc);
         }
@@ -1814,6 +1835,7 @@ impl Device for Verbs {
             }
         };
         // Outstanding descriptors complete flushed (nobody will take them).
+        let _w = self.status_writer();
         for rw in s.recvs.iter().map(|r| r.done) {
             if let Some(d) = nic.regions.get(rw.desc_handle) {
                 let va = d.va + rw.desc_off;
@@ -1831,6 +1853,7 @@ impl Device for Verbs {
             // Completed at once, as a VI's receive with a bad segment is.
             let st = status::DONE | status::OP_RECEIVE | wr.fault;
             if let Some(d) = nic.regions.get(wr.desc_handle) {
+                let _w = self.status_writer();
                 let _ = completion::write_in_region(&d, d.va + wr.desc_off, st, None, None);
             }
             if cell.lock().unwrap().is_none() {
