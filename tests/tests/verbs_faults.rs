@@ -23,202 +23,192 @@
 //! completer (the test gives a deregistration that does not 2 s to show
 //! it: the completer waits that long for it to return).
 
-#[cfg(not(feature = "failpoints"))]
-#[test]
-fn fail_points_not_built() {
-    println!(
-        "SKIP: built without the feature failpoints; tools/verbs-vm.sh verbs_faults builds and \
-         runs these tests on Soft-RoCE"
+#![cfg(feature = "failpoints")]
+
+use std::time::Duration;
+
+use via::descriptor::status::*;
+use via::{DescBuilder, Error, ErrorCode, Reliability, ViState};
+use via_tests::*;
+
+const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
+const T: Duration = Duration::from_secs(20);
+
+/// The test process and a connected peer, both Unreliable; a receive of
+/// two 60-byte segments at descriptor 0 (shorter than the 121-byte
+/// message the peer then sends) and two of 121 bytes behind it, at
+/// descriptors 64 and 128.
+fn recovering_pair(tag: &str) -> (Setup, Peer) {
+    let s = Setup::with(
+        open_nic(),
+        Reliability::Unreliable,
+        1 << 18,
+        false,
+        false,
+        65536,
+    );
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open u 262144 0 0", "MEM");
+    s.connect_to(&mut p, &disc_str(tag));
+    let d = DescBuilder::recv()
+        .segment(&s.mem, 8192, 60)
+        .segment(&s.mem, 9000, 60)
+        .write(&s.mem, 0)
+        .unwrap();
+    s.vi.post_recv(&s.mem, d).unwrap();
+    post_recv(&s, 64, 16384, 121);
+    post_recv(&s, 128, 20480, 121);
+    (s, p)
+}
+
+/// The peer sends the 121-byte message (sent, as far as it can tell).
+fn send_too_long(p: &mut Peer) {
+    assert_eq!(p.cmd("send 0 4096:121"), "OK");
+    let st = nums(&p.cmd_expect("wait_send", "SEND"))[0] as u32;
+    assert_eq!(st, DONE | OP_SEND);
+}
+
+/// The next receive completion, which must be `status` on descriptor
+/// offset `desc`.
+fn expect_recv(s: &Setup, desc: usize, status: u32) {
+    let c = s.vi.recv_wait(WAIT).unwrap();
+    assert_eq!(
+        (c.desc, c.status),
+        (s.mem.addr(desc).unwrap(), status),
+        "receive at {desc}: status {:#x}",
+        c.status
     );
 }
 
-#[cfg(feature = "failpoints")]
-mod with_fail_points {
-    use std::time::Duration;
-
-    use via::descriptor::status::*;
-    use via::{DescBuilder, Error, ErrorCode, Reliability, ViState};
-    use via_tests::*;
-
-    pub const PEER: &str = env!("CARGO_BIN_EXE_via-peer");
-    pub const T: Duration = Duration::from_secs(20);
-
-    /// The test process and a connected peer, both Unreliable; a receive of
-    /// two 60-byte segments at descriptor 0 (shorter than the 121-byte
-    /// message the peer then sends) and two of 121 bytes behind it, at
-    /// descriptors 64 and 128.
-    fn recovering_pair(tag: &str) -> (Setup, Peer) {
-        let s = Setup::with(
-            open_nic(),
-            Reliability::Unreliable,
-            1 << 18,
-            false,
-            false,
-            65536,
-        );
-        let mut p = Peer::serve(PEER);
-        p.cmd_expect("open u 262144 0 0", "MEM");
-        s.connect_to(&mut p, &disc_str(tag));
-        let d = DescBuilder::recv()
-            .segment(&s.mem, 8192, 60)
-            .segment(&s.mem, 9000, 60)
-            .write(&s.mem, 0)
-            .unwrap();
-        s.vi.post_recv(&s.mem, d).unwrap();
-        post_recv(&s, 64, 16384, 121);
-        post_recv(&s, 128, 20480, 121);
-        (s, p)
+#[test]
+fn a_disconnect_during_the_recovery_completes_every_receive() {
+    if verbs_device().is_none() {
+        return;
     }
-
-    /// The peer sends the 121-byte message (sent, as far as it can tell).
-    fn send_too_long(p: &mut Peer) {
-        assert_eq!(p.cmd("send 0 4096:121"), "OK");
-        let st = nums(&p.cmd_expect("wait_send", "SEND"))[0] as u32;
-        assert_eq!(st, DONE | OP_SEND);
+    // One scenario at a time (the fail points are process-wide); removed
+    // when it drops.
+    let _scenario = fail::FailScenario::setup();
+    let (began, begins) = std::sync::mpsc::channel();
+    let began = std::sync::Mutex::new(began);
+    fail::cfg_callback("verbs-recovery-begins", move || {
+        let _ = began.lock().unwrap().send(());
+    })
+    .unwrap();
+    fail::cfg("verbs-recovery-holds", "return").unwrap();
+    let (s, mut p) = recovering_pair("fault-disc");
+    send_too_long(&mut p);
+    begins.recv_timeout(T).expect("no recovery began");
+    // A receive posted during the recovery is kept with the others.
+    post_recv(&s, 192, 24576, 121);
+    // The failed receive waits for the recovery's end.
+    assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
+    assert_eq!(s.vi.state(), ViState::Connected);
+    s.vi.disconnect().unwrap();
+    expect_recv(&s, 0, DONE | OP_RECEIVE | LENGTH_ERROR);
+    for desc in [64, 128, 192] {
+        expect_recv(&s, desc, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
     }
+    assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
+    assert_eq!(s.vi.queues_empty(), (true, true));
+    assert_eq!(s.vi.state(), ViState::Idle);
+    p.exit();
+}
 
-    /// The next receive completion, which must be `status` on descriptor
-    /// offset `desc`.
-    fn expect_recv(s: &Setup, desc: usize, status: u32) {
-        let c = s.vi.recv_wait(WAIT).unwrap();
-        assert_eq!(
-            (c.desc, c.status),
-            (s.mem.addr(desc).unwrap(), status),
-            "receive at {desc}: status {:#x}",
-            c.status
-        );
+#[test]
+fn a_qp_that_cannot_come_back_breaks_the_vi_with_every_receive_completed() {
+    if verbs_device().is_none() {
+        return;
     }
+    let _scenario = fail::FailScenario::setup();
+    // The first kept receive is posted again, the second is refused: one
+    // receive on the QP (flushed when it goes to ERROR again), one kept.
+    fail::cfg("verbs-recovery-repost", "1*off->return").unwrap();
+    let (s, mut p) = recovering_pair("fault-back");
+    let errs = ErrorLog::install(&s.nic);
+    send_too_long(&mut p);
+    expect_recv(&s, 0, DONE | OP_RECEIVE | LENGTH_ERROR);
+    assert!(
+        errs.wait_for(ErrorCode::ConnLost, T).is_some(),
+        "the VI's break was not reported"
+    );
+    assert_eq!(s.vi.state(), ViState::Error);
+    s.vi.disconnect().unwrap();
+    for desc in [64, 128] {
+        expect_recv(&s, desc, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
+    }
+    assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
+    assert_eq!(s.vi.state(), ViState::Idle);
+    p.exit();
+}
 
-    #[test]
-    fn a_disconnect_during_the_recovery_completes_every_receive() {
-        if verbs_device().is_none() {
-            return;
-        }
-        // One scenario at a time (the fail points are process-wide); removed
-        // when it drops.
-        let _scenario = fail::FailScenario::setup();
-        let (began, begins) = std::sync::mpsc::channel();
-        let began = std::sync::Mutex::new(began);
-        fail::cfg_callback("verbs-recovery-begins", move || {
-            let _ = began.lock().unwrap().send(());
-        })
+#[test]
+fn a_deregistration_waits_for_the_completer_writing_into_the_region() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    at.max_transfer_size = 65536;
+    let (a, b) = (
+        nic.create_vi(&at, None, None).unwrap(),
+        nic.create_vi(&at, None, None).unwrap(),
+    );
+    let (x, y) = (nic.address(&disc("drain-a")), nic.address(&disc("drain-b")));
+    a.connect_peer(&x, &y, WAIT).unwrap();
+    b.connect_peer(&y, &x, WAIT).unwrap();
+    a.connect_peer_wait().unwrap();
+    b.connect_peer_wait().unwrap();
+    let dst = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
+    let r = DescBuilder::recv()
+        .segment(&dst, 1024, 64)
+        .write(&dst, 0)
         .unwrap();
-        fail::cfg("verbs-recovery-holds", "return").unwrap();
-        let (s, mut p) = recovering_pair("fault-disc");
-        send_too_long(&mut p);
-        begins.recv_timeout(T).expect("no recovery began");
-        // A receive posted during the recovery is kept with the others.
-        post_recv(&s, 192, 24576, 121);
-        // The failed receive waits for the recovery's end.
-        assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
-        assert_eq!(s.vi.state(), ViState::Connected);
-        s.vi.disconnect().unwrap();
-        expect_recv(&s, 0, DONE | OP_RECEIVE | LENGTH_ERROR);
-        for desc in [64, 128, 192] {
-            expect_recv(&s, desc, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
-        }
-        assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
-        assert_eq!(s.vi.queues_empty(), (true, true));
-        assert_eq!(s.vi.state(), ViState::Idle);
-        p.exit();
-    }
-
-    #[test]
-    fn a_qp_that_cannot_come_back_breaks_the_vi_with_every_receive_completed() {
-        if verbs_device().is_none() {
-            return;
-        }
-        let _scenario = fail::FailScenario::setup();
-        // The first kept receive is posted again, the second is refused: one
-        // receive on the QP (flushed when it goes to ERROR again), one kept.
-        fail::cfg("verbs-recovery-repost", "1*off->return").unwrap();
-        let (s, mut p) = recovering_pair("fault-back");
-        let errs = ErrorLog::install(&s.nic);
-        send_too_long(&mut p);
-        expect_recv(&s, 0, DONE | OP_RECEIVE | LENGTH_ERROR);
-        assert!(
-            errs.wait_for(ErrorCode::ConnLost, T).is_some(),
-            "the VI's break was not reported"
-        );
-        assert_eq!(s.vi.state(), ViState::Error);
-        s.vi.disconnect().unwrap();
-        for desc in [64, 128] {
-            expect_recv(&s, desc, DONE | OP_RECEIVE | DESC_FLUSHED_ERROR);
-        }
-        assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
-        assert_eq!(s.vi.state(), ViState::Idle);
-        p.exit();
-    }
-
-    #[test]
-    fn a_deregistration_waits_for_the_completer_writing_into_the_region() {
-        if verbs_device().is_none() {
-            return;
-        }
-        let _scenario = fail::FailScenario::setup();
-        let nic = open_nic();
-        let ptag = nic.create_ptag().unwrap();
-        let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
-        at.max_transfer_size = 65536;
-        let (a, b) = (
-            nic.create_vi(&at, None, None).unwrap(),
-            nic.create_vi(&at, None, None).unwrap(),
-        );
-        let (x, y) = (nic.address(&disc("drain-a")), nic.address(&disc("drain-b")));
-        a.connect_peer(&x, &y, WAIT).unwrap();
-        b.connect_peer(&y, &x, WAIT).unwrap();
-        a.connect_peer_wait().unwrap();
-        b.connect_peer_wait().unwrap();
-        let dst = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
-        let r = DescBuilder::recv()
-            .segment(&dst, 1024, 64)
-            .write(&dst, 0)
-            .unwrap();
-        b.post_recv(&dst, r).unwrap();
-        // Part of a page: the library reads and writes it in place.
-        let mem = via::Memory::new(4096).unwrap();
-        let m = via::Region::within(&nic, &mem, 64, 2048, ptag, false, false).unwrap();
-        let d = DescBuilder::send()
-            .segment(&m, 1024, 8)
-            .write(&m, 0)
-            .unwrap();
-        // The completer stops after looking the region up, before writing,
-        // and waits there for the deregistration below to return. It must
-        // not: while a completer holds the region, the deregistration
-        // waits. After 2 s without it, the completer goes on.
-        let (reached_tx, reached) = std::sync::mpsc::channel();
-        let (returned_tx, returned) = std::sync::mpsc::channel::<()>();
-        let early = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stop = std::sync::Mutex::new((reached_tx, returned, early.clone()));
-        fail::cfg_callback("verbs-send-status", move || {
-            let g = stop.lock().unwrap();
-            let _ = g.0.send(());
-            if g.1.recv_timeout(Duration::from_secs(2)).is_ok() {
-                g.2.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-        })
+    b.post_recv(&dst, r).unwrap();
+    // Part of a page: the library reads and writes it in place.
+    let mem = via::Memory::new(4096).unwrap();
+    let m = via::Region::within(&nic, &mem, 64, 2048, ptag, false, false).unwrap();
+    let d = DescBuilder::send()
+        .segment(&m, 1024, 8)
+        .write(&m, 0)
         .unwrap();
-        a.post_send(&m, d).unwrap();
-        reached.recv_timeout(T).expect("no send completion");
-        // The program deregisters and unmaps the memory meanwhile.
-        let freer = std::thread::spawn(move || {
-            m.deregister().unwrap();
-            let _ = returned_tx.send(());
-            drop(mem);
-        });
-        freer.join().unwrap();
-        assert!(
-            !early.load(std::sync::atomic::Ordering::SeqCst),
-            "VipDeregisterMem returned while a completion was writing into the region"
-        );
-        fail::remove("verbs-send-status");
-        // Written before the deregistration returned, and kept (in a copy
-        // of the control segment) for the program to dequeue.
-        let c = a.send_wait(WAIT).unwrap();
-        assert_eq!(c.status, DONE | OP_SEND, "{:#x}", c.status);
-        assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
-        a.disconnect().unwrap();
-        let _ = b.disconnect();
-        nic.close().unwrap();
-    }
+    // The completer stops after looking the region up, before writing,
+    // and waits there for the deregistration below to return. It must
+    // not: while a completer holds the region, the deregistration
+    // waits. After 2 s without it, the completer goes on.
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (returned_tx, returned) = std::sync::mpsc::channel::<()>();
+    let early = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = std::sync::Mutex::new((reached_tx, returned, early.clone()));
+    fail::cfg_callback("verbs-send-status", move || {
+        let g = stop.lock().unwrap();
+        let _ = g.0.send(());
+        if g.1.recv_timeout(Duration::from_secs(2)).is_ok() {
+            g.2.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    })
+    .unwrap();
+    a.post_send(&m, d).unwrap();
+    reached.recv_timeout(T).expect("no send completion");
+    // The program deregisters and unmaps the memory meanwhile.
+    let freer = std::thread::spawn(move || {
+        m.deregister().unwrap();
+        let _ = returned_tx.send(());
+        drop(mem);
+    });
+    freer.join().unwrap();
+    assert!(
+        !early.load(std::sync::atomic::Ordering::SeqCst),
+        "VipDeregisterMem returned while a completion was writing into the region"
+    );
+    fail::remove("verbs-send-status");
+    // Written before the deregistration returned, and kept (in a copy
+    // of the control segment) for the program to dequeue.
+    let c = a.send_wait(WAIT).unwrap();
+    assert_eq!(c.status, DONE | OP_SEND, "{:#x}", c.status);
+    assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+    a.disconnect().unwrap();
+    let _ = b.disconnect();
+    nic.close().unwrap();
 }
