@@ -15,6 +15,12 @@
 //!   failed receive completes with its length error and the others
 //!   flushed, none lost.
 //!
+//! A connection whose QP cannot be brought up (`verbs-connect-rts` fails
+//! the move to RTS, after RTR) after the peer accepted: the request fails
+//! with `VIP_ERROR_RESOURCE`, the VI is idle with the receive posted before
+//! (the QP is taken back to INIT through RESET, which drops it, and it is
+//! posted again), and the peer hears `VIP_ERROR_CONN_LOST`.
+//!
 //! And one race: a deregistration while the completer is about to write a
 //! send's status into the region (`verbs-send-status` stops it there).
 //! The region covers part of a page, so its descriptor is written in place,
@@ -211,4 +217,52 @@ fn a_deregistration_waits_for_the_completer_writing_into_the_region() {
     a.disconnect().unwrap();
     let _ = b.disconnect();
     nic.close().unwrap();
+}
+
+#[test]
+fn a_connection_whose_qp_cannot_come_up_leaves_the_vi_idle_with_its_receives() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let s = Setup::with(
+        open_nic(),
+        Reliability::ReliableDelivery,
+        1 << 18,
+        false,
+        false,
+        65536,
+    );
+    let mut p = Peer::serve(PEER);
+    p.cmd_expect("open rd 262144 0 0", "MEM");
+    // Posted before the connection: it must survive the failed attempt.
+    post_recv(&s, 0, 8192, 64);
+    fail::cfg("verbs-connect-rts", "return").unwrap();
+    p.say("listen fault-conn accept");
+    p.expect("LISTENING");
+    let local = s.nic.address(b"client");
+    let remote = s.nic.address(b"fault-conn");
+    assert_eq!(
+        s.vi.connect(&local, &remote, WAIT).err(),
+        Some(Error::Resource)
+    );
+    assert_eq!(s.vi.state(), ViState::Idle);
+    assert_eq!(p.expect("ACCEPT"), "ok");
+    // The peer, which accepted, hears that the connection is lost.
+    assert!(
+        p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"),
+        "the peer was not told"
+    );
+    assert_eq!(p.cmd_expect("state", "STATE"), "Error");
+    assert_eq!(p.cmd("disconnect"), "OK");
+    assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
+    fail::remove("verbs-connect-rts");
+    // The next attempt connects, and the receive posted before the failed
+    // one takes the peer's first message.
+    s.connect_to(&mut p, &disc_str("fault-conn2"));
+    assert_eq!(p.cmd("fill 0 4096 64 7"), "OK");
+    assert_eq!(p.cmd("send 0 4096:64"), "OK");
+    expect_recv(&s, 0, DONE | OP_RECEIVE);
+    assert_eq!(s.bytes(8192, 64), pattern(64, 7));
+    p.exit();
 }

@@ -228,6 +228,16 @@ fn finish(
             }
             if let Err(e) = vi.complete_connect(nic, &peer) {
                 vi.abort_connect();
+                // The peer accepted and may use the connection already: it
+                // hears that it is lost, as if we had disconnected.
+                let me = vi.endpoint(nic);
+                let reason = crate::proto::REASON_CONN_LOST;
+                if let Err(d) = nic.process.agent().and_then(|a| {
+                    a.call(&Request::Disconnect { peer, me, reason }, None)
+                        .map_err(viad_gone)
+                }) {
+                    log::warn!("connect: the peer of a connection that failed was not told ({d})");
+                }
                 return Err(e);
             }
             Ok(remote_attributes(&peer))

@@ -753,6 +753,9 @@ impl Qp {
             mask = mask | m::IBV_QP_MAX_DEST_RD_ATOMIC | m::IBV_QP_MIN_RNR_TIMER;
         }
         self.modify(&mut a, mask.0, "modify QP to RTR")?;
+        failpoint!("verbs-connect-rts", |_| Err(io::Error::other(
+            "fail point verbs-connect-rts"
+        )));
         // SAFETY: plain data.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;

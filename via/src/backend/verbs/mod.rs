@@ -777,6 +777,25 @@ impl Verbs {
         out
     }
 
+    /// Takes the QP of a VI whose connection could not be set up back to
+    /// INIT through RESET (which drops its requests without completions)
+    /// and posts its receives again, in their order: the VI stays idle
+    /// with them, as VIA leaves a VI whose connection failed. How many.
+    fn back_to_init(&self, v: &mut ViQp, slot: u32, generation: u16) -> std::io::Result<usize> {
+        v.qp.reset(PORT, v.access)?;
+        v.psn = new_psn();
+        // Live positions lie within a queue's depth of each other: counted
+        // from one depth before any of them, they sort in posting order.
+        let Some(first) = v.recvs.iter().next().map(|(p, _)| p) else {
+            return Ok(0);
+        };
+        let kept = v.recvs_after(first.wrapping_sub(QUEUE_DEPTH as u64) & records::POS_MASK);
+        for (p, rec) in &kept {
+            v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())?;
+        }
+        Ok(kept.len())
+    }
+
     /// Completes what [`Verbs::recover`] handed out (no lock held).
     fn recovered(&self, nic: &NicInner, vi: &ViCore, out: Recovered, key: (u32, u16)) {
         if let Some((rec, err)) = out.send {
@@ -1628,11 +1647,15 @@ impl Device for Verbs {
             gid: b.gid,
             global: self.global || b.global,
         };
-        v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index)
-            .map_err(|e| {
-                log::warn!("verbs: VI {}: {e}", vi.slot);
-                Error::resource(e)
-            })?;
+        if let Err(e) = v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index) {
+            log::warn!("verbs: VI {}: {e}", vi.slot);
+            match self.back_to_init(v, vi.slot, vi.generation) {
+                Ok(n) => log::debug!("VI {}: QP back in INIT, {n} receives posted again", vi.slot),
+                // Its receives stay recorded: a disconnect completes them.
+                Err(e) => log::warn!("verbs: VI {}: bringing the QP back to INIT: {e}", vi.slot),
+            }
+            return Err(Error::resource(e));
+        }
         v.remote = Some((remote, mtu));
         v.recovery = None;
         v.connected = true;
