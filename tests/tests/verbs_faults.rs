@@ -21,6 +21,12 @@
 //! (the QP is taken back to INIT through RESET, which drops it, and it is
 //! posted again), and the peer hears `VIP_ERROR_CONN_LOST`.
 //!
+//! Objects the device refuses (`verbs-reg-mr`, `verbs-create-qp`: as
+//! `ibv_reg_mr` does past `RLIMIT_MEMLOCK`, or `ibv_create_qp` past the
+//! device's QPs): `VIP_ERROR_RESOURCE`, nothing left behind (more refusals
+//! than the NIC has VIs, then a VI that works), the memory the program's
+//! as it was.
+//!
 //! And one race: a deregistration while the completer is about to write a
 //! send's status into the region (`verbs-send-status` stops it there).
 //! The region covers part of a page, so its descriptor is written in place,
@@ -265,4 +271,114 @@ fn a_connection_whose_qp_cannot_come_up_leaves_the_vi_idle_with_its_receives() {
     expect_recv(&s, 0, DONE | OP_RECEIVE);
     assert_eq!(s.bytes(8192, 64), pattern(64, 7));
     p.exit();
+}
+
+/// Two VIs of this process connected to each other (Reliable Delivery).
+fn local_pair(nic: &via::Nic, ptag: via::Ptag, tag: &str) -> (via::Vi, via::Vi) {
+    let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    at.max_transfer_size = 65536;
+    let (a, b) = (
+        nic.create_vi(&at, None, None).unwrap(),
+        nic.create_vi(&at, None, None).unwrap(),
+    );
+    let (x, y) = (
+        nic.address(&disc(&format!("{tag}-a"))),
+        nic.address(&disc(&format!("{tag}-b"))),
+    );
+    a.connect_peer(&x, &y, WAIT).unwrap();
+    b.connect_peer(&y, &x, WAIT).unwrap();
+    a.connect_peer_wait().unwrap();
+    b.connect_peer_wait().unwrap();
+    (a, b)
+}
+
+#[test]
+fn a_registration_the_device_refuses_leaves_the_memory_as_it_was() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    const N: usize = 65536;
+    let mem = via::Memory::new(N + 4096).unwrap();
+    let data = pattern(N, 3);
+    mem.write(0, &data).unwrap();
+    fail::cfg("verbs-reg-mr", "return").unwrap();
+    for _ in 0..100 {
+        let r = via::Region::within(&nic, &mem, 0, N + 4096, ptag, false, false);
+        assert_eq!(r.err(), Some(Error::Resource));
+    }
+    fail::remove("verbs-reg-mr");
+    // The memory holds what it held, and is still the program's to write.
+    let mut back = vec![0u8; N];
+    mem.read(0, &mut back).unwrap();
+    assert!(back == data, "the refused registrations changed the memory");
+    mem.write(N, b"still mine").unwrap();
+    // Registered now, its bytes travel.
+    let m = via::Region::within(&nic, &mem, 0, N + 4096, ptag, false, false).unwrap();
+    let (a, b) = local_pair(&nic, ptag, "regfail");
+    let dst = via::Region::new(&nic, 2 * N, ptag, false, false).unwrap();
+    let r = DescBuilder::recv()
+        .segment(&dst, N, N as u32)
+        .write(&dst, 0)
+        .unwrap();
+    b.post_recv(&dst, r).unwrap();
+    let d = DescBuilder::send()
+        .segment(&m, 0, N as u32)
+        .write(&m, N + 64)
+        .unwrap();
+    a.post_send(&m, d).unwrap();
+    assert_eq!(a.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
+    assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+    let mut got = vec![0u8; N];
+    dst.read(N, &mut got).unwrap();
+    assert!(got == data, "the registered memory sent other bytes");
+    a.disconnect().unwrap();
+    let _ = b.disconnect();
+    nic.close().unwrap();
+}
+
+#[test]
+fn a_vi_the_device_cannot_create_leaves_nothing_behind() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    fail::cfg("verbs-create-qp", "return").unwrap();
+    // More refusals than the NIC has VIs: a slot kept by each would leave
+    // none for the VIs below.
+    let refusals = nic.attributes().max_vi as usize + 16;
+    for i in 0..refusals {
+        let r = nic.create_vi(&at, None, None);
+        assert_eq!(r.err(), Some(Error::Resource), "attempt {i}");
+    }
+    fail::remove("verbs-create-qp");
+    let ptag2 = nic.create_ptag().unwrap();
+    let (a, b) = local_pair(&nic, ptag2, "qpfail");
+    let mem = via::Region::new(&nic, 8192, ptag2, false, false).unwrap();
+    mem.write(4096, b"after the refusals").unwrap();
+    let r = DescBuilder::recv()
+        .segment(&mem, 6144, 64)
+        .write(&mem, 0)
+        .unwrap();
+    b.post_recv(&mem, r).unwrap();
+    let d = DescBuilder::send()
+        .segment(&mem, 4096, 18)
+        .write(&mem, 64)
+        .unwrap();
+    a.post_send(&mem, d).unwrap();
+    assert_eq!(a.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
+    assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+    let mut got = [0u8; 18];
+    mem.read(6144, &mut got).unwrap();
+    assert_eq!(&got, b"after the refusals");
+    a.disconnect().unwrap();
+    let _ = b.disconnect();
+    // The refused VIs left their protection tag no user.
+    nic.destroy_ptag(ptag).unwrap();
+    nic.close().unwrap();
 }

@@ -628,6 +628,7 @@ impl Verbs {
     }
 
     fn new_qp(&self, a: &ViAttributes, srq: Option<u32>) -> Result<Arc<Qp>> {
+        failpoint!("verbs-create-qp", |_| Err(Error::Resource));
         let pd = self.pd(a.ptag.id())?;
         let srq = match srq {
             Some(id) => Some(
@@ -1439,6 +1440,7 @@ impl Device for Verbs {
         if r.flags & flags::RDMA_READ != 0 {
             access |= ibv::ACCESS_REMOTE_READ;
         }
+        failpoint!("verbs-reg-mr", |_| Err(Error::Resource));
         // SAFETY: the registration path pinned these pages and keeps them
         // mapped until `remove_region` (which drops the MR first).
         #[allow(unsafe_code)]
