@@ -142,6 +142,9 @@ struct SendRec {
 /// The device side of one VI.
 struct ViQp {
     generation: u16,
+    /// The VI (a completion finds it here, under the lock it takes anyway,
+    /// rather than in the NIC's table of VIs).
+    core: std::sync::Weak<ViCore>,
     reliability: Reliability,
     ptag: u32,
     /// Remote access the QP allows (the VI's RDMA enables).
@@ -923,20 +926,18 @@ impl Verbs {
             self.complete_srq(nic, wc, slot & !SRQ_SLOT, pos);
             return;
         }
-        let Some(vi) = nic.vi(slot, generation) else {
-            return;
-        };
         let ok = wc.status == ibv::WC_SUCCESS;
         let flushed = wc.status == ibv::WC_WR_FLUSH_ERR;
         // One look under the VI's lock (the poster takes it on every post):
-        // whether the QP went to ERROR by itself (an error of this or the
-        // peer's side: the VI breaks), and the record of the request.
-        let (broke, taken) = {
+        // the VI, whether the QP went to ERROR by itself (an error of this
+        // or the peer's side: the VI breaks), and the record of the request.
+        let (vi, broke, taken) = {
             let mut g = self.vis[slot as usize].lock();
             let v = match g.as_mut() {
                 Some(v) if v.generation == generation => v,
                 _ => return,
             };
+            let Some(vi) = v.core.upgrade() else { return };
             if v.recovery.is_some() || (recv && !ok && !flushed && recoverable(v, wc.status)) {
                 let out = self.recover(v, wc, recv, pos, slot, generation);
                 drop(g);
@@ -948,7 +949,7 @@ impl Verbs {
             } else {
                 v.sends.take(pos).map(|r| Taken::Send(*r, v.reliability))
             };
-            (!ok && !v.erroring, taken)
+            (vi, !ok && !v.erroring, taken)
         };
         if !ok && !flushed {
             log::info!(
@@ -1521,7 +1522,7 @@ impl Device for Verbs {
 
     // ---- VIs ----
 
-    fn add_vi(&self, _nic: &NicInner, vi: &ViCore) -> Result<()> {
+    fn add_vi(&self, nic: &NicInner, vi: &ViCore) -> Result<()> {
         let a = vi.attributes();
         let qp = self.new_qp(&a, None)?;
         *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
@@ -1529,8 +1530,12 @@ impl Device for Verbs {
             .lock()
             .unwrap()
             .insert(qp.qpn, (vi.slot, vi.generation));
+        let core = nic
+            .vi(vi.slot, vi.generation)
+            .map_or_else(std::sync::Weak::new, |a| Arc::downgrade(&a));
         *self.vis[vi.slot as usize].lock() = Some(ViQp {
             generation: vi.generation,
+            core,
             reliability: a.reliability,
             ptag: a.ptag.id(),
             access: qp_access(&a),
