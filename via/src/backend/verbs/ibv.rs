@@ -545,6 +545,34 @@ pub(crate) struct Sge {
     pub lkey: u32,
 }
 
+/// A scatter/gather list of at most `N` entries built on the stack
+/// without clearing the entries it does not use (a send's list: 16
+/// entries of 16 bytes zeroed per post otherwise).
+pub(crate) struct SgeList<const N: usize> {
+    buf: [std::mem::MaybeUninit<Sge>; N],
+    len: usize,
+}
+
+impl<const N: usize> SgeList<N> {
+    pub fn new() -> Self {
+        SgeList {
+            buf: [const { std::mem::MaybeUninit::uninit() }; N],
+            len: 0,
+        }
+    }
+
+    /// Appends `s` (panics when full: callers push at most `N`).
+    pub fn push(&mut self, s: Sge) {
+        self.buf[self.len].write(s);
+        self.len += 1;
+    }
+
+    pub fn as_slice(&self) -> &[Sge] {
+        // SAFETY: `push` wrote the first `len` entries.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<Sge>(), self.len) }
+    }
+}
+
 const _: () = {
     assert!(size_of::<Sge>() == size_of::<sys::ibv_sge>());
     assert!(align_of::<Sge>() == align_of::<sys::ibv_sge>());

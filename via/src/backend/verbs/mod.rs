@@ -59,7 +59,8 @@ use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
 use ibv::{
-    Context, Cq, Mr, OneReq, Opcode, Pd, Qp, Remote, SendOp, SendReq, Sge, Srq, Transport, Wc,
+    Context, Cq, Mr, OneReq, Opcode, Pd, Qp, Remote, SendOp, SendReq, Sge, SgeList, Srq, Transport,
+    Wc,
 };
 use keys::{Epoch, Key, KeyCache};
 use records::{PosRing, RecvDone, RecvRec, RecvSlab};
@@ -1238,20 +1239,19 @@ impl Verbs {
         let local = wr.local();
         // On the stack: the post itself runs after the VI's lock is
         // released (below).
-        let mut sge_buf = [Sge::default(); crate::descriptor::MAX_SEGMENTS];
-        let sges = &mut sge_buf[..local.len()];
+        let mut sge_list = SgeList::<{ crate::descriptor::MAX_SEGMENTS }>::new();
         v.keys.validate(self.mr_epoch.now());
-        for (d, s) in sges.iter_mut().zip(local) {
+        for s in local {
             let Some(k) = v.keys.get(s.handle, |h| self.mr_key(h)) else {
                 drop(g);
                 self.complete_now(nic, vi, wr, status::PROTECTION_ERROR | op_status);
                 return Ok(());
             };
-            *d = Sge {
+            sge_list.push(Sge {
                 addr: s.va,
                 len: s.len,
                 lkey: k.lkey,
-            };
+            });
         }
         if !v.connected || vi.broken.load(Ordering::Acquire) {
             drop(g);
@@ -1271,7 +1271,7 @@ impl Verbs {
             op_status,
             rdma,
         };
-        let sges = &sge_buf[..local.len()];
+        let sges = sge_list.as_slice();
         if let Some(c) = &self.central {
             // In this VI's order (under its lock); the poster posts it.
             let mut q = Queued {
