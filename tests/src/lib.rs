@@ -459,6 +459,35 @@ pub fn post_recv(s: &Setup, desc: usize, buf: usize, len: u32) {
     s.vi.post_recv(&s.mem, d).unwrap();
 }
 
+/// Two VIs of this process with attributes `a`, connected peer to peer
+/// (discriminators `<tag>-s` and `<tag>-r`); `attach` runs on the second
+/// before the connection (an SRQ is attached while the VI is idle).
+pub fn local_pair(nic: &Nic, a: &ViAttributes, tag: &str, attach: impl FnOnce(&Vi)) -> (Vi, Vi) {
+    let s = nic.create_vi(a, None, None).unwrap();
+    let r = nic.create_vi(a, None, None).unwrap();
+    attach(&r);
+    let (x, y) = (
+        nic.address(&disc(&format!("{tag}-s"))),
+        nic.address(&disc(&format!("{tag}-r"))),
+    );
+    s.connect_peer(&x, &y, WAIT).unwrap();
+    r.connect_peer(&y, &x, WAIT).unwrap();
+    s.connect_peer_wait().unwrap();
+    r.connect_peer_wait().unwrap();
+    (s, r)
+}
+
+/// Posts, at descriptor 0 of `s`, a receive of two 60-byte segments (at
+/// 8192 and 9000): one byte short of a 121-byte message.
+pub fn post_short_recv(s: &Setup) {
+    let d = DescBuilder::recv()
+        .segment(&s.mem, 8192, 60)
+        .segment(&s.mem, 9000, 60)
+        .write(&s.mem, 0)
+        .unwrap();
+    s.vi.post_recv(&s.mem, d).unwrap();
+}
+
 /// Posts a send of `len` bytes at `buf` using the descriptor at `desc`.
 pub fn post_send(s: &Setup, desc: usize, buf: usize, len: u32) {
     let d = DescBuilder::send()

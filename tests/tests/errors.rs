@@ -404,12 +404,7 @@ fn message_longer_than_the_receive() {
         let (s, mut p) = pair(rel, "lenerr");
         let errs = ErrorLog::install(&s.nic);
         // Two segments of 60 bytes; the message is 121 bytes.
-        let d = DescBuilder::recv()
-            .segment(&s.mem, 8192, 60)
-            .segment(&s.mem, 9000, 60)
-            .write(&s.mem, 0)
-            .unwrap();
-        s.vi.post_recv(&s.mem, d).unwrap();
+        post_short_recv(&s);
         if rel == Reliability::Unreliable {
             // Two more receives behind the short one: they stay posted, in
             // order (on verbs the QP goes through ERROR and back, and they

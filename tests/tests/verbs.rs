@@ -332,37 +332,15 @@ fn post_cost_against_bare_ibv_post_send() {
     p.exit();
 }
 
-/// Two VIs of this process connected peer to peer; `attach` runs on the
-/// receiving one before the connection (an SRQ is attached while idle).
-fn local_pair(
+/// [`local_pair`] of Reliable Reception VIs.
+fn rr_pair(
     nic: &Nic,
     ptag: via::Ptag,
     tag: &str,
     attach: impl FnOnce(&via::Vi),
 ) -> (via::Vi, via::Vi) {
     let a = via::ViAttributes::new(Reliability::ReliableReception, ptag);
-    local_pair_with(nic, &a, tag, attach)
-}
-
-/// [`local_pair`] of VIs with attributes `a`.
-fn local_pair_with(
-    nic: &Nic,
-    a: &via::ViAttributes,
-    tag: &str,
-    attach: impl FnOnce(&via::Vi),
-) -> (via::Vi, via::Vi) {
-    let s = nic.create_vi(a, None, None).unwrap();
-    let r = nic.create_vi(a, None, None).unwrap();
-    attach(&r);
-    let (x, y) = (
-        nic.address(&disc(&format!("{tag}-s"))),
-        nic.address(&disc(&format!("{tag}-r"))),
-    );
-    s.connect_peer(&x, &y, WAIT).unwrap();
-    r.connect_peer(&y, &x, WAIT).unwrap();
-    s.connect_peer_wait().unwrap();
-    r.connect_peer_wait().unwrap();
-    (s, r)
+    local_pair(nic, &a, tag, attach)
 }
 
 /// Shared receive queue (extension): three VIs take their receives from
@@ -388,7 +366,7 @@ fn srq_shared_by_several_vis() {
     }
     let pairs: Vec<_> = (0..3)
         .map(|k| {
-            local_pair(&nic, ptag, &format!("srq{k}"), |r| {
+            rr_pair(&nic, ptag, &format!("srq{k}"), |r| {
                 r.set_srq(Some(&srq)).unwrap()
             })
         })
@@ -540,7 +518,7 @@ fn parked_registrations_keep_their_memory_region() {
     let ptag = nic.create_ptag().unwrap();
     let mut a = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
     a.enable_rdma_write = true;
-    let (s, r) = local_pair_with(&nic, &a, "park", |_| {});
+    let (s, r) = local_pair(&nic, &a, "park", |_| {});
     // Descriptors at 0 (receive) and 64 (send); received bytes at 8192.
     let ring = Region::new(&nic, 1 << 16, ptag, false, false).unwrap();
     let mem = via::Memory::new(1 << 20).unwrap();

@@ -123,7 +123,7 @@ fn doorbell_bench_child() {
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
     for i in 0..n_max {
-        let (s, r) = local_pair(&nic, ptag, &format!("db{i}"));
+        let (s, r) = rc_pair(&nic, ptag, &format!("db{i}"));
         senders.push(s);
         receivers.push(r);
     }
@@ -208,20 +208,10 @@ fn iters() -> u32 {
 }
 
 /// Two VIs of this process connected peer to peer (RC, RDMA write on).
-fn local_pair(nic: &via::Nic, ptag: via::Ptag, tag: &str) -> (via::Vi, via::Vi) {
+fn rc_pair(nic: &via::Nic, ptag: via::Ptag, tag: &str) -> (via::Vi, via::Vi) {
     let mut a = ViAttributes::new(Reliability::ReliableDelivery, ptag);
     a.enable_rdma_write = true;
-    let s = nic.create_vi(&a, None, None).unwrap();
-    let r = nic.create_vi(&a, None, None).unwrap();
-    let (x, y) = (
-        nic.address(&disc(&format!("{tag}-s"))),
-        nic.address(&disc(&format!("{tag}-r"))),
-    );
-    s.connect_peer(&x, &y, WAIT).unwrap();
-    r.connect_peer(&y, &x, WAIT).unwrap();
-    s.connect_peer_wait().unwrap();
-    r.connect_peer_wait().unwrap();
-    (s, r)
+    local_pair(nic, &a, tag, |_| {})
 }
 
 fn wait_ok(vi: &via::Vi, send: bool) {
@@ -255,7 +245,7 @@ fn post_cost_by_size() {
     // (their contents do not matter), then the RDMA target.
     let (descs, src, dst, target) = (0usize, 8192usize, 8192 + 65536, 8192 + 2 * 65536);
     let mem = via::Region::new(&nic, target + 65536, ptag, true, false).unwrap();
-    let (s, r) = local_pair(&nic, ptag, "pc");
+    let (s, r) = rc_pair(&nic, ptag, "pc");
     let mut rows = Vec::new();
     for size in sizes() {
         let bare_send = via::bare_ibv_post_cost(&dev, n, size, false).unwrap();

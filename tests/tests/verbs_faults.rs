@@ -62,12 +62,7 @@ fn recovering_pair(tag: &str) -> (Setup, Peer) {
     let mut p = Peer::serve(PEER);
     p.cmd_expect("open u 262144 0 0", "MEM");
     s.connect_to(&mut p, &disc_str(tag));
-    let d = DescBuilder::recv()
-        .segment(&s.mem, 8192, 60)
-        .segment(&s.mem, 9000, 60)
-        .write(&s.mem, 0)
-        .unwrap();
-    s.vi.post_recv(&s.mem, d).unwrap();
+    post_short_recv(&s);
     post_recv(&s, 64, 16384, 121);
     post_recv(&s, 128, 20480, 121);
     (s, p)
@@ -161,17 +156,7 @@ fn a_deregistration_waits_for_the_completer_writing_into_the_region() {
     let _scenario = fail::FailScenario::setup();
     let nic = open_nic();
     let ptag = nic.create_ptag().unwrap();
-    let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
-    at.max_transfer_size = 65536;
-    let (a, b) = (
-        nic.create_vi(&at, None, None).unwrap(),
-        nic.create_vi(&at, None, None).unwrap(),
-    );
-    let (x, y) = (nic.address(&disc("drain-a")), nic.address(&disc("drain-b")));
-    a.connect_peer(&x, &y, WAIT).unwrap();
-    b.connect_peer(&y, &x, WAIT).unwrap();
-    a.connect_peer_wait().unwrap();
-    b.connect_peer_wait().unwrap();
+    let (a, b) = rd_pair(&nic, ptag, "drain");
     let dst = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
     let r = DescBuilder::recv()
         .segment(&dst, 1024, 64)
@@ -273,23 +258,42 @@ fn a_connection_whose_qp_cannot_come_up_leaves_the_vi_idle_with_its_receives() {
     p.exit();
 }
 
-/// Two VIs of this process connected to each other (Reliable Delivery).
-fn local_pair(nic: &via::Nic, ptag: via::Ptag, tag: &str) -> (via::Vi, via::Vi) {
+/// Sends `len` bytes at `off` of `src` (its descriptor at `desc` there)
+/// over the pair `(a, b)` into a region of `ptag` of `b`'s, both completing
+/// successfully; the bytes that arrived.
+fn send_through(
+    nic: &via::Nic,
+    ptag: via::Ptag,
+    (a, b): (&via::Vi, &via::Vi),
+    src: &via::Region,
+    off: usize,
+    len: usize,
+    desc: usize,
+) -> Vec<u8> {
+    let dst = via::Region::new(nic, 4096 + len, ptag, false, false).unwrap();
+    let r = DescBuilder::recv()
+        .segment(&dst, 4096, len as u32)
+        .write(&dst, 0)
+        .unwrap();
+    b.post_recv(&dst, r).unwrap();
+    let d = DescBuilder::send()
+        .segment(src, off, len as u32)
+        .write(src, desc)
+        .unwrap();
+    a.post_send(src, d).unwrap();
+    assert_eq!(a.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
+    assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+    let mut got = vec![0u8; len];
+    dst.read(4096, &mut got).unwrap();
+    got
+}
+
+/// Two VIs of this process connected to each other (Reliable Delivery,
+/// MaxTransferSize 64 KiB).
+fn rd_pair(nic: &via::Nic, ptag: via::Ptag, tag: &str) -> (via::Vi, via::Vi) {
     let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
     at.max_transfer_size = 65536;
-    let (a, b) = (
-        nic.create_vi(&at, None, None).unwrap(),
-        nic.create_vi(&at, None, None).unwrap(),
-    );
-    let (x, y) = (
-        nic.address(&disc(&format!("{tag}-a"))),
-        nic.address(&disc(&format!("{tag}-b"))),
-    );
-    a.connect_peer(&x, &y, WAIT).unwrap();
-    b.connect_peer(&y, &x, WAIT).unwrap();
-    a.connect_peer_wait().unwrap();
-    b.connect_peer_wait().unwrap();
-    (a, b)
+    local_pair(nic, &at, tag, |_| {})
 }
 
 #[test]
@@ -317,22 +321,8 @@ fn a_registration_the_device_refuses_leaves_the_memory_as_it_was() {
     mem.write(N, b"still mine").unwrap();
     // Registered now, its bytes travel.
     let m = via::Region::within(&nic, &mem, 0, N + 4096, ptag, false, false).unwrap();
-    let (a, b) = local_pair(&nic, ptag, "regfail");
-    let dst = via::Region::new(&nic, 2 * N, ptag, false, false).unwrap();
-    let r = DescBuilder::recv()
-        .segment(&dst, N, N as u32)
-        .write(&dst, 0)
-        .unwrap();
-    b.post_recv(&dst, r).unwrap();
-    let d = DescBuilder::send()
-        .segment(&m, 0, N as u32)
-        .write(&m, N + 64)
-        .unwrap();
-    a.post_send(&m, d).unwrap();
-    assert_eq!(a.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
-    assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
-    let mut got = vec![0u8; N];
-    dst.read(N, &mut got).unwrap();
+    let (a, b) = rd_pair(&nic, ptag, "regfail");
+    let got = send_through(&nic, ptag, (&a, &b), &m, 0, N, N + 64);
     assert!(got == data, "the registered memory sent other bytes");
     a.disconnect().unwrap();
     let _ = b.disconnect();
@@ -358,24 +348,11 @@ fn a_vi_the_device_cannot_create_leaves_nothing_behind() {
     }
     fail::remove("verbs-create-qp");
     let ptag2 = nic.create_ptag().unwrap();
-    let (a, b) = local_pair(&nic, ptag2, "qpfail");
+    let (a, b) = rd_pair(&nic, ptag2, "qpfail");
     let mem = via::Region::new(&nic, 8192, ptag2, false, false).unwrap();
     mem.write(4096, b"after the refusals").unwrap();
-    let r = DescBuilder::recv()
-        .segment(&mem, 6144, 64)
-        .write(&mem, 0)
-        .unwrap();
-    b.post_recv(&mem, r).unwrap();
-    let d = DescBuilder::send()
-        .segment(&mem, 4096, 18)
-        .write(&mem, 64)
-        .unwrap();
-    a.post_send(&mem, d).unwrap();
-    assert_eq!(a.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
-    assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
-    let mut got = [0u8; 18];
-    mem.read(6144, &mut got).unwrap();
-    assert_eq!(&got, b"after the refusals");
+    let got = send_through(&nic, ptag2, (&a, &b), &mem, 4096, 18, 64);
+    assert_eq!(got, b"after the refusals");
     a.disconnect().unwrap();
     let _ = b.disconnect();
     // The refused VIs left their protection tag no user.
