@@ -10,7 +10,7 @@
 //!   microseconds, held open here by `verbs-recovery-holds`): the failed
 //!   receive completes with its length error, every kept one flushed, in
 //!   order;
-//! * the QP cannot come back (`verbs-recovery-repost` fails the second
+//! * the QP cannot come back (`verbs-repost` fails the second
 //!   receive posted again): the VI breaks (`VIP_ERROR_CONN_LOST`), the
 //!   failed receive completes with its length error and the others
 //!   flushed, none lost.
@@ -129,7 +129,7 @@ fn a_qp_that_cannot_come_back_breaks_the_vi_with_every_receive_completed() {
     let _scenario = fail::FailScenario::setup();
     // The first kept receive is posted again, the second is refused: one
     // receive on the QP (flushed when it goes to ERROR again), one kept.
-    fail::cfg("verbs-recovery-repost", "1*off->return").unwrap();
+    fail::cfg("verbs-repost", "1*off->return").unwrap();
     let (s, mut p) = recovering_pair("fault-back");
     let errs = ErrorLog::install(&s.nic);
     send_too_long(&mut p);

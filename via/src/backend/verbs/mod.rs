@@ -203,6 +203,26 @@ impl ViQp {
         v.sort_by_key(|(p, _)| p.wrapping_sub(pos) & records::POS_MASK);
         v
     }
+
+    /// Posts the receives `kept` (in queue order) to the QP again, counting
+    /// them in `posted`, after a RESET dropped them.
+    fn post_again(
+        &self,
+        kept: &[(u64, RecvRec)],
+        slot: u32,
+        generation: u16,
+        posted: &mut usize,
+    ) -> std::io::Result<()> {
+        for (p, rec) in kept {
+            failpoint!("verbs-repost", |_| Err(std::io::Error::other(
+                "fail point verbs-repost"
+            )));
+            self.qp
+                .post_recv(wr_id(slot, generation, true, *p), rec.sges())?;
+            *posted += 1;
+        }
+        Ok(())
+    }
 }
 
 /// What a completion during a [`Recovery`] leaves to complete.
@@ -751,15 +771,7 @@ impl Verbs {
                 v.psn = new_psn();
                 v.qp.reset(PORT, v.access)
                     .and_then(|_| v.qp.connect(&remote, v.psn, mtu, PORT, self.gid_index))
-                    .and_then(|_| {
-                        kept.iter().try_for_each(|(p, rec)| {
-                            failpoint!("verbs-recovery-repost", |_| Err(std::io::Error::other(
-                                "fail point verbs-recovery-repost"
-                            )));
-                            v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())
-                                .map(|_| posted += 1)
-                        })
-                    })
+                    .and_then(|_| v.post_again(&kept, slot, generation, &mut posted))
             }
             None => Err(std::io::Error::other("no peer recorded")),
         };
@@ -795,10 +807,9 @@ impl Verbs {
             return Ok(0);
         };
         let kept = v.recvs_after(first.wrapping_sub(QUEUE_DEPTH as u64) & records::POS_MASK);
-        for (p, rec) in &kept {
-            v.qp.post_recv(wr_id(slot, generation, true, *p), rec.sges())?;
-        }
-        Ok(kept.len())
+        let mut posted = 0;
+        v.post_again(&kept, slot, generation, &mut posted)?;
+        Ok(posted)
     }
 
     /// Completes what [`Verbs::recover`] handed out (no lock held).
