@@ -230,12 +230,7 @@ fn finish(
                 vi.abort_connect();
                 // The peer accepted and may use the connection already: it
                 // hears that it is lost, as if we had disconnected.
-                let me = vi.endpoint(nic);
-                let reason = crate::proto::REASON_CONN_LOST;
-                if let Err(d) = nic.process.agent().and_then(|a| {
-                    a.call(&Request::Disconnect { peer, me, reason }, None)
-                        .map_err(viad_gone)
-                }) {
+                if let Err(d) = vi.tell_peer_lost(nic, peer) {
                     log::warn!("connect: the peer of a connection that failed was not told ({d})");
                 }
                 return Err(e);

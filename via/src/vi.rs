@@ -911,6 +911,19 @@ impl ViCore {
         n
     }
 
+    /// Tells `peer`, through viad, that its connection to this VI is lost
+    /// (`CONN_LOST`); returns once its engine no longer uses it.
+    pub(crate) fn tell_peer_lost(&self, nic: &NicInner, peer: Endpoint) -> std::io::Result<()> {
+        let me = self.endpoint(nic);
+        let a = nic
+            .process
+            .agent()
+            .map_err(|_| std::io::Error::other("no viad session"))?;
+        let reason = crate::proto::REASON_CONN_LOST;
+        a.call(&Request::Disconnect { peer, me, reason }, None)
+            .map(|_| ())
+    }
+
     /// `VipDisconnect`.
     pub fn disconnect(&self, nic: &NicInner) -> Result<()> {
         let peer = {
@@ -930,16 +943,7 @@ impl ViCore {
         nic.dev.quiesce(nic);
         if let Some(peer) = peer {
             // Wait until the peer's engine no longer uses this connection.
-            let me = self.endpoint(nic);
-            let r = nic
-                .process
-                .agent()
-                .map_err(|_| std::io::Error::other("no viad session"))
-                .and_then(|a| {
-                    let reason = crate::proto::REASON_CONN_LOST;
-                    a.call(&Request::Disconnect { peer, me, reason }, None)
-                });
-            if let Err(e) = r {
+            if let Err(e) = self.tell_peer_lost(nic, peer) {
                 log::warn!("disconnect: viad unreachable ({e}); flushing anyway");
             }
         }
