@@ -359,3 +359,184 @@ fn a_vi_the_device_cannot_create_leaves_nothing_behind() {
     nic.destroy_ptag(ptag).unwrap();
     nic.close().unwrap();
 }
+
+/// Counter `name` of port 1 of `dev` (rxe counts every packet of the VM's
+/// QPs: here, only this test's).
+fn counter(dev: &str, name: &str) -> u64 {
+    let p = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}");
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    s.trim().parse().unwrap()
+}
+
+/// Waits until the device's counter `name` reaches `n` (the device's own
+/// progress, polled); false if it has not within `T`.
+fn counter_reaches(dev: &str, name: &str, n: u64) -> bool {
+    let deadline = std::time::Instant::now() + T;
+    while counter(dev, name) < n {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// Full queues on `pairs` pairs of VIs of `nic`: every receive queue of
+/// the second VIs, then every send queue of the first, 8-byte messages
+/// (pair `k`, message `i`: the bytes of `k * 65536 + i`), posted with
+/// the completer kept from the device's CQs (`verbs-drain`). Returns the
+/// pairs, their regions, and how many messages there are.
+#[allow(clippy::type_complexity)]
+fn full_queues(
+    nic: &via::Nic,
+    ptag: via::Ptag,
+    pairs: usize,
+    tag: &str,
+) -> (
+    Vec<(via::Vi, via::Vi)>,
+    Vec<(via::Region, via::Region)>,
+    usize,
+) {
+    let depth = nic.attributes().max_descriptors_per_queue as usize;
+    let data = depth * 64;
+    let vis: Vec<_> = (0..pairs)
+        .map(|k| rd_pair(nic, ptag, &format!("{tag}{k}")))
+        .collect();
+    let mems: Vec<_> = (0..pairs)
+        .map(|_| {
+            let r = || via::Region::new(nic, data + depth * 8, ptag, false, false).unwrap();
+            (r(), r())
+        })
+        .collect();
+    for ((a, b), (sm, rm)) in vis.iter().zip(&mems) {
+        for i in 0..depth {
+            let d = DescBuilder::recv()
+                .segment(rm, data + i * 8, 8)
+                .write(rm, i * 64)
+                .unwrap();
+            b.post_recv(rm, d).unwrap();
+        }
+        let k = vis.iter().position(|(x, _)| std::ptr::eq(x, a)).unwrap();
+        for i in 0..depth {
+            sm.write(data + i * 8, &((k * 65536 + i) as u64).to_le_bytes())
+                .unwrap();
+            let d = DescBuilder::send()
+                .segment(sm, data + i * 8, 8)
+                .write(sm, i * 64)
+                .unwrap();
+            a.post_send(sm, d).unwrap();
+        }
+    }
+    (vis, mems, pairs * depth)
+}
+
+#[test]
+fn full_queues_of_many_vis_lose_no_completion_while_the_completer_is_held() {
+    let Some(dev) = verbs_device() else { return };
+    let _scenario = fail::FailScenario::setup();
+    // CQs of 2,048 entries asked (rxe makes 4,095): one VI's two queues
+    // each, so the 10 VIs below are spread over 10 CQs.
+    fail::cfg("verbs-cq-entries", "return(2048)").unwrap();
+    let nic = open_nic();
+    let (tx, errors) = std::sync::mpsc::channel();
+    nic.set_error_callback(move |e| {
+        let _ = tx.send(*e);
+    });
+    let ptag = nic.create_ptag().unwrap();
+    let (sent, rcvd) = (counter(&dev, "sent_pkts"), counter(&dev, "rcvd_pkts"));
+    // No completion taken from the device until every one is there.
+    fail::cfg("verbs-drain", "return").unwrap();
+    let (vis, mems, n) = full_queues(&nic, ptag, 5, "full");
+    // Each message and its acknowledgement sent, and received: rxe sends
+    // the acknowledgement after the receive's completion is in its CQ, so
+    // every receive completion (5,120, more than one CQ holds) is there,
+    // and the send completions follow the acknowledgements.
+    let n2 = 2 * n as u64;
+    assert!(
+        counter_reaches(&dev, "sent_pkts", sent + n2)
+            && counter_reaches(&dev, "rcvd_pkts", rcvd + n2),
+        "rxe did not deliver and acknowledge the {n} messages (sent {}, received {} packets of {n2})",
+        counter(&dev, "sent_pkts") - sent,
+        counter(&dev, "rcvd_pkts") - rcvd
+    );
+    fail::remove("verbs-drain");
+    // Every completion arrives, in order, with its bytes.
+    let depth = n / vis.len();
+    for (k, ((a, b), (sm, rm))) in vis.iter().zip(&mems).enumerate() {
+        for i in 0..depth {
+            let c = a.send_wait(WAIT).unwrap();
+            assert_eq!(
+                (c.desc, c.status),
+                (sm.addr(i * 64).unwrap(), DONE | OP_SEND)
+            );
+            let c = b.recv_wait(WAIT).unwrap();
+            assert_eq!(
+                (c.desc, c.status),
+                (rm.addr(i * 64).unwrap(), DONE | OP_RECEIVE)
+            );
+            let mut got = [0u8; 8];
+            rm.read(depth * 64 + i * 8, &mut got).unwrap();
+            assert_eq!(
+                u64::from_le_bytes(got),
+                (k * 65536 + i) as u64,
+                "pair {k} message {i}"
+            );
+        }
+    }
+    let seen: Vec<_> = errors.try_iter().collect();
+    assert!(seen.is_empty(), "asynchronous errors: {seen:?}");
+    for (a, b) in &vis {
+        a.disconnect().unwrap();
+        let _ = b.disconnect();
+    }
+    drop(mems);
+    nic.close().unwrap();
+}
+
+#[test]
+fn a_device_cq_that_overruns_is_the_nics_catastrophic_error_and_no_descriptor_hangs() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    // As one device CQ for every VI was: every QP on the first CQ (4,095
+    // entries here), reserving nothing.
+    fail::cfg("verbs-cq-entries", "return(2048)").unwrap();
+    fail::cfg("verbs-cq-overcommit", "return").unwrap();
+    let nic = open_nic();
+    let (tx, errors) = std::sync::mpsc::channel();
+    nic.set_error_callback(move |e| {
+        let _ = tx.send(*e);
+    });
+    let ptag = nic.create_ptag().unwrap();
+    fail::cfg("verbs-drain", "return").unwrap();
+    // 3,072 receives and as many sends: more completions than the CQ holds.
+    let (vis, mems, n) = full_queues(&nic, ptag, 3, "overrun");
+    // rxe reports the overrun (IBV_EVENT_CQ_ERR), read by the progress
+    // thread: the NIC's catastrophic error.
+    let catastrophic = loop {
+        match errors.recv_timeout(Duration::from_secs(60)) {
+            Ok(e) if e.code == ErrorCode::Catastrophic => break e,
+            Ok(_) => continue,
+            Err(e) => panic!("no catastrophic error reported: {e}"),
+        }
+    };
+    assert_eq!(catastrophic.resource, via::ResourceCode::Nic);
+    fail::remove("verbs-drain");
+    // Every VI on the CQ breaks; every descriptor completes (the lost
+    // completions' descriptors flushed), none is left waiting.
+    let long = Some(Duration::from_secs(120));
+    let mut failed = 0;
+    for (a, b) in &vis {
+        for _ in 0..n / vis.len() {
+            for c in [a.send_wait(long).unwrap(), b.recv_wait(long).unwrap()] {
+                assert_ne!(c.status & DONE, 0);
+                failed += (c.status & ERROR_MASK != 0) as usize;
+            }
+        }
+        assert_eq!(a.state(), ViState::Error);
+    }
+    assert!(failed > 0, "an overrun CQ lost no completion");
+    drop(mems);
+    nic.close().unwrap();
+}

@@ -47,14 +47,17 @@ impl Bare {
         let port = ctx.port(PORT)?;
         let (gid_index, gid) = pick_gid(&ctx);
         let pd = Pd::new(&ctx)?;
-        let cq = Cq::new(&ctx, 4096)?;
+        let cq = Cq::new(&ctx, 4096, None)?;
+        let share = cq
+            .reserve(2 * depth)
+            .ok_or_else(|| io::Error::other("the CQ is too small for the QP"))?;
         let buf = vec![0u8; BUF].into_boxed_slice();
         let access = ibv::ACCESS_LOCAL_WRITE | ibv::ACCESS_REMOTE_WRITE;
         // SAFETY: `buf` is kept in the returned value and dropped after the
         // MR (field order).
         #[allow(unsafe_code)]
         let mr = unsafe { pd.register(buf.as_ptr() as u64, BUF as u64, access)? };
-        let qp = Qp::new(&pd, &cq, Transport::Rc, depth, 1, None)?;
+        let qp = Qp::new(&pd, share, Transport::Rc, depth, 1, None)?;
         qp.init(PORT, access)?;
         Ok(Bare {
             qp,

@@ -14,6 +14,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rdma_mummy_sys as sys;
 
@@ -212,6 +213,108 @@ impl Context {
     }
 }
 
+/// An asynchronous event of the device (`ibv_get_async_event`), as the
+/// kind acts on it.
+#[derive(Debug)]
+pub(crate) enum DeviceEvent {
+    /// A CQ overran: it lost completions (the CQ's address).
+    CqError(usize),
+    /// A QP went to ERROR by itself: its number, and the event's name
+    /// (`QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`).
+    QpError(u32, &'static str),
+    /// An SRQ failed (its address).
+    SrqError(usize),
+    /// The device stopped working.
+    DeviceFatal,
+    /// A port came up or went down.
+    Port { port: i32, up: bool },
+    /// Anything else, by name: nothing to do but log it.
+    Other(&'static str),
+}
+
+/// The names of `ibv_event_type` values (libibverbs' `ibv_event_type_str`
+/// would need a value of the binding's enum: one libibverbs does not
+/// know yet would be undefined behaviour there).
+const EVENT_NAMES: [&str; 21] = [
+    "CQ_ERR",
+    "QP_FATAL",
+    "QP_REQ_ERR",
+    "QP_ACCESS_ERR",
+    "COMM_EST",
+    "SQ_DRAINED",
+    "PATH_MIG",
+    "PATH_MIG_ERR",
+    "DEVICE_FATAL",
+    "PORT_ACTIVE",
+    "PORT_ERR",
+    "LID_CHANGE",
+    "PKEY_CHANGE",
+    "SM_CHANGE",
+    "SRQ_ERR",
+    "SRQ_LIMIT_REACHED",
+    "QP_LAST_WQE_REACHED",
+    "CLIENT_REREGISTER",
+    "GID_CHANGE",
+    "WQ_FATAL",
+    "DEVICE_SPEED_CHANGE",
+];
+
+impl Context {
+    /// The largest CQ the device makes (`max_cqe`).
+    pub fn max_cqe(&self) -> io::Result<i32> {
+        // SAFETY: plain data; all-zero is a valid value.
+        let mut a: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is live; `a` is a valid out-pointer.
+        let rc = unsafe { sys::ibv_query_device(self.ctx, &mut a) };
+        check(rc, "ibv_query_device")?;
+        Ok(a.max_cqe)
+    }
+
+    /// The file descriptor of the device's asynchronous events (readable:
+    /// one waits), made non-blocking.
+    pub fn async_fd(&self) -> io::Result<RawFd> {
+        // SAFETY: `ctx` is live.
+        let fd = unsafe { (*self.ctx).async_fd };
+        set_nonblocking(fd, "asynchronous event fd")?;
+        Ok(fd)
+    }
+
+    /// Takes and acknowledges the next asynchronous event; `None` when none
+    /// waits (the fd is non-blocking: [`Context::async_fd`]).
+    pub fn take_async_event(&self) -> Option<DeviceEvent> {
+        let mut ev = std::mem::MaybeUninit::<sys::ibv_async_event>::uninit();
+        // SAFETY: `ctx` is live; `ev` is a valid out-pointer. Non-blocking:
+        // fails (EAGAIN) when no event waits.
+        if unsafe { sys::ibv_get_async_event(self.ctx, ev.as_mut_ptr()) } != 0 {
+            return None;
+        }
+        let p = ev.as_mut_ptr();
+        // SAFETY: the call filled `ev`. The type is read as the integer the
+        // C library wrote (not as the binding's enum, which a newer
+        // library's value would make invalid).
+        let kind = unsafe { ptr::addr_of!((*p).event_type).cast::<u32>().read() };
+        let name = EVENT_NAMES.get(kind as usize).copied().unwrap_or("unknown");
+        // SAFETY: for each type the union holds the member read below; the
+        // QP, CQ or SRQ it points to lives until the event is acked.
+        let out = unsafe {
+            match kind {
+                0 => DeviceEvent::CqError((*p).element.cq.addr()),
+                1..=3 => DeviceEvent::QpError((*(*p).element.qp).qp_num, name),
+                8 => DeviceEvent::DeviceFatal,
+                9 | 10 => DeviceEvent::Port {
+                    port: (*p).element.port_num,
+                    up: kind == 9,
+                },
+                14 => DeviceEvent::SrqError((*p).element.srq.addr()),
+                _ => DeviceEvent::Other(name),
+            }
+        };
+        // SAFETY: the event just taken, acked once.
+        unsafe { sys::ibv_ack_async_event(p) };
+        Some(out)
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every object of the context holds an Arc of it, so none
@@ -314,10 +417,104 @@ impl Drop for Mr {
     }
 }
 
-/// A completion queue with its completion channel (for blocking).
+/// A completion channel: the one file descriptor where every CQ made with
+/// it signals (for blocking). Its fd is non-blocking, so a stale readiness
+/// never blocks the thread that takes the events.
+pub(crate) struct Channel {
+    channel: *mut sys::ibv_comp_channel,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Channel {}
+// SAFETY: see Context.
+unsafe impl Sync for Channel {}
+
+impl Channel {
+    /// A completion channel of `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> io::Result<Arc<Channel>> {
+        // SAFETY: `ctx` is live.
+        let channel = unsafe { sys::ibv_create_comp_channel(ctx.ctx) };
+        if channel.is_null() {
+            return Err(last_error("ibv_create_comp_channel"));
+        }
+        let c = Channel {
+            channel,
+            _ctx: ctx.clone(),
+        };
+        set_nonblocking(c.fd(), "completion channel")?;
+        Ok(Arc::new(c))
+    }
+
+    /// The channel's file descriptor (readable: an event waits).
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: `channel` is live.
+        unsafe { (*self.channel).fd }
+    }
+
+    /// Takes and acknowledges every event waiting; how many.
+    pub fn take_events(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut cx = ptr::null_mut();
+            // SAFETY: `channel` is live; out-pointers valid. The fd is
+            // non-blocking: with no event waiting the call fails (EAGAIN).
+            if unsafe { sys::ibv_get_cq_event(self.channel, &mut cq, &mut cx) } != 0 {
+                return n;
+            }
+            // SAFETY: `cq` is a CQ of this channel, alive until its events
+            // are acked (ibv_destroy_cq waits for them); acked once.
+            unsafe { sys::ibv_ack_cq_events(cq, 1) };
+            n += 1;
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ of the channel holds an Arc of it, so none is
+        // left; destroyed once.
+        unsafe { sys::ibv_destroy_comp_channel(self.channel) };
+    }
+}
+
+/// Waits up to `ms` milliseconds for one of `fds` to be readable; which
+/// are.
+pub(crate) fn wait_readable<const N: usize>(fds: [RawFd; N], ms: i32) -> [bool; N] {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: `N` valid pollfds for the call.
+    if unsafe { libc::poll(p.as_mut_ptr(), N as libc::nfds_t, ms) } <= 0 {
+        return [false; N];
+    }
+    p.map(|p| p.revents != 0)
+}
+
+/// Makes `fd` non-blocking.
+fn set_nonblocking(fd: RawFd, what: &str) -> io::Result<()> {
+    // SAFETY: plain fcntl on a live fd of ours.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(last_error(&format!("fcntl(O_NONBLOCK) of the {what}")));
+    }
+    Ok(())
+}
+
+/// A completion queue, and how many of its entries no QP or SRQ has
+/// reserved: a CQ overruns (the device loses completions, and on most
+/// devices every QP on it fails) when more completions are outstanding
+/// than it holds, so every user reserves its queue's depth first
+/// ([`Cq::reserve`]).
 pub(crate) struct Cq {
     cq: *mut sys::ibv_cq,
-    channel: *mut sys::ibv_comp_channel,
+    capacity: u32,
+    free: AtomicU32,
+    _channel: Option<Arc<Channel>>,
     _ctx: Arc<Context>,
 }
 
@@ -325,6 +522,26 @@ pub(crate) struct Cq {
 unsafe impl Send for Cq {}
 // SAFETY: see Context.
 unsafe impl Sync for Cq {}
+
+/// Entries of a [`Cq`] reserved by one user (a QP, an SRQ), given back when
+/// dropped.
+pub(crate) struct CqShare {
+    cq: Arc<Cq>,
+    entries: u32,
+}
+
+impl CqShare {
+    /// The CQ the entries are in.
+    pub fn cq(&self) -> &Arc<Cq> {
+        &self.cq
+    }
+}
+
+impl Drop for CqShare {
+    fn drop(&mut self) {
+        self.cq.free.fetch_add(self.entries, Ordering::Relaxed);
+    }
+}
 
 /// A work completion, as the kind needs it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -340,26 +557,50 @@ pub(crate) struct Wc {
 }
 
 impl Cq {
-    /// A CQ of `entries` entries on `ctx`, with a completion channel.
-    pub fn new(ctx: &Arc<Context>, entries: i32) -> io::Result<Arc<Cq>> {
-        // SAFETY: `ctx` is live.
-        let channel = unsafe { sys::ibv_create_comp_channel(ctx.ctx) };
-        if channel.is_null() {
-            return Err(last_error("ibv_create_comp_channel"));
-        }
-        // SAFETY: `ctx` and `channel` are live.
-        let cq = unsafe { sys::ibv_create_cq(ctx.ctx, entries, ptr::null_mut(), channel, 0) };
+    /// A CQ of at least `entries` entries on `ctx` (the device may make it
+    /// larger: [`Cq::capacity`]), signalling on `channel` if given.
+    pub fn new(
+        ctx: &Arc<Context>,
+        entries: i32,
+        channel: Option<&Arc<Channel>>,
+    ) -> io::Result<Arc<Cq>> {
+        let ch = channel.map_or(ptr::null_mut(), |c| c.channel);
+        // SAFETY: `ctx` and the channel (if any) are live; the CQ keeps
+        // them alive (Arcs).
+        let cq = unsafe { sys::ibv_create_cq(ctx.ctx, entries, ptr::null_mut(), ch, 0) };
         if cq.is_null() {
-            let e = last_error("ibv_create_cq");
-            // SAFETY: the channel has no CQ; destroyed once.
-            unsafe { sys::ibv_destroy_comp_channel(channel) };
-            return Err(e);
+            return Err(last_error("ibv_create_cq"));
         }
+        // SAFETY: live CQ; `cqe` is what the device made (>= `entries`).
+        let capacity = unsafe { (*cq).cqe }.max(0) as u32;
         Ok(Arc::new(Cq {
             cq,
-            channel,
+            capacity,
+            free: AtomicU32::new(capacity),
+            _channel: channel.cloned(),
             _ctx: ctx.clone(),
         }))
+    }
+
+    /// Entries the CQ holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Reserves `n` entries for one user; `None` if fewer are free.
+    pub fn reserve(self: &Arc<Self>, n: u32) -> Option<CqShare> {
+        self.free
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| f.checked_sub(n))
+            .ok()?;
+        Some(CqShare {
+            cq: self.clone(),
+            entries: n,
+        })
+    }
+
+    /// Whether this CQ is the one at `addr` (an asynchronous event's).
+    pub fn is(&self, addr: usize) -> bool {
+        self.cq.addr() == addr
     }
 
     /// Takes up to `max` completions (at most 16), handing each to `f` in
@@ -403,61 +644,14 @@ impl Cq {
             log::error!("ibv_req_notify_cq failed ({rc})");
         }
     }
-
-    /// The completion channel's file descriptor (readable: an event waits).
-    pub fn channel_fd(&self) -> RawFd {
-        // SAFETY: `channel` is live.
-        unsafe { (*self.channel).fd }
-    }
-
-    /// Consumes one channel event (after `channel_fd` polled readable) and
-    /// acknowledges it.
-    pub fn take_event(&self) {
-        let mut cq = ptr::null_mut();
-        let mut cx = ptr::null_mut();
-        // SAFETY: `channel` is live; out-pointers valid. Called only after
-        // the fd polled readable, so it does not block.
-        if unsafe { sys::ibv_get_cq_event(self.channel, &mut cq, &mut cx) } == 0 {
-            // SAFETY: `cq` is our CQ, the event just taken is acked once.
-            unsafe { sys::ibv_ack_cq_events(cq, 1) };
-        }
-    }
-
-    /// Waits up to `ms` milliseconds for a channel event, and takes it.
-    pub fn wait_event(&self, ms: i32) {
-        let mut p = libc::pollfd {
-            fd: self.channel_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the call.
-        if unsafe { libc::poll(&mut p, 1, ms) } > 0 {
-            self.take_event();
-        }
-    }
-
-    /// Makes the channel's fd non-blocking (so a stale readiness never
-    /// blocks the progress thread).
-    pub fn set_nonblocking(&self) -> io::Result<()> {
-        let fd = self.channel_fd();
-        // SAFETY: plain fcntl on a live fd we own.
-        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above.
-        if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
-            return Err(last_error("fcntl(O_NONBLOCK)"));
-        }
-        Ok(())
-    }
 }
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        // SAFETY: QPs hold an Arc of their CQ, so none is left; events were
-        // acked as taken. Destroyed once, the channel after the CQ.
-        unsafe {
-            sys::ibv_destroy_cq(self.cq);
-            sys::ibv_destroy_comp_channel(self.channel);
-        }
+        // SAFETY: QPs and SRQ users hold an Arc of their CQs, so none is
+        // left; events were acked as taken. Destroyed once, before the
+        // channel (which it holds).
+        unsafe { sys::ibv_destroy_cq(self.cq) };
     }
 }
 
@@ -492,6 +686,11 @@ impl Srq {
             srq,
             _pd: pd.clone(),
         }))
+    }
+
+    /// Whether this SRQ is the one at `addr` (an asynchronous event's).
+    pub fn is(&self, addr: usize) -> bool {
+        self.srq.addr() == addr
     }
 
     /// Posts one receive of `sges` with `wr_id`.
@@ -667,8 +866,12 @@ pub(crate) struct Qp {
     pub qpn: u32,
     pub transport: Transport,
     _pd: Arc<Pd>,
-    _cq: Arc<Cq>,
-    _srq: Option<Arc<Srq>>,
+    /// The entries reserved for its completions: of its send queue, and of
+    /// its receive queue unless it takes receives from an SRQ.
+    share: CqShare,
+    /// With an SRQ: where its receives complete (the SRQ's CQ, which holds
+    /// the entries for them).
+    srq: Option<(Arc<Srq>, Arc<Cq>)>,
 }
 
 // SAFETY: see Context.
@@ -677,21 +880,22 @@ unsafe impl Send for Qp {}
 unsafe impl Sync for Qp {}
 
 impl Qp {
-    /// Creates a QP of `transport` in `pd`, both queues on `cq`, every send
-    /// signalled; receives from `srq` when given (no receive queue of its
-    /// own then).
+    /// Creates a QP of `transport` in `pd`, every send signalled, its
+    /// completions on the CQ of `share` (which reserved the entries for
+    /// them); its receives from `srq` when given (no receive queue of its
+    /// own then), completing on the SRQ's CQ.
     pub fn new(
         pd: &Arc<Pd>,
-        cq: &Arc<Cq>,
+        share: CqShare,
         transport: Transport,
         depth: u32,
         sges: u32,
-        srq: Option<&Arc<Srq>>,
+        srq: Option<(&Arc<Srq>, &Arc<Cq>)>,
     ) -> io::Result<Qp> {
         // SAFETY: plain data; zero is valid for every field.
         let mut a: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        a.send_cq = cq.cq;
-        a.recv_cq = cq.cq;
+        a.send_cq = share.cq.cq;
+        a.recv_cq = share.cq.cq;
         a.cap.max_send_wr = depth;
         a.cap.max_recv_wr = depth;
         a.cap.max_send_sge = sges;
@@ -701,12 +905,13 @@ impl Qp {
             Transport::Uc => sys::ibv_qp_type::IBV_QPT_UC,
         };
         a.sq_sig_all = 1;
-        if let Some(s) = srq {
+        if let Some((s, cq)) = srq {
             a.srq = s.srq;
+            a.recv_cq = cq.cq;
             a.cap.max_recv_wr = 0;
             a.cap.max_recv_sge = 0;
         }
-        // SAFETY: `pd`, `cq` and `srq` are live and kept alive by the QP.
+        // SAFETY: `pd`, the CQs and `srq` are live and kept alive by the QP.
         let qp = unsafe { sys::ibv_create_qp(pd.pd, &mut a) };
         if qp.is_null() {
             return Err(last_error("ibv_create_qp"));
@@ -718,9 +923,14 @@ impl Qp {
             qpn,
             transport,
             _pd: pd.clone(),
-            _cq: cq.clone(),
-            _srq: srq.cloned(),
+            share,
+            srq: srq.map(|(s, cq)| (s.clone(), cq.clone())),
         })
+    }
+
+    /// Whether the QP's completions go to the CQ at `addr`.
+    pub fn completes_on(&self, addr: usize) -> bool {
+        self.share.cq.is(addr) || self.srq.as_ref().is_some_and(|(_, cq)| cq.is(addr))
     }
 
     fn modify(&self, a: &mut sys::ibv_qp_attr, mask: u32, what: &str) -> io::Result<()> {
@@ -932,7 +1142,8 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: destroyed once; the PD and CQ outlive it (Arcs).
+        // SAFETY: destroyed once; the PD, CQs and SRQ outlive it (fields,
+        // dropped after this), and its CQ entries are given back after.
         let rc = unsafe { sys::ibv_destroy_qp(self.qp) };
         if rc != 0 {
             log::warn!("ibv_destroy_qp: {}", io::Error::from_raw_os_error(rc));

@@ -28,6 +28,7 @@
 
 pub(crate) mod bench;
 mod central;
+mod cqs;
 #[allow(unsafe_code)]
 mod ibv;
 mod keys;
@@ -58,9 +59,10 @@ use crate::translate::{RecvWr, SendWr, Translated, WrRegions};
 use crate::vi::{ViCore, Which};
 
 use central::{Central, Failed, Queued};
+use cqs::DeviceCqs;
 use ibv::{
-    Context, Cq, Mr, OneReq, Opcode, Pd, Qp, Remote, SendOp, SendReq, Sge, SgeList, Srq, Transport,
-    Wc,
+    Context, CqShare, DeviceEvent, Mr, OneReq, Opcode, Pd, Qp, Remote, SendOp, SendReq, Sge,
+    SgeList, Srq, Transport, Wc,
 };
 use keys::{Epoch, Key, KeyCache};
 use records::{PosRing, RecvDone, RecvRec, RecvSlab};
@@ -74,8 +76,8 @@ const MAX_SRQ: u32 = 64;
 const SRQ_SLOT: u32 = 0x8000;
 /// Work requests per queue of a QP (and descriptors per VIA work queue).
 const QUEUE_DEPTH: u32 = 1024;
-/// Entries of the NIC's one device CQ (rxe's largest; the work requests
-/// outstanding on all QPs of a NIC must fit).
+/// Entries of each device CQ (rxe's largest; at most the device's
+/// `max_cqe`): 15 VIs' queues in each ([`cqs`]).
 const CQ_ENTRIES: i32 = 32767;
 const PORT: u8 = 1;
 /// How long a disconnect waits for the device to flush a QP.
@@ -280,6 +282,9 @@ impl std::hash::Hasher for KeyHasher {
 /// A shared receive queue of the NIC.
 struct SrqDev {
     srq: Arc<Srq>,
+    /// Its depth's entries in a device CQ: its receives complete there,
+    /// whichever QP takes them.
+    share: CqShare,
     ptag: u32,
     /// Receives posted.
     recvs: RecvSlab,
@@ -520,7 +525,9 @@ pub(crate) struct Verbs {
     gid_index: u8,
     global: bool,
     mtu: u32,
-    cq: Arc<Cq>,
+    cqs: DeviceCqs,
+    /// The device's asynchronous event fd (non-blocking).
+    async_fd: std::os::fd::RawFd,
     pds: Mutex<HashMap<u32, Arc<Pd>>>,
     /// Live MRs by memory handle (= rkey).
     mrs: RwLock<KeyMap<u32, Arc<Mr>>>,
@@ -598,8 +605,8 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
     let ctx = Arc::new(ctx);
     let port = ctx.port(PORT).map_err(Error::resource)?;
     let (gid_index, gid) = pick_gid(&ctx);
-    let cq = Cq::new(&ctx, CQ_ENTRIES).map_err(Error::resource)?;
-    cq.set_nonblocking().map_err(Error::resource)?;
+    let cqs = device_cqs(&ctx).map_err(Error::resource)?;
+    let async_fd = ctx.async_fd().map_err(Error::resource)?;
     log::info!(
         "verbs: opened {} (lid {}, mtu code {}, {}; gid index {gid_index})",
         ctx.name,
@@ -615,7 +622,8 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         global: port.ethernet,
         mtu: port.active_mtu,
         ctx,
-        cq,
+        cqs,
+        async_fd,
         pds: Mutex::new(HashMap::new()),
         mrs: RwLock::new(KeyMap::default()),
         mr_epoch: Epoch::default(),
@@ -640,6 +648,33 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
     }))
 }
 
+/// [`CQ_ENTRIES`]; a test makes it small, to have several CQs with few
+/// VIs.
+fn cq_entries() -> i32 {
+    failpoint!("verbs-cq-entries", |v: Option<String>| v
+        .and_then(|v| v.parse::<i32>().ok())
+        .unwrap_or(CQ_ENTRIES));
+    CQ_ENTRIES
+}
+
+/// The device CQs of a NIC on `ctx`: each of [`CQ_ENTRIES`] entries or
+/// the device's largest, enough for every VI and SRQ the NIC may have.
+fn device_cqs(ctx: &Arc<Context>) -> std::io::Result<DeviceCqs> {
+    let max = ctx.max_cqe()?;
+    let entries = cq_entries().min(max);
+    let one_vi = 2 * QUEUE_DEPTH as i32;
+    if entries < one_vi {
+        return Err(std::io::Error::other(format!(
+            "the device's CQs hold {entries} entries, fewer than one VI's {one_vi} (max_cqe)"
+        )));
+    }
+    // Enough for every VI's two queues and every SRQ, however few entries
+    // beyond its size the device gives each CQ.
+    let per_cq = (entries / one_vi) as usize;
+    let most = (MAX_VI as usize).div_ceil(per_cq) + MAX_SRQ as usize;
+    DeviceCqs::new(ctx, entries, most)
+}
+
 impl Verbs {
     fn pd(&self, ptag: u32) -> Result<Arc<Pd>> {
         let mut pds = self.pds.lock().unwrap();
@@ -654,24 +689,31 @@ impl Verbs {
     fn new_qp(&self, a: &ViAttributes, srq: Option<u32>) -> Result<Arc<Qp>> {
         failpoint!("verbs-create-qp", |_| Err(Error::Resource));
         let pd = self.pd(a.ptag.id())?;
+        // With an SRQ its receives complete on the SRQ's CQ, which holds
+        // their entries: the QP reserves its send queue's only.
         let srq = match srq {
             Some(id) => Some(
                 self.srqs[id as usize]
                     .lock()
                     .unwrap()
                     .as_ref()
-                    .map(|s| s.srq.clone())
+                    .map(|s| (s.srq.clone(), s.share.cq().clone()))
                     .ok_or(Error::InvalidParameter)?,
             ),
             None => None,
         };
+        let queues = if srq.is_some() { 1 } else { 2 };
+        let share = self.cqs.reserve(queues * QUEUE_DEPTH).map_err(|e| {
+            log::warn!("verbs: {e}");
+            Error::resource(e)
+        })?;
         let qp = Qp::new(
             &pd,
-            &self.cq,
+            share,
             transport(a.reliability),
             QUEUE_DEPTH,
             crate::descriptor::MAX_SEGMENTS as u32,
-            srq.as_ref(),
+            srq.as_ref().map(|(s, cq)| (s, cq)),
         )
         .map_err(Error::resource)?;
         qp.init(PORT, qp_access(a)).map_err(Error::resource)?;
@@ -921,14 +963,19 @@ impl Verbs {
 
     fn drain(&self, nic: &NicInner, _poller: std::sync::MutexGuard<'_, ()>) -> usize {
         const BATCH: usize = 16;
+        // A test keeps completions in the device's CQs.
+        failpoint!("verbs-drain", |_| 0);
         let mut total = 0;
-        loop {
-            let n = self.cq.poll_each(BATCH, |wc| self.complete(nic, wc));
-            total += n;
-            if n < BATCH {
-                return total;
+        for cq in self.cqs.iter() {
+            loop {
+                let n = cq.poll_each(BATCH, |wc| self.complete(nic, wc));
+                total += n;
+                if n < BATCH {
+                    break;
+                }
             }
         }
+        total
     }
 
     /// Completes the descriptor of one work completion.
@@ -1013,22 +1060,34 @@ impl Verbs {
     /// millisecond later, once.
     fn progress(self: Arc<Self>, nic: Weak<NicInner>) {
         let mut polls = self.polls.load(Ordering::Relaxed);
+        // Busy draining, the thread does not sleep (where it looks at the
+        // device's events): every so many rounds it looks anyway.
+        let mut busy = 0u32;
+        let mut events = false;
         while !self.stop.load(Ordering::Acquire) {
             let Some(n) = nic.upgrade() else { break };
+            busy += 1;
+            if events || busy % 64 == 0 {
+                self.device_events(&n);
+                events = false;
+            }
             if self.take_completions(&n) > 0 {
                 self.settle(&n);
                 continue;
             }
+            busy = 0;
             let now = self.polls.load(Ordering::Relaxed);
             if now != polls {
                 polls = now;
                 self.settle(&n);
                 drop(n);
                 // Not armed: a bounded idle wait, not a synchronisation.
-                self.cq.wait_event(1);
+                events = self.wait(1);
                 continue;
             }
-            self.cq.arm();
+            for cq in self.cqs.iter() {
+                cq.arm();
+            }
             // A completion may have arrived between the poll and the arm.
             if self.take_completions(&n) > 0 {
                 self.settle(&n);
@@ -1036,8 +1095,109 @@ impl Verbs {
             }
             self.settle(&n);
             drop(n);
-            self.cq.wait_event(100);
+            events = self.wait(100);
         }
+    }
+
+    /// Sleeps up to `ms` milliseconds until a CQ signals or the device has
+    /// an asynchronous event, and takes the CQs' events; whether the
+    /// device has one.
+    fn wait(&self, ms: i32) -> bool {
+        let [cq, device] = ibv::wait_readable([self.cqs.channel().fd(), self.async_fd], ms);
+        if cq {
+            self.cqs.channel().take_events();
+        }
+        device
+    }
+
+    /// Takes the device's asynchronous events and acts on them: a CQ that
+    /// overran (completions lost) or a device that failed is the NIC's
+    /// catastrophic error, and breaks the connections it took; a QP or SRQ
+    /// that failed breaks its VIs (their flushed requests complete them).
+    /// Port changes are logged: a connection across a port that stays down
+    /// breaks when the transport's retries run out.
+    fn device_events(&self, nic: &NicInner) {
+        // A CQ that overran reports each completion it could not take
+        // (rxe): one error for the NIC per CQ, and per VI one break, per
+        // batch of events.
+        let mut overran = Vec::new();
+        let mut broken = Vec::new();
+        while let Some(ev) = self.ctx.take_async_event() {
+            broken.extend(match ev {
+                DeviceEvent::CqError(addr) if overran.contains(&addr) => Vec::new(),
+                DeviceEvent::CqError(addr) => {
+                    overran.push(addr);
+                    log::error!(
+                        "verbs: {}: a device CQ overran: completions were lost",
+                        self.ctx.name
+                    );
+                    self.catastrophic(nic);
+                    self.vis_where(|qp, _| qp.completes_on(addr))
+                }
+                DeviceEvent::DeviceFatal => {
+                    log::error!("verbs: {}: the device failed (DEVICE_FATAL)", self.ctx.name);
+                    self.catastrophic(nic);
+                    self.vis_where(|_, _| true)
+                }
+                DeviceEvent::QpError(qpn, what) => {
+                    let vi = self.qpns.lock().unwrap().get(&qpn).copied();
+                    log::warn!("verbs: {}: QP {qpn} (VI {vi:?}): {what}", self.ctx.name);
+                    vi.into_iter().collect()
+                }
+                DeviceEvent::SrqError(addr) => {
+                    let id = self
+                        .srqs
+                        .iter()
+                        .position(|c| c.lock().unwrap().as_ref().is_some_and(|s| s.srq.is(addr)));
+                    log::error!("verbs: {}: SRQ {id:?} failed", self.ctx.name);
+                    self.vis_where(|_, srq| id.is_some() && srq == id.map(|i| i as u32))
+                }
+                DeviceEvent::Port { port, up } => {
+                    if up {
+                        log::info!("verbs: {}: port {port} is active", self.ctx.name);
+                    } else {
+                        log::warn!(
+                            "verbs: {}: port {port} is down (connections break if it stays down)",
+                            self.ctx.name
+                        );
+                    }
+                    Vec::new()
+                }
+                DeviceEvent::Other(what) => {
+                    log::debug!("verbs: {}: event {what}", self.ctx.name);
+                    Vec::new()
+                }
+            });
+        }
+        broken.sort_unstable();
+        broken.dedup();
+        for vi in broken {
+            self.brk(vi, ErrorCode::ConnLost);
+        }
+    }
+
+    /// The NIC's catastrophic error, for the error callback.
+    fn catastrophic(&self, nic: &NicInner) {
+        nic.report(AsyncError {
+            resource: crate::nic::ResourceCode::Nic,
+            code: ErrorCode::Catastrophic,
+            vi: None,
+            cq: None,
+            descriptor: 0,
+        });
+    }
+
+    /// The VIs (slot, generation) whose QP and SRQ satisfy `f`.
+    fn vis_where(&self, f: impl Fn(&Qp, Option<u32>) -> bool) -> Vec<(u32, u16)> {
+        let mut out = Vec::new();
+        for (slot, cell) in self.vis.iter().enumerate() {
+            if let Some(v) = cell.lock().as_ref() {
+                if f(&v.qp, v.srq) {
+                    out.push((slot as u32, v.generation));
+                }
+            }
+        }
+        out
     }
 
     /// Drains the central queue (after any other thread draining it),
@@ -1723,18 +1883,24 @@ impl Device for Verbs {
         // Back to INIT with a new PSN: the VI may connect again.
         let mut g = self.vis[vi.slot as usize].lock();
         let mut unfinished = Vec::new();
+        let mut unflushed = Vec::new();
         if let Some(v) = g.as_mut() {
+            let flushed = Wc {
+                status: ibv::WC_WR_FLUSH_ERR,
+                ..Wc::default()
+            };
             if let Some(r) = v.recovery.take() {
                 // A recovery cut short: the failed receive completes with
                 // its error, the kept ones flushed, in their order.
                 unfinished.extend(r.failed);
-                let flushed = Wc {
-                    status: ibv::WC_WR_FLUSH_ERR,
-                    ..Wc::default()
-                };
                 let kept = v.recvs_after(r.pos);
                 unfinished.extend(kept.into_iter().map(|(_, rec)| (rec.done, flushed)));
+            } else {
+                // Left only when the device did not flush in time (its
+                // completions lost): completed flushed here all the same.
+                unfinished.extend(v.recvs.iter().map(|(_, rec)| (rec.done, flushed)));
             }
+            unflushed.extend(v.sends.iter().map(|(_, rec)| *rec));
             v.sends.clear();
             v.recvs.clear();
             if let Err(e) = v.qp.reset(PORT, v.access) {
@@ -1745,6 +1911,10 @@ impl Device for Verbs {
         }
         drop(g);
         let _w = self.status_writer();
+        for rec in unflushed {
+            let st = status::DESC_FLUSHED_ERROR | rec.op_status;
+            complete_send(nic, vi, rec.desc_handle, rec.desc_va, st);
+        }
         for (rw, wc) in unfinished {
             complete_recv(nic, vi, &rw, &wc);
         }
@@ -1847,13 +2017,17 @@ impl Device for Verbs {
             if g.is_some() {
                 continue;
             }
-            let srq =
-                Srq::new(&pd, entries, crate::descriptor::MAX_SEGMENTS as u32).map_err(|e| {
-                    log::warn!("verbs: {e}");
-                    Error::resource(e)
-                })?;
+            let made = self.cqs.reserve(entries).and_then(|share| {
+                Srq::new(&pd, entries, crate::descriptor::MAX_SEGMENTS as u32)
+                    .map(|srq| (srq, share))
+            });
+            let (srq, share) = made.map_err(|e| {
+                log::warn!("verbs: {e}");
+                Error::resource(e)
+            })?;
             *g = Some(SrqDev {
                 srq,
+                share,
                 ptag,
                 recvs: RecvSlab::new(entries),
                 keys: KeyCache::default(),
