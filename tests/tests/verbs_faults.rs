@@ -540,3 +540,71 @@ fn a_device_cq_that_overruns_is_the_nics_catastrophic_error_and_no_descriptor_ha
     drop(mems);
     nic.close().unwrap();
 }
+
+#[test]
+fn a_disconnect_whose_flushes_never_come_still_completes_every_descriptor() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let (a, b) = rd_pair(&nic, ptag, "noflush");
+    let (am, bm) = (
+        via::Region::new(&nic, 8192, ptag, false, false).unwrap(),
+        via::Region::new(&nic, 8192, ptag, false, false).unwrap(),
+    );
+    let r = DescBuilder::recv()
+        .segment(&am, 4096, 64)
+        .write(&am, 0)
+        .unwrap();
+    a.post_recv(&am, r).unwrap();
+    // The device's completions stay in its CQ, as completions it lost
+    // would never come: B's send (which arrives), and the flushes of B's
+    // receives at the disconnect.
+    fail::cfg("verbs-drain", "return").unwrap();
+    bm.write(4096, b"sent before the disconnect").unwrap();
+    let s = DescBuilder::send()
+        .segment(&bm, 4096, 26)
+        .write(&bm, 0)
+        .unwrap();
+    b.post_send(&bm, s).unwrap();
+    for i in 1..4 {
+        let r = DescBuilder::recv()
+            .segment(&bm, 4096 + i * 64, 64)
+            .write(&bm, i * 64)
+            .unwrap();
+        b.post_recv(&bm, r).unwrap();
+    }
+    // The disconnect gives the flushes 5 s, then completes what is left:
+    // every descriptor of B is done when it returns.
+    b.disconnect().unwrap();
+    let c = b.send_done().expect("the send completed by the disconnect");
+    assert_eq!(
+        (c.desc, c.status),
+        (bm.addr(0).unwrap(), DONE | OP_SEND | DESC_FLUSHED_ERROR)
+    );
+    for i in 1..4 {
+        let c = b
+            .recv_done()
+            .expect("a receive completed by the disconnect");
+        assert_eq!(
+            (c.desc, c.status),
+            (
+                bm.addr(i * 64).unwrap(),
+                DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+            )
+        );
+    }
+    // The completions the device kept come out later, for nobody on B's
+    // side; A's receive took the message.
+    fail::remove("verbs-drain");
+    let c = a.recv_wait(WAIT).unwrap();
+    assert_eq!((c.desc, c.status), (am.addr(0).unwrap(), DONE | OP_RECEIVE));
+    let mut got = [0u8; 26];
+    am.read(4096, &mut got).unwrap();
+    assert_eq!(&got, b"sent before the disconnect");
+    assert!(b.send_done().is_err() && b.recv_done().is_err());
+    let _ = a.disconnect();
+    nic.close().unwrap();
+}
