@@ -608,3 +608,115 @@ fn a_disconnect_whose_flushes_never_come_still_completes_every_descriptor() {
     let _ = a.disconnect();
     nic.close().unwrap();
 }
+
+/// The network device under `dev` (rxe's port 1), set down; up again when
+/// dropped.
+struct LinkDown(String);
+
+impl LinkDown {
+    fn new(dev: &str) -> LinkDown {
+        let p = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
+        let ndev = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+        let ndev = ndev.trim().to_string();
+        ip_link(&ndev, "down");
+        LinkDown(ndev)
+    }
+}
+
+impl Drop for LinkDown {
+    fn drop(&mut self) {
+        ip_link(&self.0, "up");
+    }
+}
+
+fn ip_link(ndev: &str, state: &str) {
+    let st = std::process::Command::new("ip")
+        .args(["link", "set", "dev", ndev, state])
+        .status()
+        .expect("ip (iproute2) runs");
+    assert!(st.success(), "ip link set dev {ndev} {state}: {st}");
+}
+
+/// Waits until port 1 of `dev` is in `state` (`ACTIVE`, `DOWN`); false if
+/// not within `T`.
+fn port_reaches(dev: &str, state: &str) -> bool {
+    let p = format!("/sys/class/infiniband/{dev}/ports/1/state");
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let s = std::fs::read_to_string(&p).unwrap_or_default();
+        if s.trim().ends_with(state) {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The device's link goes down under a connection (`ip link set dev
+/// dummy0 down` in the VM: rxe reports the port down, which the progress
+/// thread logs): the send fails once rxe's retries run out, both VIs
+/// break, every descriptor completes; once the link is back, new
+/// connections carry data.
+#[test]
+fn a_link_that_goes_down_breaks_the_connection_and_the_nic_works_once_it_is_back() {
+    let Some(dev) = verbs_device() else { return };
+    // Alone: the link is every test's.
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let (a, b) = rd_pair(&nic, ptag, "linkdown");
+    let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    mem.write(4096, b"before").unwrap();
+    assert_eq!(
+        send_through(&nic, ptag, (&a, &b), &mem, 4096, 6, 64),
+        b"before"
+    );
+    {
+        let _down = LinkDown::new(&dev);
+        assert!(
+            port_reaches(&dev, "DOWN"),
+            "port 1 of {dev} did not go down"
+        );
+        let dst = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+        let r = DescBuilder::recv()
+            .segment(&dst, 4096, 64)
+            .write(&dst, 0)
+            .unwrap();
+        b.post_recv(&dst, r).unwrap();
+        let d = DescBuilder::send()
+            .segment(&mem, 4096, 6)
+            .write(&mem, 128)
+            .unwrap();
+        a.post_send(&mem, d).unwrap();
+        // rxe retries, then gives up: the send fails, the VI breaks, and
+        // the peer, told through viad, flushes its receive.
+        let long = Some(Duration::from_secs(120));
+        let c = a.send_wait(long).unwrap();
+        assert_eq!(
+            (c.desc, c.status),
+            (mem.addr(128).unwrap(), DONE | OP_SEND | TRANSPORT_ERROR)
+        );
+        assert_eq!(a.state(), ViState::Error);
+        let c = b.recv_wait(long).unwrap();
+        assert_eq!(
+            (c.desc, c.status),
+            (dst.addr(0).unwrap(), DONE | OP_RECEIVE | DESC_FLUSHED_ERROR)
+        );
+        assert_eq!(b.state(), ViState::Error);
+    }
+    assert!(
+        port_reaches(&dev, "ACTIVE"),
+        "port 1 of {dev} did not come back"
+    );
+    let ptag2 = nic.create_ptag().unwrap();
+    let (c, d) = rd_pair(&nic, ptag2, "linkup");
+    let m2 = via::Region::new(&nic, 8192, ptag2, false, false).unwrap();
+    m2.write(4096, b"after").unwrap();
+    assert_eq!(
+        send_through(&nic, ptag2, (&c, &d), &m2, 4096, 5, 64),
+        b"after"
+    );
+    nic.close().unwrap();
+}
