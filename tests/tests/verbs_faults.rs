@@ -596,16 +596,46 @@ fn a_disconnect_whose_flushes_never_come_still_completes_every_descriptor() {
             )
         );
     }
-    // The completions the device kept come out later, for nobody on B's
-    // side; A's receive took the message.
+    // B connects again, to a new VI, before the completions the device
+    // kept come out: they are stale, for nobody on B's side (its failed
+    // receives must not break the new connection); A's receive took the
+    // message.
+    let c = nic
+        .create_vi(
+            &via::ViAttributes::new(Reliability::ReliableDelivery, ptag),
+            None,
+            None,
+        )
+        .unwrap();
+    let (x, y) = (
+        nic.address(&disc("noflush-b")),
+        nic.address(&disc("noflush-c")),
+    );
+    b.connect_peer(&x, &y, WAIT).unwrap();
+    c.connect_peer(&y, &x, WAIT).unwrap();
+    b.connect_peer_wait().unwrap();
+    c.connect_peer_wait().unwrap();
     fail::remove("verbs-drain");
-    let c = a.recv_wait(WAIT).unwrap();
-    assert_eq!((c.desc, c.status), (am.addr(0).unwrap(), DONE | OP_RECEIVE));
+    let d = a.recv_wait(WAIT).unwrap();
+    assert_eq!((d.desc, d.status), (am.addr(0).unwrap(), DONE | OP_RECEIVE));
     let mut got = [0u8; 26];
     am.read(4096, &mut got).unwrap();
     assert_eq!(&got, b"sent before the disconnect");
     assert!(b.send_done().is_err() && b.recv_done().is_err());
+    // The new connection carries data both ways.
+    bm.write(4096, b"on the new connection").unwrap();
+    let got = send_through(&nic, ptag, (&b, &c), &bm, 4096, 21, 512);
+    assert_eq!(got, b"on the new connection");
+    let cm = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    cm.write(4096, b"and back").unwrap();
+    assert_eq!(
+        send_through(&nic, ptag, (&c, &b), &cm, 4096, 8, 0),
+        b"and back"
+    );
+    assert_eq!(b.state(), ViState::Connected);
     let _ = a.disconnect();
+    b.disconnect().unwrap();
+    let _ = c.disconnect();
     nic.close().unwrap();
 }
 

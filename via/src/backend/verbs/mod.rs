@@ -1008,7 +1008,11 @@ impl Verbs {
             } else {
                 v.sends.take(pos).map(|r| Taken::Send(*r, v.reliability))
             };
-            (vi, !ok && !v.erroring, taken)
+            // A failed request of this QP breaks the VI; a completion
+            // with no record is stale (its request was completed by a
+            // disconnect that stopped waiting for it): the VI, idle or
+            // connected again since, is left alone.
+            (vi, !ok && !v.erroring && taken.is_some(), taken)
         };
         if !ok && !flushed {
             log::info!(
