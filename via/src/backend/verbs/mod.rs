@@ -528,6 +528,9 @@ pub(crate) struct Verbs {
     cqs: DeviceCqs,
     /// The device's asynchronous event fd (non-blocking).
     async_fd: std::os::fd::RawFd,
+    /// The device failed (`DEVICE_FATAL`): no flush will come, and a
+    /// disconnect does not wait for one.
+    failed: AtomicBool,
     pds: Mutex<HashMap<u32, Arc<Pd>>>,
     /// Live MRs by memory handle (= rkey).
     mrs: RwLock<KeyMap<u32, Arc<Mr>>>,
@@ -624,6 +627,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         ctx,
         cqs,
         async_fd,
+        failed: AtomicBool::new(false),
         pds: Mutex::new(HashMap::new()),
         mrs: RwLock::new(KeyMap::default()),
         mr_epoch: Epoch::default(),
@@ -1140,6 +1144,7 @@ impl Verbs {
                 }
                 DeviceEvent::DeviceFatal => {
                     log::error!("verbs: {}: the device failed (DEVICE_FATAL)", self.ctx.name);
+                    self.failed.store(true, Ordering::Relaxed);
                     self.catastrophic(nic);
                     self.vis_where(|_, _| true)
                 }
@@ -1856,8 +1861,14 @@ impl Device for Verbs {
                 log::warn!("verbs: VI {}: {e}", vi.slot);
             }
         }
-        // The device flushes every outstanding request; take the flushes.
-        let deadline = Instant::now() + FLUSH_WAIT;
+        // The device flushes every outstanding request; take the flushes
+        // (a failed device flushes nothing: what is left completes below).
+        let wait = if self.failed.load(Ordering::Relaxed) {
+            Duration::ZERO
+        } else {
+            FLUSH_WAIT
+        };
+        let deadline = Instant::now() + wait;
         loop {
             let idle = {
                 let g = self.vis[vi.slot as usize].lock();
