@@ -466,6 +466,13 @@ pub fn local_pair(nic: &Nic, a: &ViAttributes, tag: &str, attach: impl FnOnce(&V
     let s = nic.create_vi(a, None, None).unwrap();
     let r = nic.create_vi(a, None, None).unwrap();
     attach(&r);
+    connect_pair(nic, (&s, &r), tag);
+    (s, r)
+}
+
+/// Connects the idle VIs `s` and `r` of this process peer to peer
+/// (discriminators `<tag>-s` and `<tag>-r`).
+pub fn connect_pair(nic: &Nic, (s, r): (&Vi, &Vi), tag: &str) {
     let (x, y) = (
         nic.address(&disc(&format!("{tag}-s"))),
         nic.address(&disc(&format!("{tag}-r"))),
@@ -474,7 +481,6 @@ pub fn local_pair(nic: &Nic, a: &ViAttributes, tag: &str, attach: impl FnOnce(&V
     r.connect_peer(&y, &x, WAIT).unwrap();
     s.connect_peer_wait().unwrap();
     r.connect_peer_wait().unwrap();
-    (s, r)
 }
 
 /// Posts, at descriptor 0 of `s`, a receive of two 60-byte segments (at

@@ -368,19 +368,6 @@ fn counter(dev: &str, name: &str) -> u64 {
     s.trim().parse().unwrap()
 }
 
-/// Waits until the device's counter `name` reaches `n` (the device's own
-/// progress, polled); false if it has not within `T`.
-fn counter_reaches(dev: &str, name: &str, n: u64) -> bool {
-    let deadline = std::time::Instant::now() + T;
-    while counter(dev, name) < n {
-        if std::time::Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
-
 /// Full queues on `pairs` pairs of VIs of `nic`: every receive queue of
 /// the second VIs, then every send queue of the first, 8-byte messages
 /// (pair `k`, message `i`: the bytes of `k * 65536 + i`), posted with
@@ -408,7 +395,7 @@ fn full_queues(
             (r(), r())
         })
         .collect();
-    for ((a, b), (sm, rm)) in vis.iter().zip(&mems) {
+    for (k, ((a, b), (sm, rm))) in vis.iter().zip(&mems).enumerate() {
         for i in 0..depth {
             let d = DescBuilder::recv()
                 .segment(rm, data + i * 8, 8)
@@ -416,7 +403,6 @@ fn full_queues(
                 .unwrap();
             b.post_recv(rm, d).unwrap();
         }
-        let k = vis.iter().position(|(x, _)| std::ptr::eq(x, a)).unwrap();
         for i in 0..depth {
             sm.write(data + i * 8, &((k * 65536 + i) as u64).to_le_bytes())
                 .unwrap();
@@ -453,8 +439,8 @@ fn full_queues_of_many_vis_lose_no_completion_while_the_completer_is_held() {
     // and the send completions follow the acknowledgements.
     let n2 = 2 * n as u64;
     assert!(
-        counter_reaches(&dev, "sent_pkts", sent + n2)
-            && counter_reaches(&dev, "rcvd_pkts", rcvd + n2),
+        wait_until(T, || counter(&dev, "sent_pkts") >= sent + n2
+            && counter(&dev, "rcvd_pkts") >= rcvd + n2),
         "rxe did not deliver and acknowledge the {n} messages (sent {}, received {} packets of {n2})",
         counter(&dev, "sent_pkts") - sent,
         counter(&dev, "rcvd_pkts") - rcvd
@@ -607,14 +593,7 @@ fn a_disconnect_whose_flushes_never_come_still_completes_every_descriptor() {
             None,
         )
         .unwrap();
-    let (x, y) = (
-        nic.address(&disc("noflush-b")),
-        nic.address(&disc("noflush-c")),
-    );
-    b.connect_peer(&x, &y, WAIT).unwrap();
-    c.connect_peer(&y, &x, WAIT).unwrap();
-    b.connect_peer_wait().unwrap();
-    c.connect_peer_wait().unwrap();
+    connect_pair(&nic, (&b, &c), "noflush-again");
     fail::remove("verbs-drain");
     let d = a.recv_wait(WAIT).unwrap();
     assert_eq!((d.desc, d.status), (am.addr(0).unwrap(), DONE | OP_RECEIVE));
@@ -667,28 +646,20 @@ fn ip_link(ndev: &str, state: &str) {
     assert!(st.success(), "ip link set dev {ndev} {state}: {st}");
 }
 
-/// Waits until port 1 of `dev` is in `state` (`ACTIVE`, `DOWN`); false if
-/// not within `T`.
-fn port_reaches(dev: &str, state: &str) -> bool {
-    let p = format!("/sys/class/infiniband/{dev}/ports/1/state");
-    let deadline = std::time::Instant::now() + T;
-    loop {
-        let s = std::fs::read_to_string(&p).unwrap_or_default();
-        if s.trim().ends_with(state) {
-            return true;
-        }
-        if std::time::Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// The device's link goes down under a connection (`ip link set dev
 /// dummy0 down` in the VM: rxe reports the port down, which the progress
 /// thread logs): the send fails once rxe's retries run out, both VIs
 /// break, every descriptor completes; once the link is back, new
 /// connections carry data.
+/// The state of port 1 of `dev` (`4: ACTIVE`, `1: DOWN`).
+fn port_state(dev: &str) -> String {
+    let p = format!("/sys/class/infiniband/{dev}/ports/1/state");
+    std::fs::read_to_string(&p)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
 #[test]
 fn a_link_that_goes_down_breaks_the_connection_and_the_nic_works_once_it_is_back() {
     let Some(dev) = verbs_device() else { return };
@@ -706,7 +677,7 @@ fn a_link_that_goes_down_breaks_the_connection_and_the_nic_works_once_it_is_back
     {
         let _down = LinkDown::new(&dev);
         assert!(
-            port_reaches(&dev, "DOWN"),
+            wait_until(T, || port_state(&dev).ends_with("DOWN")),
             "port 1 of {dev} did not go down"
         );
         let dst = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
@@ -737,7 +708,7 @@ fn a_link_that_goes_down_breaks_the_connection_and_the_nic_works_once_it_is_back
         assert_eq!(b.state(), ViState::Error);
     }
     assert!(
-        port_reaches(&dev, "ACTIVE"),
+        wait_until(T, || port_state(&dev).ends_with("ACTIVE")),
         "port 1 of {dev} did not come back"
     );
     let ptag2 = nic.create_ptag().unwrap();

@@ -1159,7 +1159,10 @@ impl Verbs {
                         .iter()
                         .position(|c| c.lock().unwrap().as_ref().is_some_and(|s| s.srq.is(addr)));
                     log::error!("verbs: {}: SRQ {id:?} failed", self.ctx.name);
-                    self.vis_where(|_, srq| id.is_some() && srq == id.map(|i| i as u32))
+                    match id {
+                        Some(id) => self.vis_where(|_, srq| srq == Some(id as u32)),
+                        None => Vec::new(),
+                    }
                 }
                 DeviceEvent::Port { port, up } => {
                     if up {
