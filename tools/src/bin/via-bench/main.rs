@@ -659,19 +659,10 @@ fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
             vi.send_wait(Some(Duration::from_secs(30)))
         }
     } else {
-        // No clock read per poll (the floor reads none either): one every
-        // 64 Ki polls bounds the wait.
-        let t0 = Instant::now();
-        let mut polls = 0u32;
+        let mut spin = xfer::Spin::new(65536);
         loop {
             match if recv { vi.recv_done() } else { vi.send_done() } {
-                Err(e) if e.kind() == via::ErrorKind::NotDone => {
-                    polls = polls.wrapping_add(1);
-                    if polls % 65536 == 0 && t0.elapsed() > Duration::from_secs(30) {
-                        panic!("no completion in 30 s");
-                    }
-                    std::hint::spin_loop();
-                }
+                Err(e) if e.kind() == via::ErrorKind::NotDone => spin.failed("no completion"),
                 r => break r,
             }
         }
