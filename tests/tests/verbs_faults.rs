@@ -721,3 +721,71 @@ fn a_link_that_goes_down_breaks_the_connection_and_the_nic_works_once_it_is_back
     );
     nic.close().unwrap();
 }
+
+/// Writes the pieces of `data` into the segments `segs` (region, offset,
+/// length) and adds them to `b`.
+fn pieces(mut b: DescBuilder, segs: &[(&via::Region, usize, usize)], data: &[u8]) -> DescBuilder {
+    let mut at = 0;
+    for &(m, off, len) in segs {
+        m.write(off, &data[at..at + len]).unwrap();
+        b = b.segment(m, off, len as u32);
+        at += len;
+    }
+    b
+}
+
+#[test]
+fn segments_of_several_regions_move_whether_lkeys_are_the_handles_or_looked_up() {
+    // rxe gives an MR one key, so posts hand the validated segments to the
+    // device as they are (their memory handles as lkeys); a device whose
+    // MRs have two keys takes the lookup path (`verbs-keys-differ`, read
+    // when the NIC opens). Both gather from and scatter into the
+    // descriptor's region and another one.
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    for lookup in [false, true] {
+        if lookup {
+            fail::cfg("verbs-keys-differ", "return").unwrap();
+        }
+        let nic = open_nic();
+        fail::remove("verbs-keys-differ");
+        let ptag = nic.create_ptag().unwrap();
+        let region = || via::Region::new(&nic, 65536, ptag, false, false).unwrap();
+        let (a_mem, a_extra, b_mem, b_extra) = (region(), region(), region(), region());
+        let (a, b) = rd_pair(&nic, ptag, if lookup { "keys-l" } else { "keys-h" });
+        let sends = [
+            (&a_extra, 10, 2000),
+            (&a_mem, 4096, 1500),
+            (&a_extra, 30000, 500),
+        ];
+        let recvs = [
+            (&b_mem, 4096, 1000),
+            (&b_extra, 100, 2500),
+            (&b_mem, 20000, 1000),
+        ];
+        let n = 4000;
+        let data = pattern(n, if lookup { 21 } else { 22 });
+        let r = pieces(DescBuilder::recv(), &recvs, &[0; 4500]);
+        b.post_recv(&b_mem, r.write(&b_mem, 0).unwrap()).unwrap();
+        let s = pieces(DescBuilder::send(), &sends, &data);
+        a.post_send(&a_mem, s.write(&a_mem, 0).unwrap()).unwrap();
+        assert_eq!(a.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
+        assert_eq!(b.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
+        assert_eq!(b_mem.word(24) as usize, n, "the received length");
+        let mut got = Vec::new();
+        for &(m, off, len) in &recvs {
+            let mut piece = vec![0u8; len];
+            m.read(off, &mut piece).unwrap();
+            got.extend(piece);
+        }
+        assert!(
+            got[..n] == data,
+            "the scattered bytes differ (lookup: {lookup})"
+        );
+        a.disconnect().unwrap();
+        let _ = b.disconnect();
+        nic.close().unwrap();
+    }
+}

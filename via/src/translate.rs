@@ -684,6 +684,7 @@ fn fill_recv(
     seg: Segs<'_>,
 ) -> bool {
     pd.desc_off = desc_va - dr.va;
+    pd.desc_base = dr.va;
     pd.desc_handle = handle;
     let mut fault = if h.control & control::OP_MASK != control::OP_SENDRECV {
         status::FORMAT_ERROR
@@ -788,6 +789,9 @@ pub(crate) struct SendCtx {
 #[derive(Clone, Default)]
 pub(crate) struct RecvWr {
     pub desc_off: u64,
+    /// First address of the descriptor's region (segments of that region
+    /// are at this plus their offset).
+    pub desc_base: u64,
     pub desc_handle: u32,
     pub n: usize,
     /// (offset in region, length, handle) per segment.

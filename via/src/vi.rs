@@ -221,6 +221,9 @@ pub(crate) struct ViCore {
     /// Set (before the state changes) when the connection breaks, so the
     /// device stops using it at once.
     pub broken: AtomicBool,
+    /// In ERROR by [`ViCore::enter_error`], the rest of the break
+    /// ([`ViCore::break_connection`]) still to come.
+    break_due: AtomicBool,
     /// Set once `VipDestroyVi` succeeded (handles cached by the C layer
     /// check it).
     pub destroyed: AtomicBool,
@@ -284,6 +287,7 @@ impl ViCore {
                         peer_request: None,
                     }),
                     broken: AtomicBool::new(false),
+                    break_due: AtomicBool::new(false),
                     destroyed: AtomicBool::new(false),
                     srq: std::sync::atomic::AtomicU32::new(NO_SRQ),
                     send: doorbell::BiasedLock::new(Queue::default()),
@@ -360,6 +364,11 @@ impl ViCore {
 
     /// Changes the state (caller holds the `state` lock, passed as `st`).
     fn set_state(&self, st: &mut State, s: ViState) {
+        if s != ViState::Error {
+            // A break still due is void once the VI left ERROR (a
+            // disconnect, done under the same lock).
+            self.break_due.store(false, Ordering::Relaxed);
+        }
         st.state = s;
         // Release: pairs with the Acquire in `vi_state`.
         self.fast.state.store(s.code(), Ordering::Release);
@@ -844,7 +853,8 @@ impl ViCore {
     ) -> bool {
         {
             let mut st = self.state.lock().unwrap();
-            if st.state != ViState::Connected {
+            let due = st.state == ViState::Error && self.break_due.swap(false, Ordering::Relaxed);
+            if st.state != ViState::Connected && !due {
                 return false;
             }
             self.set_state(&mut st, ViState::Error);
@@ -864,6 +874,28 @@ impl ViCore {
             orderly,
         );
         true
+    }
+
+    /// Puts a connected VI in ERROR at once, for a device that found the
+    /// connection broken where it cannot finish the break (its completer,
+    /// about to write the failed descriptor's status): a program that sees
+    /// that status finds the VI in ERROR. The device then calls
+    /// [`ViCore::break_connection`], which does the rest (the device's
+    /// disconnect, the flush, the error callback) as if it were still
+    /// connected.
+    pub fn enter_error(&self) {
+        let mut st = self.state.lock().unwrap();
+        if st.state == ViState::Connected {
+            self.set_state(&mut st, ViState::Error);
+            self.break_due.store(true, Ordering::Relaxed);
+            self.broken.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether [`ViCore::enter_error`] put the VI in ERROR and the rest of
+    /// the break is still to come (read under the `state` lock).
+    pub fn break_due(&self) -> bool {
+        self.break_due.load(Ordering::Relaxed)
     }
 
     /// Completes every outstanding descriptor with `DESC_FLUSHED_ERROR`.
@@ -932,7 +964,8 @@ impl ViCore {
                 ViState::Connected | ViState::Error => {}
                 ViState::Idle | ViState::ConnectPending => return Err(Error::InvalidState),
             }
-            let was_connected = st.state == ViState::Connected;
+            // (In ERROR by `enter_error`, the peer is not told yet.)
+            let was_connected = st.state == ViState::Connected || self.break_due();
             self.set_state(&mut st, ViState::Error);
             self.broken.store(true, Ordering::Release);
             let peer = st.peer.take();

@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use rdma_mummy_sys as sys;
 
+use crate::translate::WrSeg;
+
 /// `ibv_access_flags` bits.
 pub(crate) const ACCESS_LOCAL_WRITE: u32 = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
 pub(crate) const ACCESS_REMOTE_WRITE: u32 = sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
@@ -772,7 +774,23 @@ impl<const N: usize> SgeList<N> {
     }
 }
 
+/// The local segments of a validated send as its scatter/gather list, on a
+/// device whose local keys are the memory handles (`Verbs::keys_are_handles`):
+/// a [`WrSeg`] is laid out as an [`Sge`] (asserted below), its handle where
+/// the lkey goes, so the list is the request's own segments, not a copy.
+pub(crate) fn sges_of(segs: &[WrSeg]) -> &[Sge] {
+    // SAFETY: `WrSeg` and `Sge` have the same size, alignment and field
+    // offsets (asserted below) and are plain integers: every bit pattern
+    // of one is a valid other; the slice borrows `segs`.
+    unsafe { std::slice::from_raw_parts(segs.as_ptr().cast::<Sge>(), segs.len()) }
+}
+
 const _: () = {
+    assert!(size_of::<WrSeg>() == size_of::<Sge>());
+    assert!(align_of::<WrSeg>() == align_of::<Sge>());
+    assert!(std::mem::offset_of!(WrSeg, va) == std::mem::offset_of!(Sge, addr));
+    assert!(std::mem::offset_of!(WrSeg, len) == std::mem::offset_of!(Sge, len));
+    assert!(std::mem::offset_of!(WrSeg, handle) == std::mem::offset_of!(Sge, lkey));
     assert!(size_of::<Sge>() == size_of::<sys::ibv_sge>());
     assert!(align_of::<Sge>() == align_of::<sys::ibv_sge>());
     assert!(std::mem::offset_of!(Sge, addr) == std::mem::offset_of!(sys::ibv_sge, addr));

@@ -53,6 +53,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::nic::{AsyncError, ErrorCode, NicInner, flags};
 use crate::process::Process;
 use crate::proto::{Endpoint, Request};
+use crate::regions::RegionCache;
 use crate::shm::mapping::Mapping;
 use crate::shm::rings::MappedRing;
 use crate::translate::{RecvWr, SendWr, Translated, WrRegions};
@@ -392,6 +393,14 @@ fn wr_id_parts(id: u64) -> (u32, u16, bool, u64) {
     )
 }
 
+/// Whether a new NIC takes lkeys to be the memory handles until an MR says
+/// otherwise: yes, unless a test takes the lookup path (fail point
+/// `verbs-keys-differ`; rxe gives every MR one key).
+fn one_key_assumed() -> bool {
+    failpoint!("verbs-keys-differ", |_| false);
+    true
+}
+
 fn new_psn() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -440,25 +449,25 @@ fn recv_status(wc: &Wc) -> u32 {
 /// Completes the receive of `vi` whose descriptor is `rw` with `wc`: the
 /// status written, then the CQ entry and the wake-up (none if nothing
 /// could be written: the descriptor's region is gone).
-fn complete_recv(nic: &NicInner, vi: &ViCore, rw: &RecvDone, wc: &Wc) {
-    if write_recv(nic, rw, wc).is_some() {
+fn complete_recv(nic: &NicInner, vi: &ViCore, w: &mut RegionCache, rw: &RecvDone, wc: &Wc) {
+    if write_recv(nic, w, rw, wc).is_some() {
         completion::after_local(nic, vi, Which::Recv);
     }
 }
 
 /// Writes the completion `wc` into the receive descriptor of `rw`; its
 /// status, or `None` if the descriptor cannot be written.
-fn write_recv(nic: &NicInner, rw: &RecvDone, wc: &Wc) -> Option<u32> {
+fn write_recv(nic: &NicInner, w: &mut RegionCache, rw: &RecvDone, wc: &Wc) -> Option<u32> {
     let ok = wc.status == ibv::WC_SUCCESS;
     let st = recv_status(wc);
     let imm = if ok { wc.imm } else { None };
     let len = ok.then_some(wc.byte_len);
-    let Some(d) = nic.regions.get(rw.desc_handle) else {
+    let Some(d) = w.get(&nic.regions, rw.desc_handle) else {
         log::warn!("a receive descriptor lost its registration");
         return None;
     };
     let va = d.va + rw.desc_off;
-    match completion::write_in_region(&d, va, st, len, imm) {
+    match completion::write_in_region(d, va, st, len, imm) {
         Ok(_) => Some(st),
         Err(_) => {
             log::warn!("cannot write a receive status at {va:#x}");
@@ -536,6 +545,13 @@ pub(crate) struct Verbs {
     mrs: RwLock<KeyMap<u32, Arc<Mr>>>,
     /// Removals from `mrs` (validates the queues' [`KeyCache`]s).
     mr_epoch: Epoch,
+    /// Every MR's lkey is its memory handle (its rkey is the lkey, or it
+    /// has none): a post hands the validated segments to the device as
+    /// they are, with no key lookup. rxe, mlx4 and mlx5 give an MR one key
+    /// for both; the first MR of another device whose keys differ clears
+    /// this, and posts look lkeys up in the queue's [`KeyCache`] from then
+    /// on.
+    keys_are_handles: AtomicBool,
     /// MRs of parked registrations, by the handle they had: out of `mrs`
     /// (the handle is dead), kept for the same registration again.
     retired: Mutex<KeyMap<u32, Arc<Mr>>>,
@@ -561,8 +577,11 @@ pub(crate) struct Verbs {
     /// `breaks` may be non-empty.
     breaks_pending: AtomicBool,
     /// Held while polling the device CQ (the progress thread, or a
-    /// disconnect draining a QP's flushes).
-    poll_lock: Mutex<()>,
+    /// disconnect draining a QP's flushes) and around every status write
+    /// ([`Verbs::status_writer`]), with the regions of the descriptors
+    /// written last: a completion finds its descriptor's region with no
+    /// lock of the region table and no reference count change.
+    poll_lock: Mutex<RegionCache>,
     /// Calls of `Device::poll` (application threads polling).
     polls: std::sync::atomic::AtomicU64,
     stop: AtomicBool,
@@ -631,6 +650,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         pds: Mutex::new(HashMap::new()),
         mrs: RwLock::new(KeyMap::default()),
         mr_epoch: Epoch::default(),
+        keys_are_handles: AtomicBool::new(one_key_assumed()),
         retired: Mutex::new(KeyMap::default()),
         vis: (0..MAX_VI).map(|_| doorbell::Lock::new(None)).collect(),
         qps: (0..MAX_VI).map(|_| Mutex::new(None)).collect(),
@@ -645,7 +665,7 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         errors: Mutex::new(Vec::new()),
         breaks: Mutex::new(Vec::new()),
         breaks_pending: AtomicBool::new(false),
-        poll_lock: Mutex::new(()),
+        poll_lock: Mutex::new(RegionCache::default()),
         polls: std::sync::atomic::AtomicU64::new(0),
         stop: AtomicBool::new(false),
         thread: Mutex::new(None),
@@ -722,6 +742,13 @@ impl Verbs {
         .map_err(Error::resource)?;
         qp.init(PORT, qp_access(a)).map_err(Error::resource)?;
         Ok(Arc::new(qp))
+    }
+
+    /// Whether every MR's lkey is its memory handle (see the field).
+    #[inline(always)]
+    fn keys_are_handles(&self) -> bool {
+        // Acquire: pairs with the Release in `add_region`.
+        self.keys_are_handles.load(Ordering::Acquire)
     }
 
     /// The key of the live MR of memory handle `handle` (a queue's
@@ -859,24 +886,57 @@ impl Verbs {
     }
 
     /// Completes what [`Verbs::recover`] handed out (no lock held).
-    fn recovered(&self, nic: &NicInner, vi: &ViCore, out: Recovered, key: (u32, u16)) {
+    fn recovered(
+        &self,
+        nic: &NicInner,
+        vi: &ViCore,
+        w: &mut RegionCache,
+        out: Recovered,
+        key: (u32, u16),
+    ) {
         if let Some((rec, err)) = out.send {
-            complete_send(nic, vi, rec.desc_handle, rec.desc_va, err | rec.op_status);
+            complete_send(
+                nic,
+                vi,
+                w,
+                rec.desc_handle,
+                rec.desc_va,
+                err | rec.op_status,
+            );
         }
         if let Some((rw, wc)) = out.failed {
-            complete_recv(nic, vi, &rw, &wc);
+            complete_recv(nic, vi, w, &rw, &wc);
         }
         if out.broke {
             self.brk(key, ErrorCode::ConnLost);
         }
     }
 
-    /// Fills the record `rec` of receive `wr` (descriptor at `desc_va`),
-    /// the segments' keys through `keys`.
+    /// Fills the record `rec` of receive `wr` (descriptor at `desc_va`):
+    /// the segments' keys are their handles ([`Verbs::keys_are_handles`]),
+    /// or come through `keys`.
     ///
     /// # Errors
     /// `InvalidParameter` if a segment's region is gone.
+    #[inline]
     fn fill_recv_rec(
+        &self,
+        keys: &mut KeyCache,
+        rec: &mut RecvRec,
+        wr: &RecvWr,
+        desc_va: u64,
+    ) -> Result<()> {
+        if self.keys_are_handles() && rec.fill_in_desc_region(wr, desc_va) {
+            return Ok(());
+        }
+        self.fill_recv_looked_up(keys, rec, wr, desc_va)
+    }
+
+    /// [`Verbs::fill_recv_rec`] with each segment's key looked up (a
+    /// segment outside the descriptor's region, or a device whose lkeys
+    /// are not the handles).
+    #[cold]
+    fn fill_recv_looked_up(
         &self,
         keys: &mut KeyCache,
         rec: &mut RecvRec,
@@ -924,7 +984,9 @@ impl Verbs {
             let telling = b.tell != ErrorCode::ConnLost;
             let peer = {
                 let st = vi.state.lock().unwrap();
-                (st.state == ViState::Connected || (telling && st.state == ViState::Error))
+                // (In ERROR already by the completer: `enter_error`.)
+                let error = st.state == ViState::Error;
+                (st.state == ViState::Connected || (error && (telling || vi.break_due())))
                     .then(|| st.peer.clone())
                     .flatten()
             };
@@ -961,18 +1023,18 @@ impl Verbs {
     /// The poll lock, held to write a status outside [`Verbs::drain`] (which
     /// holds it throughout): then the write cannot outlive the
     /// deregistration of its region (`quiesce_region_users`).
-    fn status_writer(&self) -> std::sync::MutexGuard<'_, ()> {
+    fn status_writer(&self) -> std::sync::MutexGuard<'_, RegionCache> {
         self.poll_lock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn drain(&self, nic: &NicInner, _poller: std::sync::MutexGuard<'_, ()>) -> usize {
+    fn drain(&self, nic: &NicInner, mut w: std::sync::MutexGuard<'_, RegionCache>) -> usize {
         const BATCH: usize = 16;
         // A test keeps completions in the device's CQs.
         failpoint!("verbs-drain", |_| 0);
         let mut total = 0;
         for cq in self.cqs.iter() {
             loop {
-                let n = cq.poll_each(BATCH, |wc| self.complete(nic, wc));
+                let n = cq.poll_each(BATCH, |wc| self.complete(nic, &mut w, wc));
                 total += n;
                 if n < BATCH {
                     break;
@@ -983,10 +1045,10 @@ impl Verbs {
     }
 
     /// Completes the descriptor of one work completion.
-    fn complete(&self, nic: &NicInner, wc: &Wc) {
+    fn complete(&self, nic: &NicInner, w: &mut RegionCache, wc: &Wc) {
         let (slot, generation, recv, pos) = wr_id_parts(wc.wr_id);
         if recv && slot & SRQ_SLOT != 0 {
-            self.complete_srq(nic, wc, slot & !SRQ_SLOT, pos);
+            self.complete_srq(nic, w, wc, slot & !SRQ_SLOT, pos);
             return;
         }
         let ok = wc.status == ibv::WC_SUCCESS;
@@ -1004,7 +1066,7 @@ impl Verbs {
             if v.recovery.is_some() || (recv && !ok && !flushed && recoverable(v, wc.status)) {
                 let out = self.recover(v, wc, recv, pos, slot, generation);
                 drop(g);
-                self.recovered(nic, &vi, out, (slot, generation));
+                self.recovered(nic, &vi, w, out, (slot, generation));
                 return;
             }
             let taken = if recv {
@@ -1031,10 +1093,13 @@ impl Verbs {
                 _ => ErrorCode::ConnLost,
             };
             self.brk_telling((slot, generation), ErrorCode::ConnLost, tell);
+            // In ERROR before the failed descriptor's status is written;
+            // the break itself is settled after the drain (no lock held).
+            vi.enter_error();
         }
         let Some(taken) = taken else { return };
         match taken {
-            Taken::Recv(rw) => complete_recv(nic, &vi, &rw, wc),
+            Taken::Recv(rw) => complete_recv(nic, &vi, w, &rw, wc),
             Taken::Send(rec, reliability) => {
                 let err = match wc.status {
                     st if rdma_refused(st, &rec) => status::RDMA_PROT_ERROR,
@@ -1052,7 +1117,14 @@ impl Verbs {
                     },
                     _ => status::TRANSPORT_ERROR,
                 };
-                complete_send(nic, &vi, rec.desc_handle, rec.desc_va, err | rec.op_status);
+                complete_send(
+                    nic,
+                    &vi,
+                    w,
+                    rec.desc_handle,
+                    rec.desc_va,
+                    err | rec.op_status,
+                );
             }
         }
     }
@@ -1317,10 +1389,10 @@ impl Verbs {
             if vi.reliability().is_reliable() {
                 self.brk(f.vi, ErrorCode::ConnLost);
             }
-            let _w = self.status_writer();
             complete_send(
                 nic,
                 &vi,
+                &mut self.status_writer(),
                 rec.desc_handle,
                 rec.desc_va,
                 status::TRANSPORT_ERROR | rec.op_status,
@@ -1352,7 +1424,7 @@ impl Verbs {
     }
 
     /// Completes receive `pos` of SRQ `id`, taken by the QP of `wc`.
-    fn complete_srq(&self, nic: &NicInner, wc: &Wc, id: u32, pos: u64) {
+    fn complete_srq(&self, nic: &NicInner, w: &mut RegionCache, wc: &Wc, id: u32, pos: u64) {
         let Some(cell) = self.srqs.get(id as usize) else {
             return;
         };
@@ -1382,7 +1454,7 @@ impl Verbs {
                 }
             }
         }
-        let st = write_recv(nic, &rw, wc).unwrap_or(status::DONE | recv_status(wc));
+        let st = write_recv(nic, w, &rw, wc).unwrap_or(status::DONE | recv_status(wc));
         self.srq_push(
             id,
             SrqDone {
@@ -1419,23 +1491,28 @@ impl Verbs {
             Some(v) if v.generation == vi.generation => v,
             _ => return Err(Error::InvalidState),
         };
-        let local = wr.local();
         // On the stack: the post itself runs after the VI's lock is
         // released (below).
         let mut sge_list = SgeList::<{ crate::descriptor::MAX_SEGMENTS }>::new();
-        v.keys.validate(self.mr_epoch.now());
-        for s in local {
-            let Some(k) = v.keys.get(s.handle, |h| self.mr_key(h)) else {
-                drop(g);
-                self.complete_now(nic, vi, wr, status::PROTECTION_ERROR | op_status);
-                return Ok(());
-            };
-            sge_list.push(Sge {
-                addr: s.va,
-                len: s.len,
-                lkey: k.lkey,
-            });
-        }
+        let sges = if self.keys_are_handles() {
+            // Translation checked each segment against its live region.
+            ibv::sges_of(wr.local())
+        } else {
+            v.keys.validate(self.mr_epoch.now());
+            for s in wr.local() {
+                let Some(k) = v.keys.get(s.handle, |h| self.mr_key(h)) else {
+                    drop(g);
+                    self.complete_now(nic, vi, wr, status::PROTECTION_ERROR | op_status);
+                    return Ok(());
+                };
+                sge_list.push(Sge {
+                    addr: s.va,
+                    len: s.len,
+                    lkey: k.lkey,
+                });
+            }
+            sge_list.as_slice()
+        };
         if !v.connected || vi.broken.load(Ordering::Acquire) {
             drop(g);
             self.complete_now(nic, vi, wr, status::DESC_FLUSHED_ERROR | op_status);
@@ -1454,7 +1531,6 @@ impl Verbs {
             op_status,
             rdma,
         };
-        let sges = sge_list.as_slice();
         if let Some(c) = &self.central {
             // In this VI's order (under its lock); the poster posts it.
             let mut q = Queued {
@@ -1504,20 +1580,32 @@ impl Verbs {
     }
 
     fn complete_now(&self, nic: &NicInner, vi: &ViCore, wr: &SendWr, st: u32) {
-        let _w = self.status_writer();
-        complete_send(nic, vi, wr.desc_handle, wr.desc_va, st);
+        complete_send(
+            nic,
+            vi,
+            &mut self.status_writer(),
+            wr.desc_handle,
+            wr.desc_va,
+            st,
+        );
     }
 }
 
 /// Completes the send descriptor at `desc_va` (in the region of
 /// `desc_handle`) of `vi` with status `st` (`DONE` added).
-fn complete_send(nic: &NicInner, vi: &ViCore, desc_handle: u32, desc_va: u64, st: u32) {
-    let desc = nic
-        .regions
-        .get(desc_handle)
+fn complete_send(
+    nic: &NicInner,
+    vi: &ViCore,
+    w: &mut RegionCache,
+    desc_handle: u32,
+    desc_va: u64,
+    st: u32,
+) {
+    let desc = w
+        .get(&nic.regions, desc_handle)
         .filter(|r| r.covers(desc_va, 32));
     failpoint!("verbs-send-status");
-    completion::send(nic, vi, desc.as_deref(), desc_va, status::DONE | st);
+    completion::send(nic, vi, desc.map(|r| &**r), desc_va, status::DONE | st);
 }
 
 impl Device for Verbs {
@@ -1635,6 +1723,12 @@ impl Device for Verbs {
         // The rkey, which peers use as is; a region without remote access
         // has none (rxe gives 0), and is named by its lkey instead.
         let handle = if mr.rkey != 0 { mr.rkey } else { mr.lkey };
+        if handle != mr.lkey && self.keys_are_handles.load(Ordering::Relaxed) {
+            log::info!("verbs: an MR's lkey is not its rkey: posts look lkeys up");
+            // Before the handle is returned: a post of this region, which
+            // comes after, sees the flag clear (Acquire in `keys_are_handles`).
+            self.keys_are_handles.store(false, Ordering::Release);
+        }
         let mut mrs = self.mrs.write().unwrap();
         if handle == 0 || mrs.contains_key(&handle) {
             log::error!("verbs: memory handle {handle:#x} is not unique");
@@ -1928,13 +2022,13 @@ impl Device for Verbs {
             v.erroring = false;
         }
         drop(g);
-        let _w = self.status_writer();
+        let mut w = self.status_writer();
         for rec in unflushed {
             let st = status::DESC_FLUSHED_ERROR | rec.op_status;
-            complete_send(nic, vi, rec.desc_handle, rec.desc_va, st);
+            complete_send(nic, vi, &mut w, rec.desc_handle, rec.desc_va, st);
         }
         for (rw, wc) in unfinished {
-            complete_recv(nic, vi, &rw, &wc);
+            complete_recv(nic, vi, &mut w, &rw, &wc);
         }
     }
 
@@ -2068,12 +2162,12 @@ impl Device for Verbs {
             }
         };
         // Outstanding descriptors complete flushed (nobody will take them).
-        let _w = self.status_writer();
+        let mut w = self.status_writer();
         for rw in s.recvs.iter().map(|r| r.done) {
-            if let Some(d) = nic.regions.get(rw.desc_handle) {
+            if let Some(d) = w.get(&nic.regions, rw.desc_handle) {
                 let va = d.va + rw.desc_off;
                 let st = status::DONE | status::OP_RECEIVE | status::DESC_FLUSHED_ERROR;
-                let _ = completion::write_in_region(&d, va, st, None, None);
+                let _ = completion::write_in_region(d, va, st, None, None);
             }
         }
         self.srq_wakes[id as usize].notify_all();
@@ -2085,10 +2179,11 @@ impl Device for Verbs {
         if wr.fault != 0 {
             // Completed at once, as a VI's receive with a bad segment is.
             let st = status::DONE | status::OP_RECEIVE | wr.fault;
-            if let Some(d) = nic.regions.get(wr.desc_handle) {
-                let _w = self.status_writer();
-                let _ = completion::write_in_region(&d, d.va + wr.desc_off, st, None, None);
+            let mut w = self.status_writer();
+            if let Some(d) = w.get(&nic.regions, wr.desc_handle) {
+                let _ = completion::write_in_region(d, d.va + wr.desc_off, st, None, None);
             }
+            drop(w);
             if cell.lock().unwrap().is_none() {
                 return Err(Error::InvalidParameter);
             }

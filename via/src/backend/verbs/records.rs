@@ -96,6 +96,35 @@ impl RecvRec {
     }
 }
 
+impl RecvRec {
+    /// [`RecvRec::fill`] without a key lookup, on a device whose lkeys are
+    /// the memory handles, when every segment of `wr` lies in its
+    /// descriptor's region (the common case: translation checked them and
+    /// found the region's first address); false, and nothing usable
+    /// filled, when one lies elsewhere.
+    #[inline]
+    pub fn fill_in_desc_region(&mut self, wr: &RecvWr, desc_va: u64) -> bool {
+        let n = wr.n.min(MAX_SEGMENTS);
+        for (d, &(off, len, h)) in self.sges.iter_mut().zip(&wr.segs[..n]) {
+            if h != wr.desc_handle {
+                return false;
+            }
+            *d = Sge {
+                addr: wr.desc_base + off,
+                len,
+                lkey: h,
+            };
+        }
+        self.n = n;
+        self.done = RecvDone {
+            desc_handle: wr.desc_handle,
+            desc_off: wr.desc_off,
+            desc_va,
+        };
+        true
+    }
+}
+
 impl Default for RecvRec {
     fn default() -> RecvRec {
         RecvRec::FREE
