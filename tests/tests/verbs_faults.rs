@@ -34,6 +34,15 @@
 //! `VipDeregisterMem` returns: the deregistration must wait for the
 //! completer (the test gives a deregistration that does not 2 s to show
 //! it: the completer waits that long for it to return).
+//!
+//! The device's link taken down under a connection: the send fails once
+//! rxe's retries run out, and the VI is in ERROR when the program sees
+//! that status, though the break itself is settled later
+//! (`verbs-settle-breaks` holds it until the test looked).
+//!
+//! Segments of several regions move whether posts hand the device the
+//! memory handles as lkeys (rxe gives an MR one key) or look the lkeys up
+//! (`verbs-keys-differ`: a device whose MRs have two keys).
 
 #![cfg(feature = "failpoints")]
 
@@ -690,6 +699,15 @@ fn a_link_that_goes_down_breaks_the_connection_and_the_nic_works_once_it_is_back
             .segment(&mem, 4096, 6)
             .write(&mem, 128)
             .unwrap();
+        // The break is settled after the failed send's status is written
+        // (`settle`, no lock held): held there until the test looked, the
+        // VI must be in ERROR all the same.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Mutex::new(held);
+        fail::cfg_callback("verbs-settle-breaks", move || {
+            let _ = held.lock().unwrap().recv_timeout(T);
+        })
+        .unwrap();
         a.post_send(&mem, d).unwrap();
         // rxe retries, then gives up: the send fails, the VI breaks, and
         // the peer, told through viad, flushes its receive.
@@ -700,6 +718,8 @@ fn a_link_that_goes_down_breaks_the_connection_and_the_nic_works_once_it_is_back
             (mem.addr(128).unwrap(), DONE | OP_SEND | TRANSPORT_ERROR)
         );
         assert_eq!(a.state(), ViState::Error);
+        fail::remove("verbs-settle-breaks");
+        drop(release);
         let c = b.recv_wait(long).unwrap();
         assert_eq!(
             (c.desc, c.status),
