@@ -883,6 +883,7 @@ impl ViCore {
     /// [`ViCore::break_connection`], which does the rest (the device's
     /// disconnect, the flush, the error callback) as if it were still
     /// connected.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub fn enter_error(&self) {
         let mut st = self.state.lock().unwrap();
         if st.state == ViState::Connected {
