@@ -40,6 +40,12 @@
 //! that status, though the break itself is settled later
 //! (`verbs-settle-breaks` holds it until the test looked).
 //!
+//! The device's asynchronous failures, which rxe raises none of by itself
+//! (`verbs-device-event` injects them where the progress thread reads the
+//! device's events): a QP that fails breaks its VI and no other; an SRQ
+//! that fails breaks the VIs it serves; a device that fails is the NIC's
+//! catastrophic error, and every VI breaks with every receive completed.
+//!
 //! Segments of several regions move whether posts hand the device the
 //! memory handles as lkeys (rxe gives an MR one key) or look the lkeys up
 //! (`verbs-keys-differ`: a device whose MRs have two keys).
@@ -808,4 +814,185 @@ fn segments_of_several_regions_move_whether_lkeys_are_the_handles_or_looked_up()
         let _ = b.disconnect();
         nic.close().unwrap();
     }
+}
+
+/// The NIC's error callback as a channel.
+fn errors_of(nic: &via::Nic) -> std::sync::mpsc::Receiver<via::AsyncError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    nic.set_error_callback(move |e| {
+        let _ = tx.send(*e);
+    });
+    rx
+}
+
+/// Waits for the first error with `code` the callback reports.
+fn expect_error(
+    errors: &std::sync::mpsc::Receiver<via::AsyncError>,
+    code: ErrorCode,
+) -> via::AsyncError {
+    loop {
+        match errors.recv_timeout(T) {
+            Ok(e) if e.code == code => return e,
+            Ok(_) => continue,
+            Err(e) => panic!("no {code:?} reported: {e}"),
+        }
+    }
+}
+
+/// Posts a receive of 64 bytes at `off` (descriptor at `off`, buffer
+/// behind it) on `vi`.
+fn post_recv_at(vi: &via::Vi, mem: &via::Region, off: usize) {
+    let d = DescBuilder::recv()
+        .segment(mem, off + 64, 64)
+        .write(mem, off)
+        .unwrap();
+    vi.post_recv(mem, d).unwrap();
+}
+
+// rxe raises no QP or SRQ failure and no DEVICE_FATAL by itself (its QPs
+// go to ERROR without an event): the events are injected where the
+// progress thread reads the device's (`verbs-device-event`), and the
+// handling is the real one.
+
+#[test]
+fn a_qp_that_fails_by_itself_breaks_its_vi_and_no_other() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let errors = errors_of(&nic);
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    let (a, b) = rd_pair(&nic, ptag, "qpfatal");
+    let (c, d) = rd_pair(&nic, ptag, "qpfine");
+    post_recv_at(&a, &mem, 0);
+    post_recv_at(&b, &mem, 256);
+    fail::cfg(
+        "verbs-device-event",
+        &format!("1*return(QP_FATAL {})", a.slot()),
+    )
+    .unwrap();
+    let e = expect_error(&errors, ErrorCode::ConnLost);
+    assert_eq!(
+        (e.resource, e.vi.map(|v| v.0)),
+        (via::ResourceCode::Vi, Some(a.slot()))
+    );
+    // Its receive flushed, the VI in ERROR; the peer, told through viad,
+    // the same.
+    let long = Some(Duration::from_secs(60));
+    for (vi, off) in [(&a, 0), (&b, 256)] {
+        let got = vi.recv_wait(long).unwrap();
+        assert_eq!(
+            (got.desc, got.status),
+            (
+                mem.addr(off).unwrap(),
+                DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+            )
+        );
+        assert!(
+            wait_until(T, || vi.state() == ViState::Error),
+            "{:?}",
+            vi.state()
+        );
+    }
+    // The other connection was not touched.
+    mem.write(4096, b"untouched").unwrap();
+    assert_eq!(
+        send_through(&nic, ptag, (&c, &d), &mem, 4096, 9, 2048),
+        b"untouched"
+    );
+    assert_eq!(c.state(), ViState::Connected);
+    nic.close().unwrap();
+}
+
+#[test]
+fn an_srq_that_fails_breaks_the_vis_it_serves_and_no_other() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let errors = errors_of(&nic);
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    // The NIC's first SRQ: id 0.
+    let srq = nic.create_srq(ptag, 16).unwrap();
+    let d = DescBuilder::recv()
+        .segment(&mem, 1024, 64)
+        .write(&mem, 0)
+        .unwrap();
+    srq.post_recv(&mem, d).unwrap();
+    let mut at = via::ViAttributes::new(Reliability::ReliableReception, ptag);
+    at.max_transfer_size = 65536;
+    let (s, r) = local_pair(&nic, &at, "srqerr", |r| r.set_srq(Some(&srq)).unwrap());
+    let (c, d) = rd_pair(&nic, ptag, "srqfine");
+    fail::cfg("verbs-device-event", "1*return(SRQ_ERR 0)").unwrap();
+    let e = expect_error(&errors, ErrorCode::ConnLost);
+    assert_eq!(
+        (e.resource, e.vi.map(|v| v.0)),
+        (via::ResourceCode::Vi, Some(r.slot()))
+    );
+    for vi in [&r, &s] {
+        assert!(
+            wait_until(T, || vi.state() == ViState::Error),
+            "{:?}",
+            vi.state()
+        );
+    }
+    mem.write(4096, b"untouched").unwrap();
+    assert_eq!(
+        send_through(&nic, ptag, (&c, &d), &mem, 4096, 9, 2048),
+        b"untouched"
+    );
+    assert_eq!(c.state(), ViState::Connected);
+    r.disconnect().unwrap();
+    r.set_srq(None).unwrap();
+    let _ = s.disconnect();
+    nic.close().unwrap();
+}
+
+#[test]
+fn a_device_that_fails_is_the_nics_catastrophic_error_and_no_descriptor_hangs() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let errors = errors_of(&nic);
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    let pairs = [rd_pair(&nic, ptag, "fatal1"), rd_pair(&nic, ptag, "fatal2")];
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        post_recv_at(a, &mem, 512 * i);
+        post_recv_at(b, &mem, 512 * i + 256);
+    }
+    fail::cfg("verbs-device-event", "1*return(DEVICE_FATAL)").unwrap();
+    let e = expect_error(&errors, ErrorCode::Catastrophic);
+    assert_eq!(e.resource, via::ResourceCode::Nic);
+    // Every VI breaks; every receive completes, flushed: a failed device
+    // sends no flush, and none is waited for.
+    let long = Some(Duration::from_secs(60));
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        for (vi, off) in [(a, 512 * i), (b, 512 * i + 256)] {
+            let got = vi.recv_wait(long).unwrap();
+            assert_eq!(
+                (got.desc, got.status),
+                (
+                    mem.addr(off).unwrap(),
+                    DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+                )
+            );
+            assert!(
+                wait_until(T, || vi.state() == ViState::Error),
+                "{:?}",
+                vi.state()
+            );
+        }
+    }
+    for (a, b) in &pairs {
+        a.disconnect().unwrap();
+        b.disconnect().unwrap();
+    }
+    nic.close().unwrap();
 }

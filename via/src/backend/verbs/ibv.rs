@@ -695,6 +695,11 @@ impl Srq {
         self.srq.addr() == addr
     }
 
+    /// Its address, as an asynchronous event names it.
+    pub fn addr(&self) -> usize {
+        self.srq.addr()
+    }
+
     /// Posts one receive of `sges` with `wr_id`.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
         let mut wr = recv_wr(wr_id, sges);

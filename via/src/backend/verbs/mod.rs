@@ -393,6 +393,16 @@ fn wr_id_parts(id: u64) -> (u32, u16, bool, u64) {
     )
 }
 
+/// The device event a test injects (fail point `verbs-device-event`, its
+/// argument read by [`Verbs::event_named`]): rxe raises no QP or SRQ
+/// failure and no `DEVICE_FATAL` by itself. The progress thread takes it
+/// as if the device had reported it. (`None` in a build without fail
+/// points.)
+fn injected_event() -> Option<String> {
+    failpoint!("verbs-device-event", |arg| arg);
+    None
+}
+
 /// Whether a new NIC takes lkeys to be the memory handles until an MR says
 /// otherwise: yes, unless a test takes the lookup path (fail point
 /// `verbs-keys-differ`; rxe gives every MR one key).
@@ -1149,8 +1159,9 @@ impl Verbs {
         while !self.stop.load(Ordering::Acquire) {
             let Some(n) = nic.upgrade() else { break };
             busy += 1;
-            if events || busy % 64 == 0 {
-                self.device_events(&n);
+            let injected = injected_event();
+            if events || busy % 64 == 0 || injected.is_some() {
+                self.device_events(&n, injected);
                 events = false;
             }
             if self.take_completions(&n) > 0 {
@@ -1198,13 +1209,14 @@ impl Verbs {
     /// that failed breaks its VIs (their flushed requests complete them).
     /// Port changes are logged: a connection across a port that stays down
     /// breaks when the transport's retries run out.
-    fn device_events(&self, nic: &NicInner) {
+    fn device_events(&self, nic: &NicInner, injected: Option<String>) {
         // A CQ that overran reports each completion it could not take
         // (rxe): one error for the NIC per CQ, and per VI one break, per
         // batch of events.
         let mut overran = Vec::new();
         let mut broken = Vec::new();
-        while let Some(ev) = self.ctx.take_async_event() {
+        let mut injected = injected.and_then(|what| self.event_named(&what));
+        while let Some(ev) = injected.take().or_else(|| self.ctx.take_async_event()) {
             broken.extend(match ev {
                 DeviceEvent::CqError(addr) if overran.contains(&addr) => Vec::new(),
                 DeviceEvent::CqError(addr) => {
@@ -1260,6 +1272,26 @@ impl Verbs {
         for vi in broken {
             self.brk(vi, ErrorCode::ConnLost);
         }
+    }
+
+    /// A test's injected event ([`injected_event`]) as the device would
+    /// report it: `QP_FATAL <VI slot>` (that VI's QP), `SRQ_ERR <SRQ id>`,
+    /// `DEVICE_FATAL`.
+    fn event_named(&self, what: &str) -> Option<DeviceEvent> {
+        let mut words = what.split_whitespace();
+        let kind = words.next()?;
+        let n = words.next().and_then(|n| n.parse::<usize>().ok());
+        let ev = match kind {
+            "DEVICE_FATAL" => DeviceEvent::DeviceFatal,
+            "QP_FATAL" => {
+                DeviceEvent::QpError(self.vis.get(n?)?.lock().as_ref()?.qp.qpn, "QP_FATAL")
+            }
+            "SRQ_ERR" => {
+                DeviceEvent::SrqError(self.srqs.get(n?)?.lock().unwrap().as_ref()?.srq.addr())
+            }
+            _ => return None,
+        };
+        Some(ev)
     }
 
     /// The NIC's catastrophic error, for the error callback.
