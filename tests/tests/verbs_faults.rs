@@ -439,10 +439,7 @@ fn full_queues_of_many_vis_lose_no_completion_while_the_completer_is_held() {
     // each, so the 10 VIs below are spread over 10 CQs.
     fail::cfg("verbs-cq-entries", "return(2048)").unwrap();
     let nic = open_nic();
-    let (tx, errors) = std::sync::mpsc::channel();
-    nic.set_error_callback(move |e| {
-        let _ = tx.send(*e);
-    });
+    let errors = errors_of(&nic);
     let ptag = nic.create_ptag().unwrap();
     let (sent, rcvd) = (counter(&dev, "sent_pkts"), counter(&dev, "rcvd_pkts"));
     // No completion taken from the device until every one is there.
@@ -505,23 +502,14 @@ fn a_device_cq_that_overruns_is_the_nics_catastrophic_error_and_no_descriptor_ha
     fail::cfg("verbs-cq-entries", "return(2048)").unwrap();
     fail::cfg("verbs-cq-overcommit", "return").unwrap();
     let nic = open_nic();
-    let (tx, errors) = std::sync::mpsc::channel();
-    nic.set_error_callback(move |e| {
-        let _ = tx.send(*e);
-    });
+    let errors = errors_of(&nic);
     let ptag = nic.create_ptag().unwrap();
     fail::cfg("verbs-drain", "return").unwrap();
     // 3,072 receives and as many sends: more completions than the CQ holds.
     let (vis, mems, n) = full_queues(&nic, ptag, 3, "overrun");
     // rxe reports the overrun (IBV_EVENT_CQ_ERR), read by the progress
     // thread: the NIC's catastrophic error.
-    let catastrophic = loop {
-        match errors.recv_timeout(Duration::from_secs(60)) {
-            Ok(e) if e.code == ErrorCode::Catastrophic => break e,
-            Ok(_) => continue,
-            Err(e) => panic!("no catastrophic error reported: {e}"),
-        }
-    };
+    let catastrophic = expect_error(&errors, ErrorCode::Catastrophic);
     assert_eq!(catastrophic.resource, via::ResourceCode::Nic);
     fail::remove("verbs-drain");
     // Every VI on the CQ breaks; every descriptor completes (the lost
@@ -831,7 +819,8 @@ fn expect_error(
     code: ErrorCode,
 ) -> via::AsyncError {
     loop {
-        match errors.recv_timeout(T) {
+        // (rxe takes a while to fill a CQ under emulation.)
+        match errors.recv_timeout(Duration::from_secs(60)) {
             Ok(e) if e.code == code => return e,
             Ok(_) => continue,
             Err(e) => panic!("no {code:?} reported: {e}"),
@@ -847,6 +836,35 @@ fn post_recv_at(vi: &via::Vi, mem: &via::Region, off: usize) {
         .write(mem, off)
         .unwrap();
     vi.post_recv(mem, d).unwrap();
+}
+
+/// The receive at `off` of `vi` ([`post_recv_at`]) completes flushed, and
+/// the VI goes to ERROR.
+fn flushed_in_error(vi: &via::Vi, mem: &via::Region, off: usize) {
+    let got = vi.recv_wait(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(
+        (got.desc, got.status),
+        (
+            mem.addr(off).unwrap(),
+            DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+        )
+    );
+    assert!(
+        wait_until(T, || vi.state() == ViState::Error),
+        "{:?}",
+        vi.state()
+    );
+}
+
+/// The connection `(c, d)` was not touched: still connected, it carries
+/// data.
+fn untouched(nic: &via::Nic, ptag: via::Ptag, (c, d): (&via::Vi, &via::Vi), mem: &via::Region) {
+    mem.write(4096, b"untouched").unwrap();
+    assert_eq!(
+        send_through(nic, ptag, (c, d), mem, 4096, 9, 2048),
+        b"untouched"
+    );
+    assert_eq!(c.state(), ViState::Connected);
 }
 
 // rxe raises no QP or SRQ failure and no DEVICE_FATAL by itself (its QPs
@@ -880,29 +898,9 @@ fn a_qp_that_fails_by_itself_breaks_its_vi_and_no_other() {
     );
     // Its receive flushed, the VI in ERROR; the peer, told through viad,
     // the same.
-    let long = Some(Duration::from_secs(60));
-    for (vi, off) in [(&a, 0), (&b, 256)] {
-        let got = vi.recv_wait(long).unwrap();
-        assert_eq!(
-            (got.desc, got.status),
-            (
-                mem.addr(off).unwrap(),
-                DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
-            )
-        );
-        assert!(
-            wait_until(T, || vi.state() == ViState::Error),
-            "{:?}",
-            vi.state()
-        );
-    }
-    // The other connection was not touched.
-    mem.write(4096, b"untouched").unwrap();
-    assert_eq!(
-        send_through(&nic, ptag, (&c, &d), &mem, 4096, 9, 2048),
-        b"untouched"
-    );
-    assert_eq!(c.state(), ViState::Connected);
+    flushed_in_error(&a, &mem, 0);
+    flushed_in_error(&b, &mem, 256);
+    untouched(&nic, ptag, (&c, &d), &mem);
     nic.close().unwrap();
 }
 
@@ -940,12 +938,7 @@ fn an_srq_that_fails_breaks_the_vis_it_serves_and_no_other() {
             vi.state()
         );
     }
-    mem.write(4096, b"untouched").unwrap();
-    assert_eq!(
-        send_through(&nic, ptag, (&c, &d), &mem, 4096, 9, 2048),
-        b"untouched"
-    );
-    assert_eq!(c.state(), ViState::Connected);
+    untouched(&nic, ptag, (&c, &d), &mem);
     r.disconnect().unwrap();
     r.set_srq(None).unwrap();
     let _ = s.disconnect();
@@ -972,23 +965,9 @@ fn a_device_that_fails_is_the_nics_catastrophic_error_and_no_descriptor_hangs() 
     assert_eq!(e.resource, via::ResourceCode::Nic);
     // Every VI breaks; every receive completes, flushed: a failed device
     // sends no flush, and none is waited for.
-    let long = Some(Duration::from_secs(60));
     for (i, (a, b)) in pairs.iter().enumerate() {
-        for (vi, off) in [(a, 512 * i), (b, 512 * i + 256)] {
-            let got = vi.recv_wait(long).unwrap();
-            assert_eq!(
-                (got.desc, got.status),
-                (
-                    mem.addr(off).unwrap(),
-                    DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
-                )
-            );
-            assert!(
-                wait_until(T, || vi.state() == ViState::Error),
-                "{:?}",
-                vi.state()
-            );
-        }
+        flushed_in_error(a, &mem, 512 * i);
+        flushed_in_error(b, &mem, 512 * i + 256);
     }
     for (a, b) in &pairs {
         a.disconnect().unwrap();

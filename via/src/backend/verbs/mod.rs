@@ -589,8 +589,9 @@ pub(crate) struct Verbs {
     /// Held while polling the device CQ (the progress thread, or a
     /// disconnect draining a QP's flushes) and around every status write
     /// ([`Verbs::status_writer`]), with the regions of the descriptors
-    /// written last: a completion finds its descriptor's region with no
-    /// lock of the region table and no reference count change.
+    /// written last: a completion finds its descriptor's region there,
+    /// validated by the table's change count, without the table's lock or
+    /// a reference count change (the table is read on a miss).
     poll_lock: Mutex<RegionCache>,
     /// Calls of `Device::poll` (application threads polling).
     polls: std::sync::atomic::AtomicU64,
@@ -895,7 +896,8 @@ impl Verbs {
         Ok(posted)
     }
 
-    /// Completes what [`Verbs::recover`] handed out (no lock held).
+    /// Completes what [`Verbs::recover`] handed out (the VI's lock
+    /// released; `w`: the poll lock's, held).
     fn recovered(
         &self,
         nic: &NicInner,

@@ -86,17 +86,9 @@ impl RecvRec {
                 lkey: k.lkey,
             };
         }
-        self.n = n;
-        self.done = RecvDone {
-            desc_handle: wr.desc_handle,
-            desc_off: wr.desc_off,
-            desc_va,
-        };
-        true
+        self.filled(wr, desc_va, n)
     }
-}
 
-impl RecvRec {
     /// [`RecvRec::fill`] without a key lookup, on a device whose lkeys are
     /// the memory handles, when every segment of `wr` lies in its
     /// descriptor's region (the common case: translation checked them and
@@ -115,6 +107,13 @@ impl RecvRec {
                 lkey: h,
             };
         }
+        self.filled(wr, desc_va, n)
+    }
+
+    /// The fills' end, once the `n` entries of the scatter list are in:
+    /// their count and where the completion goes. True.
+    #[inline(always)]
+    fn filled(&mut self, wr: &RecvWr, desc_va: u64, n: usize) -> bool {
         self.n = n;
         self.done = RecvDone {
             desc_handle: wr.desc_handle,
