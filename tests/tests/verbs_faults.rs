@@ -439,7 +439,7 @@ fn full_queues_of_many_vis_lose_no_completion_while_the_completer_is_held() {
     // each, so the 10 VIs below are spread over 10 CQs.
     fail::cfg("verbs-cq-entries", "return(2048)").unwrap();
     let nic = open_nic();
-    let errors = errors_of(&nic);
+    let errors = ErrorLog::install(&nic);
     let ptag = nic.create_ptag().unwrap();
     let (sent, rcvd) = (counter(&dev, "sent_pkts"), counter(&dev, "rcvd_pkts"));
     // No completion taken from the device until every one is there.
@@ -481,7 +481,7 @@ fn full_queues_of_many_vis_lose_no_completion_while_the_completer_is_held() {
             );
         }
     }
-    let seen: Vec<_> = errors.try_iter().collect();
+    let seen = errors.all();
     assert!(seen.is_empty(), "asynchronous errors: {seen:?}");
     for (a, b) in &vis {
         a.disconnect().unwrap();
@@ -502,7 +502,7 @@ fn a_device_cq_that_overruns_is_the_nics_catastrophic_error_and_no_descriptor_ha
     fail::cfg("verbs-cq-entries", "return(2048)").unwrap();
     fail::cfg("verbs-cq-overcommit", "return").unwrap();
     let nic = open_nic();
-    let errors = errors_of(&nic);
+    let errors = ErrorLog::install(&nic);
     let ptag = nic.create_ptag().unwrap();
     fail::cfg("verbs-drain", "return").unwrap();
     // 3,072 receives and as many sends: more completions than the CQ holds.
@@ -804,28 +804,31 @@ fn segments_of_several_regions_move_whether_lkeys_are_the_handles_or_looked_up()
     }
 }
 
-/// The NIC's error callback as a channel.
-fn errors_of(nic: &via::Nic) -> std::sync::mpsc::Receiver<via::AsyncError> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    nic.set_error_callback(move |e| {
-        let _ = tx.send(*e);
-    });
-    rx
+/// The first error with `code` the NIC reported (waiting up to a minute:
+/// rxe takes a while to fill a CQ under emulation).
+fn expect_error(errors: &ErrorLog, code: ErrorCode) -> via::AsyncError {
+    match errors.wait_for(code, Duration::from_secs(60)) {
+        Some((e, _, _)) => e,
+        None => panic!("no {code:?} reported: {:?}", errors.all()),
+    }
 }
 
-/// Waits for the first error with `code` the callback reports.
-fn expect_error(
-    errors: &std::sync::mpsc::Receiver<via::AsyncError>,
-    code: ErrorCode,
-) -> via::AsyncError {
-    loop {
-        // (rxe takes a while to fill a CQ under emulation.)
-        match errors.recv_timeout(Duration::from_secs(60)) {
-            Ok(e) if e.code == code => return e,
-            Ok(_) => continue,
-            Err(e) => panic!("no {code:?} reported: {e}"),
-        }
-    }
+/// The NIC reported `vi`'s connection lost.
+fn expect_break(errors: &ErrorLog, vi: &via::Vi) {
+    let e = expect_error(errors, ErrorCode::ConnLost);
+    assert_eq!(
+        (e.resource, e.vi.map(|v| v.0)),
+        (via::ResourceCode::Vi, Some(vi.slot()))
+    );
+}
+
+/// `vi` goes to ERROR.
+fn in_error(vi: &via::Vi) {
+    assert!(
+        wait_until(T, || vi.state() == ViState::Error),
+        "{:?}",
+        vi.state()
+    );
 }
 
 /// Posts a receive of 64 bytes at `off` (descriptor at `off`, buffer
@@ -849,11 +852,7 @@ fn flushed_in_error(vi: &via::Vi, mem: &via::Region, off: usize) {
             DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
         )
     );
-    assert!(
-        wait_until(T, || vi.state() == ViState::Error),
-        "{:?}",
-        vi.state()
-    );
+    in_error(vi);
 }
 
 /// The connection `(c, d)` was not touched: still connected, it carries
@@ -879,7 +878,7 @@ fn a_qp_that_fails_by_itself_breaks_its_vi_and_no_other() {
     }
     let _scenario = fail::FailScenario::setup();
     let nic = open_nic();
-    let errors = errors_of(&nic);
+    let errors = ErrorLog::install(&nic);
     let ptag = nic.create_ptag().unwrap();
     let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
     let (a, b) = rd_pair(&nic, ptag, "qpfatal");
@@ -891,11 +890,7 @@ fn a_qp_that_fails_by_itself_breaks_its_vi_and_no_other() {
         &format!("1*return(QP_FATAL {})", a.slot()),
     )
     .unwrap();
-    let e = expect_error(&errors, ErrorCode::ConnLost);
-    assert_eq!(
-        (e.resource, e.vi.map(|v| v.0)),
-        (via::ResourceCode::Vi, Some(a.slot()))
-    );
+    expect_break(&errors, &a);
     // Its receive flushed, the VI in ERROR; the peer, told through viad,
     // the same.
     flushed_in_error(&a, &mem, 0);
@@ -911,7 +906,7 @@ fn an_srq_that_fails_breaks_the_vis_it_serves_and_no_other() {
     }
     let _scenario = fail::FailScenario::setup();
     let nic = open_nic();
-    let errors = errors_of(&nic);
+    let errors = ErrorLog::install(&nic);
     let ptag = nic.create_ptag().unwrap();
     let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
     // The NIC's first SRQ: id 0.
@@ -926,18 +921,9 @@ fn an_srq_that_fails_breaks_the_vis_it_serves_and_no_other() {
     let (s, r) = local_pair(&nic, &at, "srqerr", |r| r.set_srq(Some(&srq)).unwrap());
     let (c, d) = rd_pair(&nic, ptag, "srqfine");
     fail::cfg("verbs-device-event", "1*return(SRQ_ERR 0)").unwrap();
-    let e = expect_error(&errors, ErrorCode::ConnLost);
-    assert_eq!(
-        (e.resource, e.vi.map(|v| v.0)),
-        (via::ResourceCode::Vi, Some(r.slot()))
-    );
-    for vi in [&r, &s] {
-        assert!(
-            wait_until(T, || vi.state() == ViState::Error),
-            "{:?}",
-            vi.state()
-        );
-    }
+    expect_break(&errors, &r);
+    in_error(&r);
+    in_error(&s);
     untouched(&nic, ptag, (&c, &d), &mem);
     r.disconnect().unwrap();
     r.set_srq(None).unwrap();
@@ -952,7 +938,7 @@ fn a_device_that_fails_is_the_nics_catastrophic_error_and_no_descriptor_hangs() 
     }
     let _scenario = fail::FailScenario::setup();
     let nic = open_nic();
-    let errors = errors_of(&nic);
+    let errors = ErrorLog::install(&nic);
     let ptag = nic.create_ptag().unwrap();
     let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
     let pairs = [rd_pair(&nic, ptag, "fatal1"), rd_pair(&nic, ptag, "fatal2")];
