@@ -443,6 +443,14 @@ fn message_longer_than_the_receive() {
                     0
                 };
                 assert_eq!(sst, DONE | OP_SEND | want, "{rel:?}: sender status");
+                // The failed receive is seen with its VI in ERROR, before
+                // the break reaches this process (the peer's engine wrote
+                // the status; the break comes through the error ring).
+                assert_eq!(
+                    s.vi.state(),
+                    ViState::Error,
+                    "{rel:?}: as the status is seen"
+                );
                 // Both sides break; the receiver's callback names the cause.
                 let seen = errs
                     .wait_for(ErrorCode::ConnLost, T)
@@ -454,6 +462,80 @@ fn message_longer_than_the_receive() {
             }
         }
         p.exit();
+    }
+}
+
+/// A reliable connection's failed sends and receives are seen with their
+/// VI in ERROR, by a thread other than the poster: another thread polls
+/// the descriptors while the posting thread runs the request and its
+/// break (which it settles only after the failed status is written).
+#[test]
+fn a_failed_request_is_seen_with_its_vi_in_error_by_other_threads() {
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Memory::new(1 << 16).unwrap();
+    let r = Region::within(&nic, &mem, 0, 1 << 16, ptag, false, false).unwrap();
+    for (rel, bad_len) in [
+        (Reliability::ReliableReception, false),
+        (Reliability::ReliableDelivery, true),
+    ] {
+        let a = ViAttributes::new(rel, ptag);
+        let (s, v) = local_pair(&nic, &a, &format!("seenerr-{}", rel_name(rel)), |_| {});
+        // A receive of 60 bytes; the send is 100 (or names 20 bytes in one
+        // segment of 10: a local length error).
+        let d = DescBuilder::recv()
+            .segment(&r, 8192, 60)
+            .write(&r, 0)
+            .unwrap();
+        v.post_recv(&r, d).unwrap();
+        let b = if bad_len {
+            DescBuilder::send().segment(&r, 4096, 10).length(20)
+        } else {
+            DescBuilder::send().segment(&r, 4096, 100)
+        };
+        let d = b.write(&r, 64).unwrap();
+        let (send_seen, recv_seen) = std::thread::scope(|sc| {
+            let watcher = sc.spawn(|| {
+                // The state read right as the completion is dequeued.
+                let seen = |done: &dyn Fn() -> Option<(u32, ViState)>| {
+                    let end = std::time::Instant::now() + T;
+                    while std::time::Instant::now() < end {
+                        if let Some(c) = done() {
+                            return c;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    panic!("{rel:?}: no completion");
+                };
+                let send = seen(&|| s.send_done().ok().map(|c| (c.status, s.state())));
+                let recv =
+                    (!bad_len).then(|| seen(&|| v.recv_done().ok().map(|c| (c.status, v.state()))));
+                (send, recv)
+            });
+            s.post_send(&r, d).unwrap();
+            watcher.join().unwrap()
+        });
+        let send_want = match (rel, bad_len) {
+            (_, true) => LENGTH_ERROR,
+            (Reliability::ReliableReception, _) => REMOTE_DESC_ERROR,
+            _ => 0,
+        };
+        assert_eq!(
+            send_seen,
+            (DONE | OP_SEND | send_want, ViState::Error),
+            "{rel:?}"
+        );
+        if let Some(seen) = recv_seen {
+            assert_eq!(
+                seen,
+                (DONE | OP_RECEIVE | LENGTH_ERROR, ViState::Error),
+                "{rel:?}"
+            );
+        }
+        assert!(
+            wait_until(T, || v.state() == ViState::Error),
+            "{rel:?}: receiver"
+        );
     }
 }
 

@@ -407,7 +407,7 @@ impl Srq {
         if core.vi_state() != ViState::Idle {
             return Err(Error::InvalidState);
         }
-        let (_, _, _, recv_empty) = core.query();
+        let (_, _, _, recv_empty) = core.query(nic);
         if !recv_empty {
             return Err(Error::InvalidState);
         }
@@ -556,12 +556,12 @@ impl Vi {
 
     /// The VI's state.
     pub fn state(&self) -> ViState {
-        self.core.vi_state()
+        self.core.state_seen(&self.nic)
     }
 
     /// Attributes.
     pub fn attributes(&self) -> ViAttributes {
-        self.core.query().1
+        self.core.query(&self.nic).1
     }
 
     /// Changes attributes (idle only).
@@ -571,7 +571,7 @@ impl Vi {
 
     /// Whether the send and receive queues are empty.
     pub fn queues_empty(&self) -> (bool, bool) {
-        let (_, _, s, r) = self.core.query();
+        let (_, _, s, r) = self.core.query(&self.nic);
         (s, r)
     }
 

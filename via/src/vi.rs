@@ -353,6 +353,18 @@ impl ViCore {
         }
     }
 
+    /// The state as the program reads it (`VipQueryVi`): [`ViCore::vi_state`],
+    /// and ERROR too when the device knows the peer's side found the
+    /// connection broken while the break is still on its way here (a
+    /// program that saw the failed receive status the peer wrote finds
+    /// the VI in ERROR).
+    pub fn state_seen(&self, nic: &NicInner) -> ViState {
+        match self.vi_state() {
+            ViState::Connected if nic.dev.broken_by_peer(self) => ViState::Error,
+            s => s,
+        }
+    }
+
     /// Whether [`ViCore::vi_state`] is `Error` (fewer loads and branches).
     #[inline(always)]
     fn in_error(&self) -> bool {
@@ -380,9 +392,9 @@ impl ViCore {
     }
 
     /// `VipQueryVi`: state, attributes, and whether each queue is empty.
-    pub fn query(&self) -> (ViState, ViAttributes, bool, bool) {
+    pub fn query(&self, nic: &NicInner) -> (ViState, ViAttributes, bool, bool) {
         (
-            self.vi_state(),
+            self.state_seen(nic),
             *self.attrs.read().unwrap(),
             self.send.lock().posted.is_empty(),
             self.recv.lock().posted.is_empty(),

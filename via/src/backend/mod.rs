@@ -335,6 +335,13 @@ pub(crate) trait Device: Send + Sync {
     /// runs on the old connection once [`Device::quiesce`] returns.
     fn disconnect(&self, _nic: &NicInner, _vi: &ViCore, _tell_peer: bool) {}
 
+    /// Whether the peer's side already found `vi`'s connection broken,
+    /// the break not yet delivered (a kind whose peer writes into this
+    /// process's memory: it says so before the failed status it writes).
+    fn broken_by_peer(&self, _vi: &ViCore) -> bool {
+        false
+    }
+
     /// A peer session died: forget what the device holds of it.
     fn peer_gone(&self, _nic: &NicInner, _session: u64) {}
 

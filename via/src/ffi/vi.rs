@@ -126,7 +126,7 @@ pub unsafe extern "C" fn VipQueryVi(
                 Out::new(RecvQueueEmpty)?,
             )
         };
-        let (state, attrs, send_empty, recv_empty) = vi.query();
+        let (state, attrs, send_empty, recv_empty) = vi.query(&nic);
         st.write(state.code());
         at.write(vi_attrs_out(&nic, &attrs, true));
         se.write(vip_bool(send_empty));

@@ -732,6 +732,9 @@ impl Device for Sockets {
         };
         if fault != 0 {
             aw.status = Some(fault);
+            // In ERROR before the status is written; the break follows at
+            // `kick`.
+            progress::breaks_now(&self.shared, &conn, vi);
             let mut q = conn.awaiting.lock().unwrap();
             q.push_back(aw);
             Conn::drain(nic, vi, &mut q);

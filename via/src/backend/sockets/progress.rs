@@ -345,7 +345,7 @@ fn read_into(
                     rx.left -= k;
                     rx.off += k;
                     if rx.left == 0 {
-                        finish(nic, c, vi, rx)?;
+                        finish(nic, shared, c, vi, rx)?;
                     }
                     budget = budget.saturating_sub(k);
                     // Fewer bytes than asked for: the socket is empty now
@@ -393,7 +393,7 @@ fn read_into(
                 rx.off += k;
                 p += k;
                 if rx.left == 0 {
-                    finish(nic, c, vi, rx)?;
+                    finish(nic, shared, c, vi, rx)?;
                 }
             }
         }
@@ -637,7 +637,7 @@ fn begin(
     rx.left = h.payload();
     rx.off = 0;
     if rx.left == 0 {
-        finish(nic, c, vi, rx)?;
+        finish(nic, shared, c, vi, rx)?;
     }
     Ok(())
 }
@@ -766,8 +766,35 @@ pub(crate) fn flush_taken(nic: &NicInner, vi: &ViCore, c: &Conn) {
     }
 }
 
+/// Puts `vi` in ERROR before a failed status of its reliable connection
+/// `c` is written, when the failure breaks the connection (the break
+/// itself follows: [`settle`], or the peer's end of the stream): a program
+/// that sees the status finds the VI in ERROR. Not when `c` is no longer
+/// the VI's connection (one read to its end after a disconnect, the VI
+/// perhaps connected anew); holding the connection's lock, a disconnect
+/// cannot take `c` away before the mark is made.
+pub(crate) fn breaks_now(shared: &Shared, c: &Conn, vi: &ViCore) {
+    if !vi.reliability().is_reliable() {
+        return;
+    }
+    let cur = shared.vis[c.vi.0 as usize].conn.read().unwrap();
+    if cur
+        .as_ref()
+        .is_some_and(|cur| std::ptr::eq(cur.as_ref(), c))
+    {
+        // Release: pairs with the Acquire in `ViCore::vi_state`.
+        vi.broken.store(true, Ordering::Release);
+    }
+}
+
 /// The current frame is complete.
-fn finish(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Result<(), Break> {
+fn finish(
+    nic: &NicInner,
+    shared: &Shared,
+    c: &Conn,
+    vi: &ViCore,
+    rx: &mut Rx,
+) -> Result<(), Break> {
     let Some((h, target)) = rx.cur.take() else {
         return Ok(());
     };
@@ -800,6 +827,9 @@ fn finish(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Result<(), Brea
                 }
             } else {
                 c.handled(want_ack, now);
+            }
+            if t.fault != 0 {
+                breaks_now(shared, c, vi);
             }
             let len = (t.fault == 0).then_some(h.len).or(Some(0));
             complete_recv(
@@ -873,11 +903,15 @@ fn finish(nic: &NicInner, c: &Conn, vi: &ViCore, rx: &mut Rx) -> Result<(), Brea
             }
         }
         frame::READ_RESP => {
+            if h.status != 0 {
+                breaks_now(shared, c, vi);
+            }
             c.answered(nic, vi, h.seq, true, h.status)
                 .map_err(|e| violation(c, e.0))?;
         }
         // Status 0: the acknowledgement (`begin`) was all it carried.
         frame::ACK if h.status != 0 => {
+            breaks_now(shared, c, vi);
             c.answered(nic, vi, h.seq, false, h.status)
                 .map_err(|e| violation(c, e.0))?;
         }

@@ -118,7 +118,14 @@ pub struct ViShared {
     pub send_cq: AtomicU32,
     /// `completion::interest` bits, read by completers after each completion.
     pub interest: AtomicU32,
-    _pad: [AtomicU32; 9],
+    /// The generation of this slot's VI when the peer's engine found its
+    /// reliable connection broken (0 = not): written before the failed
+    /// receive status it then writes, so that the owner, seeing that
+    /// status, finds the VI in ERROR (`Device::broken_by_peer`) while the
+    /// break itself is still on its way through the error ring. Cleared by
+    /// the owner when the VI connects.
+    pub broken: AtomicU32,
+    _pad: [AtomicU32; 8],
     /// Access epoch: odd while the connected peer's engine is inside an
     /// operation that touches this process's memory for this VI (see
     /// `NicInner::quiesce_accessors`). Written by that engine only, at every

@@ -521,6 +521,9 @@ impl Device for SoftNic {
             log::error!("cannot map the peer's NIC: {e}");
             Error::failed("mapping the peer's NIC", e)
         })?;
+        // A mark the former peer left (`ViShared::broken`) is void now:
+        // that connection's break is over.
+        self.vi_shared(vi.slot).broken.store(0, Ordering::Relaxed);
         self.links[vi.slot as usize].set(Some(Arc::new(link)));
         Ok(())
     }
@@ -530,6 +533,11 @@ impl Device for SoftNic {
         if let (true, Some(l)) = (tell_peer, &old) {
             l.tell_peer(crate::nic::ErrorCode::ConnLost);
         }
+    }
+
+    fn broken_by_peer(&self, vi: &ViCore) -> bool {
+        // Acquire: pairs with the peer engine's Release (`Op::peer_breaks`).
+        self.vi_shared(vi.slot).broken.load(Ordering::Acquire) == vi.generation as u32
     }
 
     fn peer_gone(&self, nic: &NicInner, session: u64) {

@@ -67,7 +67,14 @@ struct Op<'a> {
 }
 
 impl<'a> Op<'a> {
+    /// The initiator's connection breaks over this request. The VI reads
+    /// ERROR from now on (before the request's failed status is written);
+    /// the rest of the break follows once the engine lock is released
+    /// ([`settle`]).
     fn brk(&mut self, code: ErrorCode, tell_peer: bool) {
+        // Release: pairs with the Acquire in `ViCore::vi_state`; the status
+        // written after it is a Release store too.
+        self.vi.broken.store(true, Ordering::Release);
         self.breaks.push(Break {
             vi: (self.vi.slot, self.vi.generation),
             code,
@@ -94,6 +101,17 @@ impl<'a> Op<'a> {
             idx[i] = j;
         }
         Ok(n)
+    }
+
+    /// The peer VI's reliable connection breaks over this request: it is
+    /// marked so in its NIC segment before a failed receive status is
+    /// written into its memory ([`ViShared::broken`]); the break itself
+    /// reaches it through its error ring ([`PeerLink::tell_peer`]).
+    fn peer_breaks(&self) {
+        if let (true, Some(p)) = (self.link.reliability.is_reliable(), self.peer) {
+            // Release: ordered before the status store that follows.
+            p.broken.store(self.link.vi_gen, Ordering::Release);
+        }
     }
 
     /// Takes the next posted receive of the peer VI: its position and slot.
@@ -148,6 +166,7 @@ impl<'a> Op<'a> {
         match self.link.reliability {
             Unreliable => 0,
             ReliableDelivery | ReliableReception => {
+                self.peer_breaks();
                 self.link.tell_peer(peer_code);
                 self.brk(ErrorCode::ConnLost, false);
                 if self.link.reliability == ReliableReception {
@@ -276,6 +295,9 @@ impl<'a> Op<'a> {
         // The slot is finished before the status becomes visible: once the
         // owner sees DONE it may recycle the slot.
         s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
+        if fault != 0 {
+            self.peer_breaks();
+        }
         if let Some(d) = desc {
             let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
             let st =
@@ -381,6 +403,9 @@ impl<'a> Op<'a> {
         let live = tpt::entry_live(entry, desc_handle);
         // The slot is finished before the status becomes visible.
         s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
+        if fault != 0 {
+            self.peer_breaks();
+        }
         if live {
             let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
             let st =
@@ -460,6 +485,7 @@ impl<'a> Op<'a> {
 
     fn rdma_violation(&mut self, code: ErrorCode) -> u32 {
         // The target always hears of it; reliable connections also break.
+        self.peer_breaks();
         self.link.tell_peer(code);
         if self.link.reliability.is_reliable() {
             self.brk(ErrorCode::ConnLost, false);
