@@ -300,6 +300,20 @@ pub fn tell(s: &str) {
 pub struct ErrorLog {
     seen: Mutex<Vec<(AsyncError, String, Instant)>>,
     cv: Condvar,
+    /// While set ([`ErrorLog::hold`]), the callback does not return.
+    held: Mutex<bool>,
+    held_cv: Condvar,
+}
+
+/// While alive, the error callback of an [`ErrorLog`] keeps the thread it
+/// runs on (the provider thread) once it has recorded an error.
+pub struct Held(Arc<ErrorLog>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        *self.0.held.lock().unwrap() = false;
+        self.0.held_cv.notify_all();
+    }
 }
 
 impl ErrorLog {
@@ -312,8 +326,20 @@ impl ErrorLog {
             let t = std::thread::current().name().unwrap_or("?").to_string();
             l.seen.lock().unwrap().push((*e, t, Instant::now()));
             l.cv.notify_all();
+            let mut held = l.held.lock().unwrap();
+            while *held {
+                held = l.held_cv.wait(held).unwrap();
+            }
         });
         log
+    }
+
+    /// Keeps the callback's thread in the callback, once it has recorded an
+    /// error, until the returned guard is dropped: a slow error callback,
+    /// which holds up what the provider thread would do next.
+    pub fn hold(self: &Arc<Self>) -> Held {
+        *self.held.lock().unwrap() = true;
+        Held(self.clone())
     }
 
     /// Every error so far.

@@ -443,14 +443,6 @@ fn message_longer_than_the_receive() {
                     0
                 };
                 assert_eq!(sst, DONE | OP_SEND | want, "{rel:?}: sender status");
-                // The failed receive is seen with its VI in ERROR, before
-                // the break reaches this process (the peer's engine wrote
-                // the status; the break comes through the error ring).
-                assert_eq!(
-                    s.vi.state(),
-                    ViState::Error,
-                    "{rel:?}: as the status is seen"
-                );
                 // Both sides break; the receiver's callback names the cause.
                 let seen = errs
                     .wait_for(ErrorCode::ConnLost, T)
@@ -465,10 +457,61 @@ fn message_longer_than_the_receive() {
     }
 }
 
+/// A receive the peer's engine failed (a message longer than it) is seen
+/// with its VI in ERROR, while the break is still on its way to this
+/// process: its provider thread, which would act on it, is held in a slow
+/// error callback (over another connection's break) meanwhile.
+#[test]
+fn a_failed_receive_is_seen_with_its_vi_in_error_before_the_break_arrives() {
+    for rel in [
+        Reliability::ReliableDelivery,
+        Reliability::ReliableReception,
+    ] {
+        let (s, mut p) = pair(rel, "rcverr");
+        let errs = ErrorLog::install(&s.nic);
+        let held = errs.hold();
+        // Another connection of this process breaks (a message that finds
+        // no receive): the provider thread stays in its callback.
+        let a = ViAttributes::new(Reliability::ReliableReception, s.ptag);
+        let (x, _y) = local_pair(&s.nic, &a, &disc_str("rcverr-other"), |_| {});
+        let d = DescBuilder::send()
+            .segment(&s.mem, 4096, 10)
+            .write(&s.mem, 64)
+            .unwrap();
+        x.post_send(&s.mem, d).unwrap();
+        let first = errs.take(ErrorCode::ConnLost, T).expect("the other break");
+        assert_eq!(first.0.vi.map(|v| v.0), Some(x.slot()));
+        post_short_recv(&s);
+        assert_eq!(p.cmd("send 0 4096:121"), "OK");
+        let c = s.vi.recv_wait(WAIT).unwrap();
+        assert_eq!(c.status, DONE | OP_RECEIVE | LENGTH_ERROR, "{rel:?}");
+        assert_eq!(
+            s.vi.state(),
+            ViState::Error,
+            "{rel:?}: as the status is seen"
+        );
+        // The break itself lands once the provider thread is let go.
+        drop(held);
+        let ours = |e: &via::AsyncError| {
+            e.code == ErrorCode::ConnLost && e.vi.map(|v| v.0) == Some(s.vi.slot())
+        };
+        assert!(
+            wait_until(T, || errs.all().iter().any(ours)),
+            "{rel:?}: the break was not reported: {:?}",
+            errs.all()
+        );
+        assert_eq!(s.vi.state(), ViState::Error);
+        assert!(p.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
+        p.exit();
+    }
+}
+
 /// A reliable connection's failed sends and receives are seen with their
 /// VI in ERROR, by a thread other than the poster: another thread polls
 /// the descriptors while the posting thread runs the request and its
-/// break (which it settles only after the failed status is written).
+/// break (which it settles only after the failed status is written). The
+/// window is short: with the VI marked broken only by the break, this
+/// fails about every second run here, not every time.
 #[test]
 fn a_failed_request_is_seen_with_its_vi_in_error_by_other_threads() {
     let nic = open_nic();
