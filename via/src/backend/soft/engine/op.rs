@@ -396,6 +396,7 @@ impl<'a> Op<'a> {
         if let (Some((sm, sat)), Some((dm, dat))) = (src, dst) {
             if !crate::shm::mapping::Mapping::copy(sm, sat, dm, dat, len as usize) {
                 fault = status::PROTECTION_ERROR;
+                self.peer_breaks();
             }
         }
         // The owner may have deregistered the descriptor's memory meanwhile:
@@ -403,9 +404,6 @@ impl<'a> Op<'a> {
         let live = tpt::entry_live(entry, desc_handle);
         // The slot is finished before the status becomes visible.
         s.seq.store(slot::seq(pos, slot::DONE), Ordering::Release);
-        if fault != 0 {
-            self.peer_breaks();
-        }
         if live {
             let imm = (wr.control & control::IMMEDIATE != 0).then_some(wr.imm);
             let st =
