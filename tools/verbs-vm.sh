@@ -78,7 +78,7 @@ skips_of() {
 # refused), reuse (unmapped registered memory stays reachable until the
 # unmap event is applied); nic opens via_lo by name; late_client, smi and
 # viad_inherits_fds test viad or the shared-memory NIC.
-c_programs=${VERBS_VM_C:-"sendrecv gather immediate connect disconnect accept_disconnect quiet_disconnect cq notify kill timeout threads badinput vi peer ns srq errcb regrace regfork regreuse forkopen"}
+c_programs=${VERBS_VM_C:-"sendrecv gather immediate connect disconnect accept_disconnect quiet_disconnect cq notify kill timeout threads badinput vi peer ns srq errcb failstate regrace regfork regreuse forkopen"}
 
 # Runs the bash script $2 in one VM, with SOFTROCE_ENV="$3 $VERBS_VM_ENV"
 # and the host executables $4 copied in; $1 says what it is (the heading,

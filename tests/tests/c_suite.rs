@@ -236,7 +236,7 @@ macro_rules! programs {
 programs!(
     nic, ptag, mem, vi, connect, peer, sendrecv, gather, immediate, rdma, cq, notify, timeout,
     disconnect, kill, errcb, ns, smi, threads, badinput, reuse, regreuse, regrace, regfork,
-    forkopen, handles, srq,
+    forkopen, handles, srq, failstate,
 );
 
 /// libvipl loaded at run time, as a dependency of a plugin the program
@@ -573,6 +573,7 @@ const BETWEEN_HOSTS: &[&str] = &[
     "accept_disconnect",
     "quiet_disconnect",
     "regrace",
+    "failstate",
 ];
 
 /// The programs that do not apply between hosts, and why.
