@@ -469,33 +469,6 @@ fn recvq_empty_breaks_reliable_reception() {
     b.exit();
 }
 
-/// A message longer than the receive on a Reliable Reception connection:
-/// each side sees its failed status with its VI in ERROR, and both break.
-/// (Here the break follows the status within one read of the stream, too
-/// soon for a command to fall between them; `errors.rs` holds the break
-/// back where a program can look in between.)
-#[test]
-fn failed_statuses_are_seen_with_the_vi_in_error() {
-    let Some(h) = Hosts::new("seenerr") else {
-        return;
-    };
-    let mut a = h.peer(Side::A, PEER, &[]);
-    let mut b = h.peer(Side::B, PEER, &[]);
-    connect(&h, &mut a, &mut b, "rr 65536 0 0", "seenerr");
-    assert_eq!(b.cmd("recv 0 8192:60"), "OK");
-    assert_eq!(a.cmd("send 64 4096:100"), "OK");
-    let st = comp(&a.cmd_expect("wait_send", "SEND")).0;
-    assert_eq!(st, DONE | OP_SEND | REMOTE_DESC_ERROR, "status {st:#x}");
-    assert_eq!(a.cmd("state"), "STATE Error");
-    let st = comp(&b.cmd_expect("wait_recv", "RECV")).0;
-    assert_eq!(st, DONE | OP_RECEIVE | LENGTH_ERROR, "status {st:#x}");
-    assert_eq!(b.cmd("state"), "STATE Error");
-    assert!(a.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
-    assert!(b.cmd("wait_error ConnLost").starts_with("ERROR ConnLost"));
-    a.exit();
-    b.exit();
-}
-
 #[test]
 fn peer_to_peer_between_hosts() {
     let Some(h) = Hosts::new("p2p") else { return };
