@@ -15,20 +15,20 @@
 static VIP_NIC_HANDLE nic;
 static VIP_PROTECTION_HANDLE tag;
 static region r;
+static VIP_VI_HANDLE vi, other;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
 static int hold;    /* the handler waits while set */
 static int entered; /* handler calls so far */
 static int conn_lost_on_vi;
-static VIP_VI_HANDLE watched;
 
 static void handler(VIP_PVOID ctx, VIP_ERROR_DESCRIPTOR *e)
 {
     (void)ctx;
     pthread_mutex_lock(&lock);
     entered++;
-    if (e->ErrorCode == VIP_ERROR_CONN_LOST && e->ViHandle == watched)
+    if (e->ErrorCode == VIP_ERROR_CONN_LOST && e->ViHandle == vi)
         conn_lost_on_vi = 1;
     while (hold)
         pthread_cond_wait(&released, &lock);
@@ -55,28 +55,38 @@ static int vi_conn_lost(void *p)
     return v;
 }
 
+/* The NIC, a region, the VI under test and another one. */
 static void setup(void)
 {
     nic = open_nic();
     tag = new_ptag(nic);
     r = region_new(nic, tag, 65536, 0, 0);
+    vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_RECEPTION, 4096, 0, 0), NULL, NULL);
+    other = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_DELIVERY, 4096, 0, 0), NULL, NULL);
+}
+
+static int teardown(void)
+{
+    OK(VipDisconnect(vi));
+    OK(VipDisconnect(other));
+    OK(VipDestroyVi(vi));
+    OK(VipDestroyVi(other));
+    region_free(&r);
+    OK(VipCloseNic(nic));
+    return 0;
 }
 
 /* The parent receives: its receive is too short. */
 static int parent(void)
 {
-    VIP_VI_HANDLE vi, other;
     VIP_DESCRIPTOR *d;
 
     setup();
     OK(VipErrorCallback(nic, NULL, handler));
-    vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_RECEPTION, 4096, 0, 0), NULL, NULL);
-    other = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_DELIVERY, 4096, 0, 0), NULL, NULL);
     accept_on(nic, vi, disc("vi"));
     accept_on(nic, other, disc("other"));
     pthread_mutex_lock(&lock);
     hold = 1;
-    watched = vi;
     pthread_mutex_unlock(&lock);
 
     /* The other connection breaks (a message without a receive): the
@@ -101,25 +111,15 @@ static int parent(void)
     CHECK_EQ(vi_state(vi), VIP_STATE_ERROR);
     CHECK_EQ(vi_state(other), VIP_STATE_ERROR);
     barrier(3);
-
-    OK(VipDisconnect(vi));
-    OK(VipDisconnect(other));
-    OK(VipDestroyVi(vi));
-    OK(VipDestroyVi(other));
-    region_free(&r);
-    OK(VipCloseNic(nic));
-    return 0;
+    return teardown();
 }
 
 /* The child sends. */
 static int child(void)
 {
-    VIP_VI_HANDLE vi, other;
     VIP_DESCRIPTOR *d;
 
     setup();
-    vi = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_RECEPTION, 4096, 0, 0), NULL, NULL);
-    other = new_vi(nic, vi_attrs(tag, VIP_SERVICE_RELIABLE_DELIVERY, 4096, 0, 0), NULL, NULL);
     connect_to(nic, vi, disc("vi"));
     connect_to(nic, other, disc("other"));
 
@@ -139,14 +139,7 @@ static int child(void)
     CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_SEND | VIP_STATUS_REMOTE_DESC_ERROR);
     CHECK_EQ(vi_state(vi), VIP_STATE_ERROR);
     barrier(3);
-
-    OK(VipDisconnect(vi));
-    OK(VipDisconnect(other));
-    OK(VipDestroyVi(vi));
-    OK(VipDestroyVi(other));
-    region_free(&r);
-    OK(VipCloseNic(nic));
-    return 0;
+    return teardown();
 }
 
 int main(void) { return run_pair("failstate", 120, parent, child); }
