@@ -287,6 +287,11 @@ fn post_cost_by_size() {
                 }
             };
             let (mut t_send, mut t_recv) = (Duration::ZERO, Duration::ZERO);
+            // The writes, then the receives, each in a loop of its own, as
+            // the bare loops run them. Timed receives that each followed a
+            // batch of 32 writes of 64 KiB took twice the time of 8-byte
+            // ones, with the same instructions (1,857 against 905 ns in
+            // one VM run; apart, 1,154 against 872 ns).
             for _ in 0..(n as usize).div_ceil(B) {
                 for &d in &writes {
                     let t = Instant::now();
@@ -296,6 +301,8 @@ fn post_cost_by_size() {
                 for _ in 0..B {
                     take(&s, true);
                 }
+            }
+            for _ in 0..(n as usize).div_ceil(B) {
                 for &d in &recvs {
                     let t = Instant::now();
                     r.post_recv(&mem, d).unwrap();
