@@ -211,6 +211,86 @@ pub(crate) struct DescCache {
     /// The arena mapping and the offset of `ext_va` in it.
     map: Option<Arc<Mapping>>,
     map_off: usize,
+    /// The region other than the descriptor's that the queue's segments
+    /// lay in last.
+    data: DataRegion,
+}
+
+/// The last region other than the descriptor's that a work queue's
+/// segments lay in: a program's data buffers, registered apart from its
+/// descriptors (a common layout). When a descriptor's other segments all
+/// lie in it, they are checked against this entry inline, without the
+/// out-of-line region cache lookups of [`check_others`] / [`recv_others`].
+/// Valid while the table's change count for the handle is the one read
+/// before the region was looked up (as [`RegionCache`] entries are), for
+/// the tag it was checked against.
+#[derive(Default, Clone, Copy)]
+struct DataRegion {
+    /// Memory handle (0: empty; never a region's).
+    handle: u32,
+    stamp: u64,
+    ptag: u32,
+    va: u64,
+    len: u64,
+}
+
+impl DataRegion {
+    /// The region, if the entry holds one and it is current for `ptag`.
+    #[inline(always)]
+    fn current(&self, table: &RegionTable, ptag: u32) -> Option<DescRegion> {
+        (self.handle != 0 && self.ptag == ptag && table.changes(self.handle) == self.stamp)
+            .then_some(DescRegion {
+                handle: self.handle,
+                va: self.va,
+                len: self.len,
+            })
+    }
+
+    /// Checks the segments of `wr` outside its descriptor's region, if
+    /// they all lie in this region's handle and the entry is current for
+    /// `ptag` (true); else changes nothing (false).
+    #[inline(always)]
+    fn checks_send(&self, table: &RegionTable, ptag: u32, wr: &mut SendWr) -> bool {
+        let Some(d) = self.current(table, ptag) else {
+            return false;
+        };
+        let n = (wr.seg_count as usize).min(MAX_SEGS);
+        let mut fault = 0;
+        for s in &wr.segs[..n] {
+            if s.handle == wr.desc_handle {
+                continue;
+            }
+            if s.handle != d.handle {
+                return false;
+            }
+            if !d.holds(s.va, s.len) {
+                fault = status::PROTECTION_ERROR;
+            }
+        }
+        wr.fault |= fault;
+        true
+    }
+
+    /// [`DataRegion::checks_send`] for a receive: the segments' addresses
+    /// also become offsets in the region.
+    #[inline(always)]
+    fn checks_recv(&self, table: &RegionTable, ptag: u32, pd: &mut RecvWr) -> bool {
+        let Some(d) = self.current(table, ptag) else {
+            return false;
+        };
+        let n = pd.n.min(MAX_SEGS);
+        let desc = pd.desc_handle;
+        if pd.segs[..n].iter().any(|s| s.2 != desc && s.2 != d.handle) {
+            return false;
+        }
+        for s in pd.segs[..n].iter_mut().filter(|s| s.2 != desc) {
+            if !d.holds(s.0, s.1) {
+                pd.fault |= status::PROTECTION_ERROR;
+            }
+            s.0 = s.0.wrapping_sub(d.va);
+        }
+        true
+    }
 }
 
 impl DescCache {
@@ -532,8 +612,8 @@ pub(crate) fn read_send(
         #[inline(always)]
         |h, dr, seg| fill_send(cx, wr, h, dr, seg),
     )?;
-    if others {
-        check_others(table, cache, cx.ptag, wr);
+    if others && !descs.data.checks_send(table, cx.ptag, wr) {
+        check_others(table, cache, &mut descs.data, cx.ptag, wr);
     }
     Ok(())
 }
@@ -600,13 +680,20 @@ fn fill_send(
 }
 
 /// Checks the segments of `wr` in other regions than its descriptor's
-/// (the descriptor's own region was checked while reading).
+/// (the descriptor's own region was checked while reading); the last
+/// region found becomes the queue's data region `data`.
 #[cold]
-fn check_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, wr: &mut SendWr) {
+fn check_others(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    data: &mut DataRegion,
+    ptag: u32,
+    wr: &mut SendWr,
+) {
     let n = (wr.seg_count as usize).min(MAX_SEGS);
     for s in &wr.segs[..n] {
         if s.handle != wr.desc_handle
-            && other_base(table, cache, ptag, s.handle, s.va, s.len).is_none()
+            && other_base(table, cache, data, ptag, s.handle, s.va, s.len).is_none()
         {
             wr.fault |= status::PROTECTION_ERROR;
         }
@@ -614,22 +701,36 @@ fn check_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, wr: &mu
 }
 
 /// The first address of the region of `handle` if `len` bytes at `addr`
-/// lie in it and its tag is `ptag`.
+/// lie in it and its tag is `ptag`. A region of tag `ptag` becomes the
+/// queue's data region `data`.
 #[inline(never)]
 fn other_base(
     table: &RegionTable,
     cache: &mut RegionCache,
+    data: &mut DataRegion,
     ptag: u32,
     handle: u32,
     addr: u64,
     len: u32,
 ) -> Option<u64> {
+    // Read before the lookup: a change after it makes the entry stale.
+    let stamp = table.changes(handle);
     let r = cache.get(table, handle)?;
+    if r.ptag != ptag {
+        return None;
+    }
+    *data = DataRegion {
+        handle,
+        stamp,
+        ptag,
+        va: r.va,
+        len: r.len,
+    };
     let inside = addr >= r.va
         && addr
             .checked_add(len as u64)
             .is_some_and(|e| e <= r.va + r.len);
-    (r.ptag == ptag && inside).then_some(r.va)
+    inside.then_some(r.va)
 }
 
 /// Reads the receive descriptor at `desc_va` (in the region of `handle`)
@@ -665,8 +766,8 @@ pub(crate) fn read_recv(
         #[inline(always)]
         |h, dr, seg| Ok(fill_recv(desc_va, handle, pd, h, dr, seg)),
     )?;
-    if others {
-        recv_others(table, cache, ptag, pd);
+    if others && !descs.data.checks_recv(table, ptag, pd) {
+        recv_others(table, cache, &mut descs.data, ptag, pd);
     }
     Ok(())
 }
@@ -711,16 +812,23 @@ fn fill_recv(
 }
 
 /// Checks the segments of `pd` in other regions than its descriptor's and
-/// turns their addresses into offsets.
+/// turns their addresses into offsets; the last region found becomes the
+/// queue's data region `data`.
 #[cold]
-fn recv_others(table: &RegionTable, cache: &mut RegionCache, ptag: u32, pd: &mut RecvWr) {
+fn recv_others(
+    table: &RegionTable,
+    cache: &mut RegionCache,
+    data: &mut DataRegion,
+    ptag: u32,
+    pd: &mut RecvWr,
+) {
     let n = pd.n.min(MAX_SEGS);
     let handle = pd.desc_handle;
     for s in &mut pd.segs[..n] {
         if s.2 == handle {
             continue;
         }
-        match other_base(table, cache, ptag, s.2, s.0, s.1) {
+        match other_base(table, cache, data, ptag, s.2, s.0, s.1) {
             Some(base) => s.0 -= base,
             None => pd.fault |= status::PROTECTION_ERROR,
         }

@@ -338,6 +338,102 @@ fn a_queue_s_descriptor_cache_follows_the_region_table() {
 }
 
 #[test]
+fn a_queue_s_data_region_entry_follows_the_region_table() {
+    // A work queue remembers the region its last segments outside the
+    // descriptor's region lay in (`translate::DataRegion`); the answers
+    // must be those of a cold post: a segment past that region's end is a
+    // protection error, one of a third region is checked on its own, and
+    // once the region is deregistered a segment naming its handle is a
+    // protection error, for sends and receives alike.
+    let p = pair(Reliability::Unreliable, false);
+    let (a, b, m) = (&p.a, &p.b, &p.mem);
+    let data = Region::new(&p.nic, 8192, p.ptag, false, false).unwrap();
+    let third = Region::new(&p.nic, 8192, p.ptag, false, false).unwrap();
+    // Moves `n` bytes at `src` of `from` into `dst` of `to`; the
+    // descriptors in `m`. Returns the send's and the receive's status.
+    let move_bytes = |from: &Region, src: usize, to: &Region, dst: usize, n: u32| {
+        let r = DescBuilder::recv().segment(to, dst, n).write(m, 0).unwrap();
+        b.post_recv(m, r).unwrap();
+        let d = DescBuilder::send()
+            .segment(from, src, n)
+            .write(m, 64)
+            .unwrap();
+        a.post_send(m, d).unwrap();
+        let s = a.send_wait(Some(T)).unwrap().status;
+        let r = match s & PROTECTION_ERROR {
+            0 => b.recv_wait(Some(T)).unwrap().status,
+            // The send never left: the receive is still posted.
+            _ => {
+                let d = DescBuilder::send()
+                    .segment(m, 8192, 0)
+                    .write(m, 64)
+                    .unwrap();
+                a.post_send(m, d).unwrap();
+                a.send_wait(Some(T)).unwrap();
+                b.recv_wait(Some(T)).unwrap().status
+            }
+        };
+        (s, r)
+    };
+    for round in 0..3u8 {
+        data.write(0, &pattern(64, round)).unwrap();
+        assert_eq!(
+            move_bytes(&data, 0, &data, 4096, 64),
+            (DONE | OP_SEND, DONE | OP_RECEIVE)
+        );
+        assert_eq!(bytes(&data, 4096, 64), pattern(64, round));
+    }
+    // Past the end of the remembered region: a send's and a receive's.
+    assert_eq!(
+        move_bytes(&data, 8192 - 8, &data, 0, 16).0,
+        DONE | OP_SEND | PROTECTION_ERROR
+    );
+    assert_eq!(
+        move_bytes(&data, 0, &data, 8192 - 8, 16),
+        (DONE | OP_SEND, DONE | OP_RECEIVE | PROTECTION_ERROR)
+    );
+    // A third region, and back.
+    third.write(0, &pattern(32, 7)).unwrap();
+    assert_eq!(
+        move_bytes(&third, 0, &data, 0, 32),
+        (DONE | OP_SEND, DONE | OP_RECEIVE)
+    );
+    assert_eq!(bytes(&data, 0, 32), pattern(32, 7));
+    assert_eq!(
+        move_bytes(&data, 0, &third, 4096, 32),
+        (DONE | OP_SEND, DONE | OP_RECEIVE)
+    );
+    assert_eq!(bytes(&third, 4096, 32), pattern(32, 7));
+    // Deregistered while remembered (the last segments were in it).
+    assert_eq!(
+        move_bytes(&data, 0, &data, 4096, 8),
+        (DONE | OP_SEND, DONE | OP_RECEIVE)
+    );
+    let (h, va) = (data.handle(), data.addr(0).unwrap());
+    data.deregister().unwrap();
+    let d = DescBuilder::send()
+        .raw_segment(va, h, 8)
+        .write(m, 128)
+        .unwrap();
+    a.post_send(m, d).unwrap();
+    assert_eq!(
+        a.send_wait(Some(T)).unwrap().status,
+        DONE | OP_SEND | PROTECTION_ERROR
+    );
+    let r = DescBuilder::recv()
+        .raw_segment(va + 4096, h, 8)
+        .write(m, 192)
+        .unwrap();
+    b.post_recv(m, r).unwrap();
+    assert_eq!(
+        b.recv_wait(Some(T)).unwrap().status,
+        DONE | OP_RECEIVE | PROTECTION_ERROR
+    );
+    assert_eq!(a.queues_empty(), (true, true));
+    assert_eq!(b.queues_empty(), (true, true));
+}
+
+#[test]
 fn a_refused_post_leaves_nothing_in_the_slot_the_next_post_fills() {
     // A post refused after its descriptor was read (an RDMA write without
     // its address segment; a receive with a reserved operation) has already
