@@ -289,6 +289,8 @@ impl DataRegion {
             }
             s.0 = s.0.wrapping_sub(d.va);
         }
+        pd.data_handle = d.handle;
+        pd.data_base = d.va;
         true
     }
 }
@@ -824,6 +826,7 @@ fn recv_others(
 ) {
     let n = pd.n.min(MAX_SEGS);
     let handle = pd.desc_handle;
+    pd.data_handle = 0;
     for s in &mut pd.segs[..n] {
         if s.2 == handle {
             continue;
@@ -900,6 +903,11 @@ pub(crate) struct RecvWr {
     /// First address of the descriptor's region (segments of that region
     /// are at this plus their offset).
     pub desc_base: u64,
+    /// The one other region the segments lie in, when translation found
+    /// them all in the queue's data region (`DataRegion`): its handle (0:
+    /// none) and first address.
+    pub data_handle: u32,
+    pub data_base: u64,
     pub desc_handle: u32,
     pub n: usize,
     /// (offset in region, length, handle) per segment.

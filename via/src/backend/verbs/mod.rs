@@ -938,7 +938,7 @@ impl Verbs {
         wr: &RecvWr,
         desc_va: u64,
     ) -> Result<()> {
-        if self.keys_are_handles() && rec.fill_in_desc_region(wr, desc_va) {
+        if self.keys_are_handles() && rec.fill_in_known_regions(wr, desc_va) {
             return Ok(());
         }
         self.fill_recv_looked_up(keys, rec, wr, desc_va)

@@ -91,18 +91,23 @@ impl RecvRec {
 
     /// [`RecvRec::fill`] without a key lookup, on a device whose lkeys are
     /// the memory handles, when every segment of `wr` lies in its
-    /// descriptor's region (the common case: translation checked them and
-    /// found the region's first address); false, and nothing usable
-    /// filled, when one lies elsewhere.
+    /// descriptor's region or in the one data region translation found
+    /// (the common cases: translation checked them and found the regions'
+    /// first addresses); false, and nothing usable filled, when one lies
+    /// elsewhere.
     #[inline]
-    pub fn fill_in_desc_region(&mut self, wr: &RecvWr, desc_va: u64) -> bool {
+    pub fn fill_in_known_regions(&mut self, wr: &RecvWr, desc_va: u64) -> bool {
         let n = wr.n.min(MAX_SEGMENTS);
         for (d, &(off, len, h)) in self.sges.iter_mut().zip(&wr.segs[..n]) {
-            if h != wr.desc_handle {
+            let base = if h == wr.desc_handle {
+                wr.desc_base
+            } else if h == wr.data_handle && h != 0 {
+                wr.data_base
+            } else {
                 return false;
-            }
+            };
             *d = Sge {
-                addr: wr.desc_base + off,
+                addr: base + off,
                 len,
                 lkey: h,
             };
