@@ -403,7 +403,9 @@ impl RegionCache {
     }
 
     /// The region of `handle` if the cache holds it (no validation: for a
-    /// lookup right after [`RegionCache::get`] under the same lock).
+    /// lookup right after [`RegionCache::get`] under the same lock, or
+    /// after translation found the region current otherwise:
+    /// `translate::WrRegions::of`).
     pub fn peek(&self, handle: u32) -> Option<&Resolved> {
         self.find(handle).and_then(|i| self.regions[i].as_deref())
     }

@@ -864,7 +864,11 @@ impl<'a> WrRegions<'a> {
     /// What `t` holds for `wr`, just translated. The common layout (data
     /// in the descriptor's own region, in the extent the descriptor was
     /// read from) costs no lookup at all; a segment elsewhere is found in
-    /// the cache, which validated it while translating.
+    /// the cache, which validated it while translating: directly, or
+    /// through the queue's data region, which is current only at the
+    /// change count the cache validated its region at (it is filled right
+    /// after the cache's lookup; an entry the cache dropped since is not
+    /// found, and the device looks the region up itself).
     #[inline(always)]
     pub fn of(wr: &SendWr, t: Translated<'a>) -> WrRegions<'a> {
         let src = match wr.local() {
