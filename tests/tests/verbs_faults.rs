@@ -875,16 +875,30 @@ fn untouched(nic: &via::Nic, ptag: via::Ptag, (c, d): (&via::Vi, &via::Vi), mem:
 // progress thread reads the device's (`verbs-device-event`), and the
 // handling is the real one.
 
-#[test]
-fn a_qp_that_fails_by_itself_breaks_its_vi_and_no_other() {
-    if verbs_device().is_none() {
-        return;
-    }
-    let _scenario = fail::FailScenario::setup();
+/// What the injected-failure tests start from, on the selected device: the
+/// fail scenario (held for the test), the NIC with its error log, a tag,
+/// and an 8 KiB region; `None` without a device.
+fn injected_setup() -> Option<(
+    fail::FailScenario<'static>,
+    via::Nic,
+    std::sync::Arc<ErrorLog>,
+    via::Ptag,
+    via::Region,
+)> {
+    verbs_device()?;
+    let scenario = fail::FailScenario::setup();
     let nic = open_nic();
     let errors = ErrorLog::install(&nic);
     let ptag = nic.create_ptag().unwrap();
     let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    Some((scenario, nic, errors, ptag, mem))
+}
+
+#[test]
+fn a_qp_that_fails_by_itself_breaks_its_vi_and_no_other() {
+    let Some((_scenario, nic, errors, ptag, mem)) = injected_setup() else {
+        return;
+    };
     let (a, b) = rd_pair(&nic, ptag, "qpfatal");
     let (c, d) = rd_pair(&nic, ptag, "qpfine");
     post_recv_at(&a, &mem, 0);
@@ -905,14 +919,9 @@ fn a_qp_that_fails_by_itself_breaks_its_vi_and_no_other() {
 
 #[test]
 fn an_srq_that_fails_breaks_the_vis_it_serves_and_no_other() {
-    if verbs_device().is_none() {
+    let Some((_scenario, nic, errors, ptag, mem)) = injected_setup() else {
         return;
-    }
-    let _scenario = fail::FailScenario::setup();
-    let nic = open_nic();
-    let errors = ErrorLog::install(&nic);
-    let ptag = nic.create_ptag().unwrap();
-    let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    };
     // The NIC's first SRQ: id 0.
     let srq = nic.create_srq(ptag, 16).unwrap();
     let d = DescBuilder::recv()
@@ -937,14 +946,9 @@ fn an_srq_that_fails_breaks_the_vis_it_serves_and_no_other() {
 
 #[test]
 fn a_device_that_fails_is_the_nics_catastrophic_error_and_no_descriptor_hangs() {
-    if verbs_device().is_none() {
+    let Some((_scenario, nic, errors, ptag, mem)) = injected_setup() else {
         return;
-    }
-    let _scenario = fail::FailScenario::setup();
-    let nic = open_nic();
-    let errors = ErrorLog::install(&nic);
-    let ptag = nic.create_ptag().unwrap();
-    let mem = via::Region::new(&nic, 8192, ptag, false, false).unwrap();
+    };
     let pairs = [rd_pair(&nic, ptag, "fatal1"), rd_pair(&nic, ptag, "fatal2")];
     for (i, (a, b)) in pairs.iter().enumerate() {
         post_recv_at(a, &mem, 512 * i);
