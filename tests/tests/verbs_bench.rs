@@ -248,8 +248,13 @@ fn post_cost_by_size() {
     let (s, r) = rc_pair(&nic, ptag, "pc");
     let mut rows = Vec::new();
     for size in sizes() {
-        let bare_send = via::bare_ibv_post_cost(&dev, n, size, false).unwrap();
-        let bare_recv = via::bare_ibv_post_cost(&dev, n, size, true).unwrap();
+        // Two baselines: completions taken by polling, and by a thread
+        // sleeping on a completion channel (the wait mode's like for like:
+        // on rxe the post that completes a request wakes that thread).
+        let bare_send = via::bare_ibv_post_cost(&dev, n, size, false, false).unwrap();
+        let bare_recv = via::bare_ibv_post_cost(&dev, n, size, true, false).unwrap();
+        let events_send = via::bare_ibv_post_cost(&dev, n, size, false, true).unwrap();
+        let events_recv = via::bare_ibv_post_cost(&dev, n, size, true, true).unwrap();
         let writes: Vec<usize> = (0..B)
             .map(|i| {
                 DescBuilder::rdma_write(mem.addr(target).unwrap(), mem.handle())
@@ -319,17 +324,38 @@ fn post_cost_by_size() {
             let posts = ((n as usize).div_ceil(B) * B) as u32;
             let (vs, vr) = (t_send / posts, t_recv / posts);
             let mode = if polling { "poll" } else { "wait" };
+            let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+            let events = if polling {
+                String::new()
+            } else {
+                format!(
+                    " (bare with a completion thread: post_send {} ns ratio {:.2}; post_recv {} ns ratio {:.2})",
+                    events_send.as_nanos(),
+                    ratio(vs, events_send),
+                    events_recv.as_nanos(),
+                    ratio(vr, events_recv)
+                )
+            };
             println!(
-                "POST-COST-SIZE {dev} {size} B {mode}: post_send via {} ns bare {} ns ratio {:.2}; post_recv via {} ns bare {} ns ratio {:.2}",
+                "POST-COST-SIZE {dev} {size} B {mode}: post_send via {} ns bare {} ns ratio {:.2}; post_recv via {} ns bare {} ns ratio {:.2}{events}",
                 vs.as_nanos(),
                 bare_send.as_nanos(),
-                vs.as_secs_f64() / bare_send.as_secs_f64(),
+                ratio(vs, bare_send),
                 vr.as_nanos(),
                 bare_recv.as_nanos(),
-                vr.as_secs_f64() / bare_recv.as_secs_f64()
+                ratio(vr, bare_recv)
             );
+            let events_json = if polling {
+                String::new()
+            } else {
+                format!(
+                    ",\"bare_events_post_send_ns\":{},\"bare_events_post_recv_ns\":{}",
+                    events_send.as_nanos(),
+                    events_recv.as_nanos()
+                )
+            };
             rows.push(format!(
-                "{{\"size\":{size},\"completions\":\"{mode}\",\"via_post_send_ns\":{},\"bare_post_send_ns\":{},\"via_post_recv_ns\":{},\"bare_post_recv_ns\":{}}}",
+                "{{\"size\":{size},\"completions\":\"{mode}\",\"via_post_send_ns\":{},\"bare_post_send_ns\":{},\"via_post_recv_ns\":{},\"bare_post_recv_ns\":{}{events_json}}}",
                 vs.as_nanos(),
                 bare_send.as_nanos(),
                 vr.as_nanos(),

@@ -89,8 +89,10 @@ pub fn bare_ibv_post(name: &str, iters: u32) -> std::io::Result<std::time::Durat
 
 /// The mean time of one bare post on RDMA device `name`: `ibv_post_send`
 /// of a `size`-byte RDMA write, or (`recv`) `ibv_post_recv` of a
-/// `size`-byte buffer, on an RC QP connected to itself; the baseline of the
-/// verbs kind's post cost by size (`tests/tests/verbs_bench.rs`).
+/// `size`-byte buffer, on an RC QP connected to itself, its completions
+/// taken by polling or (`events`) by a thread sleeping on a completion
+/// channel; the baseline of the verbs kind's post cost by size
+/// (`tests/tests/verbs_bench.rs`).
 ///
 /// # Errors
 /// The device's, if it cannot be opened or set up.
@@ -101,8 +103,11 @@ pub fn bare_ibv_post_cost(
     iters: u32,
     size: u32,
     recv: bool,
+    events: bool,
 ) -> std::io::Result<std::time::Duration> {
-    backend::verbs::bench::bare_post_cost(name, iters, size, recv)
+    use backend::verbs::bench::Reap;
+    let reap = if events { Reap::Events } else { Reap::Poll };
+    backend::verbs::bench::bare_post_cost(name, iters, size, recv, reap)
 }
 
 /// An `ibv_rc_pingpong`-style loop on raw verbs, the baseline of via's

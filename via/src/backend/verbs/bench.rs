@@ -4,17 +4,22 @@
 //!
 //! * [`bare_post_cost`]: a bare `ibv_post_send` / `ibv_post_recv` on an RC
 //!   QP connected to itself, measured the way the tests measure
-//!   `Vi::post_send` / `Vi::post_recv`;
+//!   `Vi::post_send` / `Vi::post_recv`; its completions taken by busy
+//!   polling, or ([`Reap::Events`]) by a thread sleeping on a completion
+//!   channel, as the verbs kind's provider thread takes them when the
+//!   application blocks;
 //! * [`RawPingPong`]: an `ibv_rc_pingpong`-style loop (RC, send/receive,
 //!   busy polling of the CQ) between two processes, against which via's
 //!   ping-pong latency is reported.
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ibv::{
-    self, Context, Cq, Mr, Pd, PortInfo, Qp, Remote, SendOp, SendReq, Sge, Transport,
+    self, Channel, Context, Cq, Mr, Pd, PortInfo, Qp, Remote, SendOp, SendReq, Sge, Transport,
 };
 use super::{Blob, PORT, pick_gid};
 
@@ -32,6 +37,8 @@ struct Bare {
     qp: Qp,
     mr: Mr,
     cq: Arc<Cq>,
+    /// The CQ's completion channel ([`Reap::Events`]).
+    channel: Option<Arc<Channel>>,
     _pd: Arc<Pd>,
     _ctx: Arc<Context>,
     port: PortInfo,
@@ -43,11 +50,21 @@ struct Bare {
 
 impl Bare {
     fn new(name: &str, depth: u32) -> io::Result<Bare> {
+        Bare::with_reap(name, depth, Reap::Poll)
+    }
+
+    /// [`Bare::new`], its CQ signalling on a channel of its own for
+    /// [`Reap::Events`].
+    fn with_reap(name: &str, depth: u32, reap: Reap) -> io::Result<Bare> {
         let ctx = Arc::new(Context::open(Some(name))?);
         let port = ctx.port(PORT)?;
         let (gid_index, gid) = pick_gid(&ctx);
         let pd = Pd::new(&ctx)?;
-        let cq = Cq::new(&ctx, 4096, None)?;
+        let channel = match reap {
+            Reap::Poll => None,
+            Reap::Events => Some(Channel::new(&ctx)?),
+        };
+        let cq = Cq::new(&ctx, 4096, channel.as_ref())?;
         let share = cq
             .reserve(2 * depth)
             .ok_or_else(|| io::Error::other("the CQ is too small for the QP"))?;
@@ -63,6 +80,7 @@ impl Bare {
             qp,
             mr,
             cq,
+            channel,
             _pd: pd,
             _ctx: ctx,
             port,
@@ -151,14 +169,127 @@ impl Bare {
 /// # Errors
 /// The device's, if it cannot be opened or set up.
 pub(crate) fn bare_post(name: &str, iters: u32) -> io::Result<Duration> {
-    bare_post_cost(name, iters, 8, false)
+    bare_post_cost(name, iters, 8, false, Reap::Poll)
+}
+
+/// How a baseline takes the completions of its posts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reap {
+    /// The posting thread polls the CQ (`ibv_poll_cq` in a loop).
+    Poll,
+    /// A thread of its own sleeps on the CQ's completion channel and, once
+    /// woken, drains the CQ, arming it again whenever it finds the CQ
+    /// empty: what the verbs kind's provider thread does while no
+    /// application thread polls (`Verbs::progress`), with nothing else.
+    Events,
+}
+
+/// The thread of [`Reap::Events`], counting the completions it takes.
+struct EventReaper {
+    got: Arc<AtomicU32>,
+    /// The status of the first failed completion (`WC_SUCCESS`: none).
+    failed: Arc<AtomicU32>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EventReaper {
+    fn start(cq: Arc<Cq>, channel: Arc<Channel>) -> io::Result<EventReaper> {
+        let got = Arc::new(AtomicU32::new(0));
+        let failed = Arc::new(AtomicU32::new(ibv::WC_SUCCESS));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, first_failure, stopping) = (got.clone(), failed.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("bare-reaper".into())
+            .spawn(move || {
+                let drain = || {
+                    let mut all = 0;
+                    loop {
+                        let k = cq.poll_each(16, |w| {
+                            if w.status != ibv::WC_SUCCESS {
+                                let _ = first_failure.compare_exchange(
+                                    ibv::WC_SUCCESS,
+                                    w.status,
+                                    Ordering::Relaxed,
+                                    Ordering::Relaxed,
+                                );
+                            }
+                        });
+                        if k == 0 {
+                            return all;
+                        }
+                        all += k;
+                        // Release: a waiter that sees the count sees the
+                        // failure recorded before it.
+                        count.fetch_add(k as u32, Ordering::Release);
+                    }
+                };
+                while !stopping.load(Ordering::Acquire) {
+                    if drain() > 0 {
+                        continue;
+                    }
+                    cq.arm();
+                    // A completion may have arrived between the drain and
+                    // the arm.
+                    if drain() > 0 {
+                        continue;
+                    }
+                    // Bounded: the stop flag is looked at every 100 ms.
+                    if ibv::wait_readable([channel.fd()], 100)[0] {
+                        channel.take_events();
+                    }
+                }
+            })?;
+        Ok(EventReaper {
+            got,
+            failed,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits until the thread took `total` completions in all; an error
+    /// if one failed, or after [`WAIT`] without them.
+    fn wait_for(&self, total: u32) -> io::Result<()> {
+        let mut deadline = None;
+        let mut idle = 0u32;
+        loop {
+            let got = self.got.load(Ordering::Acquire);
+            let st = self.failed.load(Ordering::Relaxed);
+            if st != ibv::WC_SUCCESS {
+                return Err(io::Error::other(ibv::status_str(st)));
+            }
+            if got >= total {
+                return Ok(());
+            }
+            idle += 1;
+            // The clock only now and then: it is not free under TCG.
+            if idle % 1024 == 0 {
+                let d = *deadline.get_or_insert_with(|| Instant::now() + WAIT);
+                if Instant::now() > d {
+                    return Err(io::Error::other("no completion in 30 s"));
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for EventReaper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Mean time of one bare post on device `name` over `iters` posts, in
-/// batches of [`BATCH`] timed calls whose completions are taken untimed:
-/// `recv` false: `ibv_post_send` of an RDMA write of `size` bytes
-/// (signalled); true: `ibv_post_recv` of a `size`-byte buffer, each
-/// consumed by an untimed 8-byte send of the QP (connected to itself).
+/// batches of [`BATCH`] timed calls whose completions are taken untimed,
+/// as `reap` says: `recv` false: `ibv_post_send` of an RDMA write of
+/// `size` bytes (signalled); true: `ibv_post_recv` of a `size`-byte
+/// buffer, each consumed by an untimed 8-byte send of the QP (connected to
+/// itself).
 ///
 /// # Errors
 /// The device's, if it cannot be opened or set up, or an operation fails.
@@ -167,10 +298,24 @@ pub(crate) fn bare_post_cost(
     iters: u32,
     size: u32,
     recv: bool,
+    reap: Reap,
 ) -> io::Result<Duration> {
     let size = size.min(BUF as u32 / 2);
-    let b = Bare::new(name, 64)?;
+    let b = Bare::with_reap(name, 64, reap)?;
     b.connect(&b.blob())?;
+    // Declared after `b`: stopped before the QP goes.
+    let reaper = match &b.channel {
+        Some(ch) => Some(EventReaper::start(b.cq.clone(), ch.clone())?),
+        None => None,
+    };
+    let mut expected = 0;
+    let mut take = |n: u32| match &reaper {
+        Some(r) => {
+            expected += n;
+            r.wait_for(expected)
+        }
+        None => b.reap(n),
+    };
     let half = BUF / 2;
     let src = b.sge(0, size);
     let write = SendReq {
@@ -207,9 +352,9 @@ pub(crate) fn bare_post_cost(
             for _ in 0..n {
                 b.post_one(&send)?;
             }
-            b.reap(2 * n)?;
+            take(2 * n)?;
         } else {
-            b.reap(n)?;
+            take(n)?;
         }
         done += n;
     }
