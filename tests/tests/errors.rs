@@ -490,6 +490,15 @@ fn a_failed_receive_is_seen_with_its_vi_in_error_before_the_break_arrives() {
             ViState::Error,
             "{rel:?}: as the status is seen"
         );
+        // A VI seen in ERROR sends nothing more: a send posted now is
+        // flushed, not run towards the peer (where it would find no
+        // receive, and Reliable Delivery would report it sent).
+        post_send(&s, 256, 4096, 8);
+        assert_eq!(
+            s.vi.send_wait(WAIT).unwrap().status,
+            DONE | OP_SEND | DESC_FLUSHED_ERROR,
+            "{rel:?}: a send after the failed receive"
+        );
         // The break itself lands once the provider thread is let go.
         drop(held);
         let ours = |e: &via::AsyncError| {

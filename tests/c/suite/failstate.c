@@ -4,7 +4,8 @@
  * VIP_STATUS_LENGTH_ERROR, and VipQueryVi right after it says
  * VIP_STATE_ERROR, even while the receiver's error callback is still busy
  * with an earlier error (another connection's break), which holds up the
- * provider thread that delivers this break. The sender's VipSendWait
+ * provider thread that delivers this break; a send it posts then is
+ * flushed (VIP_STATUS_DESC_FLUSHED_ERROR). The sender's VipSendWait
  * returns VIP_STATUS_REMOTE_DESC_ERROR with its VI in the error state.
  * Once the callback returns, the receiver's callback gets
  * VIP_ERROR_CONN_LOST for the VI. */
@@ -101,6 +102,14 @@ static int parent(void)
     recv_wait(vi, d);
     CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE | VIP_STATUS_LENGTH_ERROR);
     CHECK_EQ(vi_state(vi), VIP_STATE_ERROR);
+
+    /* A VI seen in the error state sends nothing more, the break still on
+     * its way: a send posted now is flushed. */
+    d = desc_at(&r, 128);
+    desc_simple(d, r.base + 8192, r.mh, 8);
+    OK(VipPostSend(vi, d, r.mh));
+    send_wait(vi, d);
+    CHECK_STATUS(d, VIP_STATUS_DONE | VIP_STATUS_OP_SEND | VIP_STATUS_DESC_FLUSHED_ERROR);
 
     /* The callback returns: the break lands. */
     pthread_mutex_lock(&lock);

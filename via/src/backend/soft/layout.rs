@@ -121,7 +121,8 @@ pub struct ViShared {
     /// The generation of this slot's VI when the peer's engine found its
     /// reliable connection broken (0 = not): written before the failed
     /// receive status it then writes, so that the owner, seeing that
-    /// status, finds the VI in ERROR (`Device::broken_by_peer`) while the
+    /// status, finds the VI in ERROR (`Device::broken_by_peer`) and its
+    /// engine runs no more requests of it (they are flushed) while the
     /// break itself is still on its way through the error ring. Cleared by
     /// the owner when the VI connects.
     pub broken: AtomicU32,

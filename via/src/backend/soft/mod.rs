@@ -78,6 +78,16 @@ pub(crate) fn accepts(name: &str) -> Option<String> {
     (ifname == "lo").then(|| base.to_string())
 }
 
+/// Whether the peer's engine marked the connection of `vi` (whose entry in
+/// this NIC's segment is `sh`) broken (`ViShared::broken`):
+/// [`Device::broken_by_peer`], and the engine's check before it runs a
+/// request of `vi`.
+#[inline(always)]
+pub(crate) fn marked_broken(sh: &ViShared, vi: &ViCore) -> bool {
+    // Acquire: pairs with the peer engine's Release (`Op::peer_breaks`).
+    sh.broken.load(Ordering::Acquire) == vi.generation as u32
+}
+
 /// The viad name of ring generation `generation` of CQ `slot` of NIC `nic`.
 pub(crate) fn ring_key(nic: u32, slot: u32, generation: u32) -> ObjKey {
     ObjKey {
@@ -536,8 +546,7 @@ impl Device for SoftNic {
     }
 
     fn broken_by_peer(&self, vi: &ViCore) -> bool {
-        // Acquire: pairs with the peer engine's Release (`Op::peer_breaks`).
-        self.vi_shared(vi.slot).broken.load(Ordering::Acquire) == vi.generation as u32
+        marked_broken(self.vi_shared(vi.slot), vi)
     }
 
     fn peer_gone(&self, nic: &NicInner, session: u64) {

@@ -18,12 +18,12 @@ use super::lane::Lane;
 use super::transfer::{
     CUT, NO_SEG, Source, copy_mapped_tail_last, move_fast, move_general, still_registered,
 };
-use crate::backend::soft::SoftNic;
 use crate::backend::soft::complete;
 use crate::backend::soft::layout::{MAX_SEGS, NicView, RecvSlot, ViShared, flags, slot};
 use crate::backend::soft::remote::PeerLink;
 use crate::backend::soft::tcache::{Regions, Use};
 use crate::backend::soft::tpt;
+use crate::backend::soft::{SoftNic, marked_broken};
 
 /// A reliable-connection break found while the engine lock was held; acted
 /// on after it is released (breaking takes VI locks).
@@ -676,8 +676,16 @@ pub(crate) fn execute(
         links,
         breaks,
     } = st;
+    // Broken here, or by the peer's engine (its mark, written before the
+    // failed status that may have led the program to post this): flushed,
+    // not run; the break itself is on its way.
     let (link, lane) = match links.get(soft, vi) {
-        Some(l) if !vi.broken.load(Ordering::Acquire) => l,
+        Some(l)
+            if !vi.broken.load(Ordering::Acquire)
+                && !marked_broken(soft.vi_shared(vi.slot), vi) =>
+        {
+            l
+        }
         _ => {
             complete_send(
                 soft,
