@@ -459,13 +459,17 @@ impl Srq {
     /// # Errors
     /// `NotDone` when none is.
     pub fn done(&self) -> Result<SrqCompletion> {
-        match self.nic.dev.srq_done(self.id) {
-            Some(d) => Ok(self.completion(d)),
-            None => {
-                self.nic.dev.kick(&self.nic, None);
-                Err(Error::NotDone)
+        if let Some(d) = self.nic.dev.srq_done(self.id) {
+            return Ok(self.completion(d));
+        }
+        self.nic.dev.kick(&self.nic, None);
+        // As a polled VI or CQ: the device progresses inline once.
+        if self.nic.dev.poll_any(&self.nic) {
+            if let Some(d) = self.nic.dev.srq_done(self.id) {
+                return Ok(self.completion(d));
             }
         }
+        Err(Error::NotDone)
     }
 
     /// Waits up to `timeout` (`None`: for ever) for a completed descriptor

@@ -158,8 +158,20 @@ impl CqCore {
         wake_cq(&self.signals(nic), nic.dev.provider_wake());
     }
 
-    /// `VipCQDone`: the next (VI, is-receive-queue) with a completion.
+    /// `VipCQDone`: the next (VI, is-receive-queue) with a completion; if
+    /// none, lets the device progress inline once and looks again, as
+    /// polling a VI does (`ViCore::done_polling`): on verbs a program that
+    /// polls a CQ would otherwise wait for the progress thread to wake.
     pub fn done(&self, nic: &NicInner) -> Result<(Arc<ViCore>, bool)> {
+        match self.take(nic) {
+            Err(e) if e.kind() == ErrorKind::NotDone && nic.dev.poll_any(nic) => self.take(nic),
+            r => r,
+        }
+    }
+
+    /// The next (VI, is-receive-queue) with a completion, as the CQ holds
+    /// it now.
+    fn take(&self, nic: &NicInner) -> Result<(Arc<ViCore>, bool)> {
         for _ in 0..1024 {
             let e = match self.mode {
                 CqMode::Ring => {
@@ -216,14 +228,14 @@ impl CqCore {
         let deadline = timeout.map(|t| Instant::now() + t);
         let signals = self.signals(nic);
         loop {
-            match self.done(nic) {
+            match self.take(nic) {
                 Err(e) if e.kind() == ErrorKind::NotDone => {}
                 r => return r,
             }
             if !doorbell::wait_until(signals.wake, nic.process.config.spin, deadline, || {
                 self.ready()
             }) {
-                return match self.done(nic) {
+                return match self.take(nic) {
                     Err(e) if e.kind() == ErrorKind::NotDone => Err(Error::Timeout),
                     r => r,
                 };
@@ -255,7 +267,7 @@ impl CqCore {
                 }
                 return (ran, false);
             }
-            match self.done(nic) {
+            match self.take(nic) {
                 Ok((vi, recv)) => {
                     let h = l.pop_front().unwrap();
                     drop(l);

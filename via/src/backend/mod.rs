@@ -380,6 +380,13 @@ pub(crate) trait Device: Send + Sync {
     /// device may progress inline (no locks of the object model held).
     fn poll(&self, _nic: &NicInner, _vi: &ViCore) {}
 
+    /// A thread polls a CQ or a shared receive queue that has nothing: the
+    /// device may progress inline, for whichever VIs. True if it may have
+    /// completed something (the caller looks again).
+    fn poll_any(&self, _nic: &NicInner) -> bool {
+        false
+    }
+
     /// Whether [`Device::poll`] can complete anything (false: a poller need
     /// not look at its queue again after it; a kind whose completions are
     /// all written by the initiator's engine).

@@ -1159,6 +1159,9 @@ impl Verbs {
         let mut busy = 0u32;
         let mut events = false;
         while !self.stop.load(Ordering::Acquire) {
+            // A test stops the thread here (`verbs_faults`: pollers
+            // progress without it).
+            failpoint!("verbs-progress");
             let Some(n) = nic.upgrade() else { break };
             busy += 1;
             let injected = injected_event();
@@ -2093,13 +2096,19 @@ impl Device for Verbs {
     }
 
     fn poll(&self, nic: &NicInner, _vi: &ViCore) {
+        self.poll_any(nic);
+    }
+
+    fn poll_any(&self, nic: &NicInner) -> bool {
         // A polling program takes its completion itself rather than wait
         // for the progress thread to be scheduled (which, seeing it poll,
-        // stops arming the CQ: `progress`).
+        // stops arming the CQ: `progress`). The device CQs hold every
+        // VI's completions: one drain serves a VI, a CQ and an SRQ poller.
         self.polls.fetch_add(1, Ordering::Relaxed);
         if self.try_take_completions(nic) > 0 {
             self.settle(nic);
         }
+        true
     }
 
     fn kick(&self, nic: &NicInner, _vi: Option<&ViCore>) {
