@@ -369,6 +369,43 @@ fn post_cost_by_size() {
     nic.close().unwrap();
 }
 
+/// The time of a poll that finds nothing (`Vi::recv_done` with no receive
+/// completed, as `VipRecvDone` in a polling loop) with 1 to 128 VIs open:
+/// every 15 VIs take one more device CQ (`cqs.rs`), and a poll drains the
+/// device inline (`Device::poll`).
+#[test]
+fn poll_miss_cost_by_vis() {
+    let Some(dev) = verbs_device() else { return };
+    const POLLS: u32 = 20_000;
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let at = ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    let mut vis = Vec::new();
+    let mut rows = Vec::new();
+    for n in [1usize, 16, 32, 64, 128] {
+        while vis.len() < n {
+            vis.push(nic.create_vi(&at, None, None).unwrap());
+        }
+        let v = &vis[0];
+        for _ in 0..1000 {
+            assert_eq!(v.recv_done().err(), Some(Error::NotDone));
+        }
+        let t = Instant::now();
+        for _ in 0..POLLS {
+            assert_eq!(v.recv_done().err(), Some(Error::NotDone));
+        }
+        let per = t.elapsed() / POLLS;
+        println!(
+            "POLL-MISS {dev} {n} VIs: {} ns per Vi::recv_done that finds nothing",
+            per.as_nanos()
+        );
+        rows.push(format!("{{\"vis\":{n},\"ns\":{}}}", per.as_nanos()));
+    }
+    println!("POLL-MISS-JSON [{}]", rows.join(","));
+    drop(vis);
+    nic.close().unwrap();
+}
+
 const PP_WARMUP: u32 = 100;
 
 fn pp_iters() -> u32 {

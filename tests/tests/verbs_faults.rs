@@ -305,6 +305,93 @@ fn send_through(
 
 /// Two VIs of this process connected to each other (Reliable Delivery,
 /// MaxTransferSize 64 KiB).
+/// The progress thread of the NICs of this process, stopped at the top of
+/// its loop (fail point `verbs-progress`) until this is dropped.
+struct ProgressStopped(std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+impl ProgressStopped {
+    /// Stops the thread at its next round; returns once it is there.
+    fn now() -> ProgressStopped {
+        let stopped = std::sync::Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let hold = stopped.clone();
+        let reached_tx = std::sync::Mutex::new(reached_tx);
+        fail::cfg_callback("verbs-progress", move || {
+            let _ = reached_tx.lock().unwrap().send(());
+            let (flag, cv) = &*hold;
+            let mut g = flag.lock().unwrap();
+            while *g {
+                g = cv.wait(g).unwrap();
+            }
+        })
+        .unwrap();
+        reached
+            .recv_timeout(T)
+            .expect("the progress thread did not stop");
+        ProgressStopped(stopped)
+    }
+}
+
+impl Drop for ProgressStopped {
+    fn drop(&mut self) {
+        fail::remove("verbs-progress");
+        *self.0.0.lock().unwrap() = false;
+        self.0.1.notify_all();
+    }
+}
+
+/// A thread that polls one VI takes the completions of the other device
+/// CQs too, one in turn per poll, not those of its VI's CQs only: with one
+/// CQ per VI (`verbs-cq-entries`) and the progress thread stopped, polling
+/// a VI that gets nothing completes another pair's send and receive
+/// (their statuses read in memory, never polled for).
+#[test]
+fn a_vi_poller_takes_the_other_cqs_in_turn() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    fail::cfg("verbs-cq-entries", "return(2048)").unwrap();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Region::new(&nic, 65536, ptag, false, false).unwrap();
+    let (a, b) = rd_pair(&nic, ptag, &disc_str("turn-a"));
+    let (_c, _d) = rd_pair(&nic, ptag, &disc_str("turn-c"));
+    let (e, f) = rd_pair(&nic, ptag, &disc_str("turn-e"));
+    let stopped = ProgressStopped::now();
+    let r = DescBuilder::recv()
+        .segment(&mem, 8192, 64)
+        .write(&mem, 0)
+        .unwrap();
+    f.post_recv(&mem, r).unwrap();
+    mem.write(4096, &pattern(64, 3)).unwrap();
+    let s = DescBuilder::send()
+        .segment(&mem, 4096, 64)
+        .write(&mem, 64)
+        .unwrap();
+    e.post_send(&mem, s).unwrap();
+    let mut polls = 0u32;
+    let both = wait_until(T, || {
+        assert_eq!(a.recv_done().err(), Some(Error::NotDone));
+        polls += 1;
+        mem.status(0) & DONE != 0 && mem.status(64) & DONE != 0
+    });
+    assert!(
+        both,
+        "{polls} polls of another VI did not take the pair's completions (send {:#x}, receive {:#x})",
+        mem.status(64),
+        mem.status(0)
+    );
+    assert_eq!(mem.status(64), DONE | OP_SEND);
+    assert_eq!(mem.status(0), DONE | OP_RECEIVE);
+    assert_eq!(bytes_of(&mem, 8192, 64), pattern(64, 3));
+    drop(stopped);
+    for v in [&a, &b, &e, &f] {
+        let _ = v.disconnect();
+    }
+    nic.close().unwrap();
+}
+
 /// A program that polls a CQ or a shared receive queue takes its
 /// completions itself, as one polling a VI does: with the progress thread
 /// stopped (at the top of its loop), a receive reported through a CQ, and
@@ -332,28 +419,7 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
     let (c, d) = local_pair(&nic, &at, &disc_str("srq-stopped"), |r| {
         r.set_srq(Some(&srq)).unwrap();
     });
-    // The thread stops at its next round and stays until released.
-    let stopped = std::sync::Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
-    let (reached_tx, reached) = std::sync::mpsc::channel();
-    let hold = stopped.clone();
-    let reached_tx = std::sync::Mutex::new(reached_tx);
-    fail::cfg_callback("verbs-progress", move || {
-        let _ = reached_tx.lock().unwrap().send(());
-        let (flag, cv) = &*hold;
-        let mut g = flag.lock().unwrap();
-        while *g {
-            g = cv.wait(g).unwrap();
-        }
-    })
-    .unwrap();
-    reached
-        .recv_timeout(T)
-        .expect("the progress thread did not stop");
-    let release = || {
-        *stopped.0.lock().unwrap() = false;
-        stopped.1.notify_all();
-        fail::remove("verbs-progress");
-    };
+    let stopped = ProgressStopped::now();
     // Through the CQ.
     let r = DescBuilder::recv()
         .segment(&mem, 8192, 64)
@@ -371,10 +437,10 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
         got = cq.done().ok();
         got.is_some()
     });
-    if !polled {
-        release();
-        panic!("VipCQDone found nothing while the progress thread was stopped");
-    }
+    assert!(
+        polled,
+        "VipCQDone found nothing while the progress thread was stopped"
+    );
     assert_eq!(got, Some((b.slot(), true)));
     assert_eq!(b.recv_done().unwrap().status, DONE | OP_RECEIVE);
     assert_eq!(bytes_of(&mem, 8192, 64), pattern(64, 1));
@@ -395,14 +461,14 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
         got = srq.done().ok();
         got.is_some()
     });
-    if !polled {
-        release();
-        panic!("VipSrqDone found nothing while the progress thread was stopped");
-    }
+    assert!(
+        polled,
+        "VipSrqDone found nothing while the progress thread was stopped"
+    );
     let got = got.unwrap();
     assert_eq!((got.vi, got.status), (d.slot(), DONE | OP_RECEIVE));
     assert_eq!(bytes_of(&mem, 16384, 64), pattern(64, 2));
-    release();
+    drop(stopped);
     for v in [&a, &b, &c, &d] {
         let _ = v.disconnect();
     }

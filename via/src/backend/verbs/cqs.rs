@@ -110,6 +110,25 @@ impl DeviceCqs {
         self.all[..n].iter().filter_map(OnceLock::get)
     }
 
+    /// Where `cq` is among the CQs made.
+    pub fn index_of(&self, cq: &Arc<Cq>) -> Option<usize> {
+        self.iter().position(|c| Arc::ptr_eq(c, cq))
+    }
+
+    /// The CQ made `i`-th, if made.
+    pub fn get(&self, i: usize) -> Option<&Arc<Cq>> {
+        if i < self.made.load(Ordering::Acquire) {
+            self.all[i].get()
+        } else {
+            None
+        }
+    }
+
+    /// How many CQs are made.
+    pub fn len(&self) -> usize {
+        self.made.load(Ordering::Acquire)
+    }
+
     /// The completion channel of every CQ.
     pub fn channel(&self) -> &Channel {
         &self.channel

@@ -952,6 +952,13 @@ impl Qp {
     }
 
     /// Whether the QP's completions go to the CQ at `addr`.
+    /// The CQs its sends and its receives complete on (the same but with
+    /// an SRQ).
+    pub fn cqs(&self) -> [&Arc<Cq>; 2] {
+        let recv = self.srq.as_ref().map_or(&self.share.cq, |(_, cq)| cq);
+        [&self.share.cq, recv]
+    }
+
     pub fn completes_on(&self, addr: usize) -> bool {
         self.share.cq.is(addr) || self.srq.as_ref().is_some_and(|(_, cq)| cq.is(addr))
     }

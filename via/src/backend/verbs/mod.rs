@@ -35,7 +35,7 @@ mod keys;
 mod records;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -120,6 +120,10 @@ struct ViWords {
     send_wake: EventCount,
     recv_wake: EventCount,
     interest: AtomicU32,
+    /// The device CQs the VI's QP completes on, for a thread that polls
+    /// the VI ([`Device::poll`]): each one's index + 1, sends in the low
+    /// half, receives in the high half (0: not known, poll them all).
+    cqs: AtomicU64,
 }
 
 #[derive(Default)]
@@ -594,7 +598,9 @@ pub(crate) struct Verbs {
     /// a reference count change (the table is read on a miss).
     poll_lock: Mutex<RegionCache>,
     /// Calls of `Device::poll` (application threads polling).
-    polls: std::sync::atomic::AtomicU64,
+    polls: AtomicU64,
+    /// The CQ a VI poller takes besides its own (in turn).
+    poll_turn: AtomicUsize,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -677,7 +683,8 @@ pub(crate) fn open(_process: &Arc<Process>, _id: u32, name: &str) -> Result<Arc<
         breaks: Mutex::new(Vec::new()),
         breaks_pending: AtomicBool::new(false),
         poll_lock: Mutex::new(RegionCache::default()),
-        polls: std::sync::atomic::AtomicU64::new(0),
+        polls: AtomicU64::new(0),
+        poll_turn: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         thread: Mutex::new(None),
     }))
@@ -1042,13 +1049,23 @@ impl Verbs {
     }
 
     fn drain(&self, nic: &NicInner, mut w: std::sync::MutexGuard<'_, RegionCache>) -> usize {
+        self.drain_cqs(nic, &mut w, self.cqs.iter())
+    }
+
+    /// Takes every completion of `cqs` (the poll lock held: `w`).
+    fn drain_cqs<'a>(
+        &self,
+        nic: &NicInner,
+        w: &mut RegionCache,
+        cqs: impl Iterator<Item = &'a Arc<ibv::Cq>>,
+    ) -> usize {
         const BATCH: usize = 16;
         // A test keeps completions in the device's CQs.
         failpoint!("verbs-drain", |_| 0);
         let mut total = 0;
-        for cq in self.cqs.iter() {
+        for cq in cqs {
             loop {
-                let n = cq.poll_each(BATCH, |wc| self.complete(nic, &mut w, wc));
+                let n = cq.poll_each(BATCH, |wc| self.complete(nic, w, wc));
                 total += n;
                 if n < BATCH {
                     break;
@@ -1056,6 +1073,44 @@ impl Verbs {
             }
         }
         total
+    }
+
+    /// Records where the QP `qp` of the VI in `slot` completes
+    /// ([`ViWords::cqs`]).
+    fn note_cqs(&self, slot: u32, qp: &ibv::Qp) {
+        let [s, r] = qp
+            .cqs()
+            .map(|cq| self.cqs.index_of(cq).map_or(0, |i| i as u64 + 1));
+        self.vi_words[slot as usize]
+            .cqs
+            .store(s | r << 32, Ordering::Relaxed);
+    }
+
+    /// Takes the completions of the VI in `slot` unless another thread is
+    /// at it: those of its QP's CQs, and of one other CQ in turn (the
+    /// progress thread takes the rest on its rounds); of every CQ while
+    /// its CQs are not known. How many.
+    fn try_take_completions_of(&self, nic: &NicInner, slot: u32) -> usize {
+        let Ok(mut w) = self.poll_lock.try_lock() else {
+            return 0;
+        };
+        let n = self.cqs.len();
+        let known = self.vi_words[slot as usize].cqs.load(Ordering::Relaxed);
+        let (s, r) = ((known as u32) as usize, (known >> 32) as usize);
+        if n <= 1 || s == 0 || r == 0 {
+            return self.drain_cqs(nic, &mut w, self.cqs.iter());
+        }
+        let turn = self.poll_turn.fetch_add(1, Ordering::Relaxed) % n;
+        let (s, r) = (s - 1, r - 1);
+        let mut mine = [Some(s), (r != s).then_some(r), None];
+        if turn != s && turn != r {
+            mine[2] = Some(turn);
+        }
+        self.drain_cqs(
+            nic,
+            &mut w,
+            mine.into_iter().flatten().filter_map(|i| self.cqs.get(i)),
+        )
     }
 
     /// Completes the descriptor of one work completion.
@@ -1841,6 +1896,7 @@ impl Device for Verbs {
     fn add_vi(&self, nic: &NicInner, vi: &ViCore) -> Result<()> {
         let a = vi.attributes();
         let qp = self.new_qp(&a, None)?;
+        self.note_cqs(vi.slot, &qp);
         *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
         self.qpns
             .lock()
@@ -1893,6 +1949,7 @@ impl Device for Verbs {
                         log::warn!("verbs: re-posting a receive: {e}");
                     }
                 }
+                self.note_cqs(vi.slot, &qp);
                 *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
                 v.qp = qp;
                 v.reliability = a.reliability;
@@ -2095,8 +2152,14 @@ impl Device for Verbs {
         self.send(nic, vi, wr)
     }
 
-    fn poll(&self, nic: &NicInner, _vi: &ViCore) {
-        self.poll_any(nic);
+    fn poll(&self, nic: &NicInner, vi: &ViCore) {
+        // As `poll_any`, but of the VI's CQs (and one more in turn): with
+        // many VIs, and so many device CQs, a poll that misses would
+        // otherwise look into each.
+        self.polls.fetch_add(1, Ordering::Relaxed);
+        if self.try_take_completions_of(nic, vi.slot) > 0 {
+            self.settle(nic);
+        }
     }
 
     fn poll_any(&self, nic: &NicInner) -> bool {
@@ -2304,6 +2367,7 @@ impl Device for Verbs {
             qpns.remove(&v.qp.qpn);
             qpns.insert(qp.qpn, (vi.slot, vi.generation));
         }
+        self.note_cqs(vi.slot, &qp);
         *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
         v.qp = qp;
         for (x, d) in [(v.srq, u32::MAX), (id, 1)] {
