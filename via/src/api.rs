@@ -464,7 +464,7 @@ impl Srq {
         }
         self.nic.dev.kick(&self.nic, None);
         // As a polled VI or CQ: the device progresses inline once.
-        if self.nic.dev.poll_any(&self.nic) {
+        if self.nic.dev.poll_any(&self.nic, &[]) {
             if let Some(d) = self.nic.dev.srq_done(self.id) {
                 return Ok(self.completion(d));
             }

@@ -63,6 +63,10 @@ pub(crate) struct CqCore {
     /// Bumped whenever `members` changes.
     members_version: std::sync::atomic::AtomicU64,
     scan: Mutex<ScanState>,
+    /// The slots of the member VIs as of `members_version` (the first),
+    /// for a poller that lets the device progress them
+    /// ([`CqCore::progress_members`]).
+    member_slots: Mutex<(u64, Vec<u32>)>,
     pub notify: Mutex<VecDeque<CqHandler>>,
     /// Set once `VipDestroyCQ` succeeded (handles cached by the C layer
     /// check it).
@@ -91,6 +95,7 @@ impl CqCore {
                     members: Mutex::new(Vec::new()),
                     members_version: std::sync::atomic::AtomicU64::new(1),
                     scan: Mutex::new(ScanState::default()),
+                    member_slots: Mutex::new((0, Vec::new())),
                     notify: Mutex::new(VecDeque::new()),
                     destroyed: std::sync::atomic::AtomicBool::new(false),
                 })
@@ -164,9 +169,35 @@ impl CqCore {
     /// polls a CQ would otherwise wait for the progress thread to wake.
     pub fn done(&self, nic: &NicInner) -> Result<(Arc<ViCore>, bool)> {
         match self.take(nic) {
-            Err(e) if e.kind() == ErrorKind::NotDone && nic.dev.poll_any(nic) => self.take(nic),
+            Err(e) if e.kind() == ErrorKind::NotDone && self.progress_members(nic) => {
+                self.take(nic)
+            }
             r => r,
         }
+    }
+
+    /// Lets the device progress the member VIs inline ([`Device::poll_any`]),
+    /// unless another thread is at it; whether it may have completed
+    /// something.
+    fn progress_members(&self, nic: &NicInner) -> bool {
+        if !nic.dev.polls() {
+            return false;
+        }
+        let Ok(mut m) = self.member_slots.try_lock() else {
+            return false;
+        };
+        let v = self.members_version.load(Ordering::Acquire);
+        if m.0 != v {
+            m.1 = self
+                .members
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|(w, _)| w.upgrade().map(|vi| vi.slot))
+                .collect();
+            m.0 = v;
+        }
+        nic.dev.poll_any(nic, &m.1)
     }
 
     /// The next (VI, is-receive-queue) with a completion, as the CQ holds

@@ -381,9 +381,10 @@ pub(crate) trait Device: Send + Sync {
     fn poll(&self, _nic: &NicInner, _vi: &ViCore) {}
 
     /// A thread polls a CQ or a shared receive queue that has nothing: the
-    /// device may progress inline, for whichever VIs. True if it may have
-    /// completed something (the caller looks again).
-    fn poll_any(&self, _nic: &NicInner) -> bool {
+    /// device may progress inline, for the VIs in `slots` (the CQ's
+    /// members; none for an SRQ) or for all. True if it may have completed
+    /// something (the caller looks again).
+    fn poll_any(&self, _nic: &NicInner, _slots: &[u32]) -> bool {
         false
     }
 

@@ -853,7 +853,16 @@ impl Device for Sockets {
     }
 
     fn poll(&self, nic: &NicInner, vi: &ViCore) {
-        progress::poll(nic, &self.shared, vi);
+        progress::poll(nic, &self.shared, vi.slot);
+    }
+
+    fn poll_any(&self, nic: &NicInner, slots: &[u32]) -> bool {
+        // A CQ's poller reads its members' connections as a VI's does
+        // its own, rather than wait for the progress thread to wake.
+        for &slot in slots {
+            progress::poll(nic, &self.shared, slot);
+        }
+        !slots.is_empty()
     }
 
     fn post_recv(&self, _nic: &NicInner, vi: &ViCore, pos: u64, wr: &RecvWr) -> Result<()> {

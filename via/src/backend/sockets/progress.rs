@@ -249,10 +249,15 @@ pub(crate) fn run(shared: Arc<Shared>, nic: Weak<NicInner>) {
     }
 }
 
-/// Progress by a thread that polls for a completion of `vi`: reads its
-/// connection if nobody else does.
-pub(crate) fn poll(nic: &NicInner, shared: &Shared, vi: &ViCore) {
-    let Some(c) = shared.vis[vi.slot as usize].conn.read().unwrap().clone() else {
+/// Progress by a thread that polls for a completion of the VI in `slot`
+/// (or of a CQ it is a member of): reads its connection if nobody else
+/// does.
+pub(crate) fn poll(nic: &NicInner, shared: &Shared, slot: u32) {
+    let Some(c) = shared
+        .vis
+        .get(slot as usize)
+        .and_then(|w| w.conn.read().unwrap().clone())
+    else {
         return;
     };
     if c.closed.load(Ordering::Acquire) {

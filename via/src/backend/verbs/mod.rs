@@ -2162,7 +2162,7 @@ impl Device for Verbs {
         }
     }
 
-    fn poll_any(&self, nic: &NicInner) -> bool {
+    fn poll_any(&self, nic: &NicInner, _slots: &[u32]) -> bool {
         // A polling program takes its completion itself rather than wait
         // for the progress thread to be scheduled (which, seeing it poll,
         // stops arming the CQ: `progress`). The device CQs hold every
