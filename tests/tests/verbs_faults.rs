@@ -359,17 +359,7 @@ fn a_vi_poller_takes_the_other_cqs_in_turn() {
     let (_c, _d) = rd_pair(&nic, ptag, &disc_str("turn-c"));
     let (e, f) = rd_pair(&nic, ptag, &disc_str("turn-e"));
     let stopped = ProgressStopped::now();
-    let r = DescBuilder::recv()
-        .segment(&mem, 8192, 64)
-        .write(&mem, 0)
-        .unwrap();
-    f.post_recv(&mem, r).unwrap();
-    mem.write(4096, &pattern(64, 3)).unwrap();
-    let s = DescBuilder::send()
-        .segment(&mem, 4096, 64)
-        .write(&mem, 64)
-        .unwrap();
-    e.post_send(&mem, s).unwrap();
+    one_message(&mem, 0, 3, |d| f.post_recv(&mem, d).unwrap(), &e);
     let mut polls = 0u32;
     let both = wait_until(T, || {
         assert_eq!(a.recv_done().err(), Some(Error::NotDone));
@@ -421,17 +411,7 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
     });
     let stopped = ProgressStopped::now();
     // Through the CQ.
-    let r = DescBuilder::recv()
-        .segment(&mem, 8192, 64)
-        .write(&mem, 0)
-        .unwrap();
-    b.post_recv(&mem, r).unwrap();
-    mem.write(4096, &pattern(64, 1)).unwrap();
-    let s = DescBuilder::send()
-        .segment(&mem, 4096, 64)
-        .write(&mem, 64)
-        .unwrap();
-    a.post_send(&mem, s).unwrap();
+    one_message(&mem, 0, 1, |d| b.post_recv(&mem, d).unwrap(), &a);
     let mut got = None;
     let polled = wait_until(T, || {
         got = cq.done().ok();
@@ -445,17 +425,7 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
     assert_eq!(b.recv_done().unwrap().status, DONE | OP_RECEIVE);
     assert_eq!(bytes_of(&mem, 8192, 64), pattern(64, 1));
     // Through the shared receive queue.
-    let r = DescBuilder::recv()
-        .segment(&mem, 16384, 64)
-        .write(&mem, 128)
-        .unwrap();
-    srq.post_recv(&mem, r).unwrap();
-    mem.write(12288, &pattern(64, 2)).unwrap();
-    let s = DescBuilder::send()
-        .segment(&mem, 12288, 64)
-        .write(&mem, 192)
-        .unwrap();
-    c.post_send(&mem, s).unwrap();
+    one_message(&mem, 16384, 2, |d| srq.post_recv(&mem, d).unwrap(), &c);
     let mut got = None;
     let polled = wait_until(T, || {
         got = srq.done().ok();
@@ -467,12 +437,36 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
     );
     let got = got.unwrap();
     assert_eq!((got.vi, got.status), (d.slot(), DONE | OP_RECEIVE));
-    assert_eq!(bytes_of(&mem, 16384, 64), pattern(64, 2));
+    assert_eq!(bytes_of(&mem, 16384 + 8192, 64), pattern(64, 2));
     drop(stopped);
     for v in [&a, &b, &c, &d] {
         let _ = v.disconnect();
     }
     nic.close().unwrap();
+}
+
+/// One 64-byte message through `mem` from `base`: a receive (descriptor
+/// at `base`, buffer at `base + 8192`) posted by `post_recv` (given the
+/// descriptor's offset), then the send on `s` of `pattern(64, seed)`
+/// (descriptor at `base + 64`, data at `base + 4096`).
+fn one_message(
+    mem: &via::Region,
+    base: usize,
+    seed: u32,
+    post_recv: impl FnOnce(usize),
+    s: &via::Vi,
+) {
+    let r = DescBuilder::recv()
+        .segment(mem, base + 8192, 64)
+        .write(mem, base)
+        .unwrap();
+    post_recv(r);
+    mem.write(base + 4096, &pattern(64, seed)).unwrap();
+    let d = DescBuilder::send()
+        .segment(mem, base + 4096, 64)
+        .write(mem, base + 64)
+        .unwrap();
+    s.post_send(mem, d).unwrap();
 }
 
 /// `len` bytes of `mem` at `off`.
