@@ -416,8 +416,12 @@ impl Conn {
         );
     }
 
-    /// Completes every request not completed yet as flushed.
+    /// Completes every request not completed yet as flushed (after the
+    /// connection is closed). Waits first for a poster still writing a
+    /// request (it holds `tx`, and marks what it wrote before it lets go:
+    /// `Sockets::post_send`); the close ends its write soon.
     pub fn flush_sends(&self, nic: &NicInner, vi: &ViCore) {
+        let _tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let mut q = self.awaiting.lock().unwrap();
         while let Some(a) = q.pop_front() {
             let st = a.status.unwrap_or(status::DESC_FLUSHED_ERROR);

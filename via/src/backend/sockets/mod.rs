@@ -823,14 +823,20 @@ impl Device for Sockets {
         };
         match conn.send_frame(&mut tx, h, payload) {
             Ok(()) => {
-                drop(tx);
                 if !answer {
+                    // Written: done (Unreliable, Reliable Delivery). Marked
+                    // before `tx` is released: a break's flush waits for it
+                    // (`Conn::flush_sends`), and must not find the request
+                    // written but unmarked and complete it as flushed (the
+                    // peer may break the connection over this very message,
+                    // faster than this thread gets here).
                     let mut q = conn.awaiting.lock().unwrap();
                     if let Some(a) = q.back_mut() {
                         a.status = Some(0);
                     }
                     Conn::drain(nic, vi, &mut q);
                 }
+                drop(tx);
             }
             Err(e) => {
                 drop(tx);
