@@ -1075,15 +1075,26 @@ impl Verbs {
         total
     }
 
-    /// Records where the QP `qp` of the VI in `slot` completes
-    /// ([`ViWords::cqs`]).
-    fn note_cqs(&self, slot: u32, qp: &ibv::Qp) {
+    /// Makes `qp` the QP of `vi` wherever one is looked up without the
+    /// VI's lock (its caller sets `ViQp::qp`): by number, for shared
+    /// receives and device events (replacing the QP numbered `old`); by
+    /// slot, for the central poster; and its CQs, for a thread polling
+    /// the VI ([`ViWords::cqs`]).
+    fn publish_qp(&self, vi: &ViCore, qp: &Arc<ibv::Qp>, old: Option<u32>) {
+        {
+            let mut qpns = self.qpns.lock().unwrap();
+            if let Some(old) = old {
+                qpns.remove(&old);
+            }
+            qpns.insert(qp.qpn, (vi.slot, vi.generation));
+        }
         let [s, r] = qp
             .cqs()
             .map(|cq| self.cqs.index_of(cq).map_or(0, |i| i as u64 + 1));
-        self.vi_words[slot as usize]
+        self.vi_words[vi.slot as usize]
             .cqs
             .store(s | r << 32, Ordering::Relaxed);
+        *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
     }
 
     /// Takes the completions of the VI in `slot` unless another thread is
@@ -1896,12 +1907,7 @@ impl Device for Verbs {
     fn add_vi(&self, nic: &NicInner, vi: &ViCore) -> Result<()> {
         let a = vi.attributes();
         let qp = self.new_qp(&a, None)?;
-        self.note_cqs(vi.slot, &qp);
-        *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
-        self.qpns
-            .lock()
-            .unwrap()
-            .insert(qp.qpn, (vi.slot, vi.generation));
+        self.publish_qp(vi, &qp, None);
         let core = nic
             .vi(vi.slot, vi.generation)
             .map_or_else(std::sync::Weak::new, |a| Arc::downgrade(&a));
@@ -1935,10 +1941,6 @@ impl Device for Verbs {
         // An idle VI: a new QP of the new kind, its receives posted again.
         match self.new_qp(a, v.srq) {
             Ok(qp) => {
-                let mut qpns = self.qpns.lock().unwrap();
-                qpns.remove(&v.qp.qpn);
-                qpns.insert(qp.qpn, (vi.slot, vi.generation));
-                drop(qpns);
                 for (pos, rec) in v.recvs.iter() {
                     // The same keys: the QP's PD is the new tag's, so a
                     // region of the old tag completes with a protection
@@ -1949,8 +1951,7 @@ impl Device for Verbs {
                         log::warn!("verbs: re-posting a receive: {e}");
                     }
                 }
-                self.note_cqs(vi.slot, &qp);
-                *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
+                self.publish_qp(vi, &qp, Some(v.qp.qpn));
                 v.qp = qp;
                 v.reliability = a.reliability;
                 v.ptag = a.ptag.id();
@@ -2165,8 +2166,8 @@ impl Device for Verbs {
     fn poll_any(&self, nic: &NicInner, _slots: &[u32]) -> bool {
         // A polling program takes its completion itself rather than wait
         // for the progress thread to be scheduled (which, seeing it poll,
-        // stops arming the CQ: `progress`). The device CQs hold every
-        // VI's completions: one drain serves a VI, a CQ and an SRQ poller.
+        // stops arming the CQ: `progress`). A CQ's members and an SRQ's
+        // VIs may complete on any device CQ: all are drained.
         self.polls.fetch_add(1, Ordering::Relaxed);
         if self.try_take_completions(nic) > 0 {
             self.settle(nic);
@@ -2362,13 +2363,7 @@ impl Device for Verbs {
             return Err(Error::InvalidState);
         }
         let qp = self.new_qp(&a, id)?;
-        {
-            let mut qpns = self.qpns.lock().unwrap();
-            qpns.remove(&v.qp.qpn);
-            qpns.insert(qp.qpn, (vi.slot, vi.generation));
-        }
-        self.note_cqs(vi.slot, &qp);
-        *self.qps[vi.slot as usize].lock().unwrap() = Some((vi.generation, qp.clone()));
+        self.publish_qp(vi, &qp, Some(v.qp.qpn));
         v.qp = qp;
         for (x, d) in [(v.srq, u32::MAX), (id, 1)] {
             if let Some(x) = x {
