@@ -33,7 +33,9 @@
 //! in the program's memory, which the program unmaps once
 //! `VipDeregisterMem` returns: the deregistration must wait for the
 //! completer (the test gives a deregistration that does not 2 s to show
-//! it: the completer waits that long for it to return).
+//! it: the completer waits that long for it to return). And a send the
+//! provider fails at posting: its VI is in ERROR before its status is
+//! written (the same fail point stops the poster there).
 //!
 //! The device's link taken down under a connection: the send fails once
 //! rxe's retries run out, and the VI is in ERROR when the program sees
@@ -161,6 +163,122 @@ fn a_qp_that_cannot_come_back_breaks_the_vi_with_every_receive_completed() {
     assert_eq!(s.vi.recv_done().err(), Some(Error::NotDone));
     assert_eq!(s.vi.state(), ViState::Idle);
     p.exit();
+}
+
+/// A send the provider fails by itself at posting (a local length error:
+/// 20 bytes named, one segment of 10) breaks a reliable connection, and
+/// the VI is in ERROR before the status is written, so that a thread
+/// polling the descriptor sees the two together. `verbs-send-status`
+/// stops the poster where it writes the status; the state is read there.
+/// (errors.rs's two-thread test saw `CONNECTED` with the failed status in
+/// 3 of 120 runs on rxe0 when the VI went to ERROR only at the settle.)
+#[test]
+fn a_send_failed_at_posting_is_written_with_its_vi_in_error() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let (a, b) = rd_pair(&nic, ptag, "posterr");
+    let m = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
+    let d = DescBuilder::send()
+        .segment(&m, 1024, 10)
+        .length(20)
+        .write(&m, 0)
+        .unwrap();
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let stop = std::sync::Mutex::new((reached_tx, go));
+    fail::cfg_callback("verbs-send-status", move || {
+        let g = stop.lock().unwrap();
+        let _ = g.0.send(());
+        let _ = g.1.recv_timeout(T);
+    })
+    .unwrap();
+    std::thread::scope(|sc| {
+        let poster = sc.spawn(|| a.post_send(&m, d));
+        reached
+            .recv_timeout(T)
+            .expect("the send was never completed");
+        let seen = a.state();
+        go_tx.send(()).unwrap();
+        poster.join().unwrap().unwrap();
+        assert_eq!(seen, ViState::Error, "the status was written first");
+    });
+    fail::remove("verbs-send-status");
+    let c = a.send_wait(WAIT).unwrap();
+    assert_eq!(c.status, DONE | OP_SEND | LENGTH_ERROR, "{:#x}", c.status);
+    // The break itself follows: the peer hears of it.
+    assert!(
+        wait_until(T, || b.state() == ViState::Error),
+        "the peer's VI did not break"
+    );
+    nic.close().unwrap();
+}
+
+/// The same for a receive of a shared receive queue that fails (a message
+/// longer than it, on Reliable Delivery): the VI it was for is in ERROR
+/// before the status is written (`verbs-srq-status` stops the completer
+/// there).
+#[test]
+fn a_failed_srq_receive_is_written_with_its_vi_in_error() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mem = via::Region::new(&nic, 65536, ptag, false, false).unwrap();
+    let srq = nic.create_srq(ptag, 16).unwrap();
+    let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
+    at.max_transfer_size = 65536;
+    let (a, b) = local_pair(&nic, &at, &disc_str("srq-err"), |r| {
+        r.set_srq(Some(&srq)).unwrap();
+    });
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let stop = std::sync::Mutex::new((reached_tx, go));
+    fail::cfg_callback("verbs-srq-status", move || {
+        let g = stop.lock().unwrap();
+        let _ = g.0.send(());
+        let _ = g.1.recv_timeout(T);
+    })
+    .unwrap();
+    let r = DescBuilder::recv()
+        .segment(&mem, 8192, 60)
+        .write(&mem, 0)
+        .unwrap();
+    srq.post_recv(&mem, r).unwrap();
+    let d = DescBuilder::send()
+        .segment(&mem, 4096, 100)
+        .write(&mem, 64)
+        .unwrap();
+    a.post_send(&mem, d).unwrap();
+    // The progress thread completes it (this thread does not poll).
+    reached
+        .recv_timeout(T)
+        .expect("the receive was never completed");
+    let seen = b.state();
+    go_tx.send(()).unwrap();
+    assert_eq!(seen, ViState::Error, "the status was written first");
+    fail::remove("verbs-srq-status");
+    let mut got = None;
+    assert!(wait_until(T, || {
+        got = srq.done().ok();
+        got.is_some()
+    }));
+    let got = got.unwrap();
+    assert_eq!(
+        (got.vi, got.status),
+        (b.slot(), DONE | OP_RECEIVE | LENGTH_ERROR),
+        "{:#x}",
+        got.status
+    );
+    for v in [&a, &b] {
+        let _ = v.disconnect();
+    }
+    nic.close().unwrap();
 }
 
 #[test]

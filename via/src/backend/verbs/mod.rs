@@ -1550,15 +1550,22 @@ impl Verbs {
                 ibv::status_str(wc.status)
             );
             if let Some((slot, generation)) = vi {
-                let erroring = self.vis[slot as usize]
+                let breaking = self.vis[slot as usize]
                     .lock()
                     .as_ref()
-                    .is_some_and(|v| v.generation == generation && v.erroring);
-                if !erroring {
+                    .filter(|v| v.generation == generation && !v.erroring)
+                    .map(|v| v.core.upgrade());
+                if let Some(core) = breaking {
                     self.brk((slot, generation), ErrorCode::ConnLost);
+                    // In ERROR before the status is written, as for a
+                    // VI's own receive (`complete`).
+                    if let Some(vi) = core {
+                        vi.enter_error();
+                    }
                 }
             }
         }
+        failpoint!("verbs-srq-status");
         let st = write_recv(nic, w, &rw, wc).unwrap_or(status::DONE | recv_status(wc));
         self.srq_push(
             id,
@@ -1587,6 +1594,9 @@ impl Verbs {
         if wr.fault != 0 {
             if vi.reliability().is_reliable() {
                 self.brk((vi.slot, vi.generation), ErrorCode::PostDesc);
+                // In ERROR before the status is written (another thread
+                // may be polling it); the break is settled at `kick`.
+                vi.enter_error();
             }
             self.complete_now(nic, vi, wr, wr.fault | op_status);
             return Ok(());
@@ -1678,6 +1688,7 @@ impl Verbs {
             log::warn!("verbs: VI {}: {e}", vi.slot);
             if vi.reliability().is_reliable() {
                 self.brk((vi.slot, vi.generation), ErrorCode::ConnLost);
+                vi.enter_error();
             }
             self.complete_now(nic, vi, wr, status::TRANSPORT_ERROR | op_status);
         }
