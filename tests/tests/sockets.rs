@@ -447,6 +447,39 @@ fn viad_port_refuses_hostile_requests() {
     b.exit();
 }
 
+/// A send above the peer's smaller MaxTransferSize: the local length
+/// error, and the reliable connection broken on both sides (as on one
+/// host: errors.rs `a_send_above_the_peers_max_transfer_size_...`).
+#[test]
+fn a_send_above_the_peers_max_transfer_size_breaks_a_reliable_connection() {
+    let Some(h) = Hosts::new("mtspeer") else {
+        return;
+    };
+    let mut a = h.peer(Side::A, PEER, &[]);
+    let mut b = h.peer(Side::B, PEER, &[]);
+    a.cmd_expect("open rd 262144 0 0 65536", "MEM");
+    b.cmd_expect("open rd 262144 0 0 4096", "MEM");
+    b.say("listen mtspeer accept");
+    b.expect("LISTENING");
+    assert_eq!(a.cmd("connect mtspeer"), "CONNECT ok");
+    assert_eq!(b.line(), "ACCEPT ok");
+    assert_eq!(b.cmd("recv 0 4096:4096"), "OK");
+    assert_eq!(a.cmd("send 64 4096:8192"), "OK");
+    assert_eq!(
+        comp(&a.cmd_expect("wait_send", "SEND")).0,
+        DONE | OP_SEND | LENGTH_ERROR
+    );
+    assert_eq!(a.cmd_expect("state", "STATE"), "Error");
+    assert_eq!(
+        b.cmd("wait_error ConnLost").split(' ').nth(1),
+        Some("ConnLost")
+    );
+    assert_eq!(
+        comp(&b.cmd_expect("wait_recv", "RECV")).0,
+        DONE | OP_RECEIVE | DESC_FLUSHED_ERROR
+    );
+}
+
 #[test]
 fn recvq_empty_breaks_reliable_reception() {
     let Some(h) = Hosts::new("rqe") else { return };

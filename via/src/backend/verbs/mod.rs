@@ -1635,8 +1635,13 @@ impl Verbs {
         }
         if wr.length > v.mtu {
             // Beyond the connection's MaxTransferSize (the peer's may be
-            // smaller than ours): refused here, as the soft NIC does.
+            // smaller than ours): refused here, as the soft NIC does; a
+            // local descriptor error breaks a reliable connection.
             drop(g);
+            if vi.reliability().is_reliable() {
+                self.brk((vi.slot, vi.generation), ErrorCode::PostDesc);
+                vi.enter_error();
+            }
             self.complete_now(nic, vi, wr, status::LENGTH_ERROR | op_status);
             return Ok(());
         }

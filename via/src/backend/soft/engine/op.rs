@@ -82,6 +82,18 @@ impl<'a> Op<'a> {
         });
     }
 
+    /// A request longer than the connection's MaxTransferSize (the smaller
+    /// of the two VIs'; translation checked this VI's): the local length
+    /// error, which breaks a reliable connection as any local descriptor
+    /// error does.
+    #[cold]
+    fn beyond_mtu(&mut self) -> u32 {
+        if self.link.reliability.is_reliable() {
+            self.brk(ErrorCode::PostDesc, true);
+        }
+        status::LENGTH_ERROR
+    }
+
     /// Indices of the regions of the local segments; the error status if
     /// one is no longer registered or no longer covers its segment.
     fn local_regions(&mut self, idx: &mut [usize; MAX_SEGS]) -> std::result::Result<usize, u32> {
@@ -446,7 +458,7 @@ impl<'a> Op<'a> {
     #[inline(always)]
     fn send(&mut self) -> u32 {
         if self.wr.length > self.link.mtu {
-            return status::LENGTH_ERROR;
+            return self.beyond_mtu();
         }
         let Some(taken) = self.take_receive() else {
             return self.remote_failure(ErrorCode::RecvqEmpty);
@@ -556,7 +568,7 @@ impl<'a> Op<'a> {
 
     fn rdma_write(&mut self) -> u32 {
         if self.wr.length > self.link.mtu {
-            return status::LENGTH_ERROR;
+            return self.beyond_mtu();
         }
         let Some(target) = self.rdma_target(flags::RDMA_WRITE) else {
             return self.rdma_violation(ErrorCode::RdmawProt);
@@ -591,7 +603,7 @@ impl<'a> Op<'a> {
 
     fn rdma_read(&mut self) -> u32 {
         if self.wr.length > self.link.mtu {
-            return status::LENGTH_ERROR;
+            return self.beyond_mtu();
         }
         let Some(source) = self.rdma_target(flags::RDMA_READ) else {
             return self.rdma_violation(ErrorCode::RdmarProt);
