@@ -307,7 +307,7 @@ impl DescCache {
         va: u64,
         handle: u32,
         ptag: u32,
-    ) -> Option<Result<(Head, usize)>> {
+    ) -> Option<Result<(Head, usize, &[AtomicU64])>> {
         let m = self.map.as_ref()?;
         if handle != self.handle
             || ptag != self.ptag
@@ -351,7 +351,10 @@ impl DescCache {
         if let Err(e) = check_head(h.n, h.control) {
             return Some(Err(e));
         }
-        (4 + 2 * h.n <= room).then_some(Ok((h, at)))
+        // The segments, from the words already checked against the
+        // mapping (no second bounds and alignment test).
+        let segs = words.get(4..4 + 2 * h.n)?;
+        Some(Ok((h, at, segs)))
     }
 
     /// Where `len` bytes at `va` in the region of `handle` are, if they lie
@@ -429,12 +432,9 @@ fn with_desc<R>(
     read: impl FnOnce(Head, DescRegion, Segs<'_>) -> Result<R>,
 ) -> Result<R> {
     match descs.head(table, va, handle, ptag) {
-        Some(Ok((h, at))) => {
-            // `head` found the words in the mapping: these cannot fail.
+        Some(Ok((h, at, segs))) => {
+            // `head` found the words in the mapping: this cannot fail.
             let m = descs.map.as_ref().ok_or(Error::DescriptorError)?;
-            let segs = m
-                .slice::<AtomicU64>(at + offsets::SEGMENTS, 2 * h.n)
-                .ok_or(Error::DescriptorError)?;
             if !status.set_map(m, at) {
                 return Err(Error::DescriptorError);
             }
