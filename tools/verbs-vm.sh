@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the verbs kind's tests on a real RDMA device: Soft-RoCE (rdma_rxe,
 # device rxe0) in a QEMU VM booted by tools/softroce-vm/run.sh.
-#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central verbs_faults and the generic
+#   tools/verbs-vm.sh [TEST...]      (default: verbs verbs@central verbs_faults verbs_faults@central and the generic
 #                                    suites in $generic, then c vmpi bench; names of
 #                                    tests/tests/*.rs; verbs_faults is built with the
 #                                    provider's fail points)
@@ -57,7 +57,7 @@ mem_of() {
         *) echo "${SOFTROCE_MEM:-1024}" ;;
     esac
 }
-[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central verbs_faults "${generic[@]}" c vmpi bench)
+[ ${#tests[@]} -gt 0 ] || tests=(verbs verbs@central verbs_faults verbs_faults@central "${generic[@]}" c vmpi bench)
 
 # Tests of the generic suites that do not apply to the verbs kind, by
 # suite, with why (README, "Not yet on verbs"): libtest reports them as

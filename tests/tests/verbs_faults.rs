@@ -217,6 +217,58 @@ fn a_send_failed_at_posting_is_written_with_its_vi_in_error() {
     nic.close().unwrap();
 }
 
+/// The same for a send the device refuses to post (`verbs-post-send`: as
+/// `ibv_post_send` fails on a full send queue): `TRANSPORT_ERROR`, the VI
+/// in ERROR where the status is written, the peer told.
+#[test]
+fn a_send_the_device_refuses_is_written_with_its_vi_in_error() {
+    if verbs_device().is_none() {
+        return;
+    }
+    let _scenario = fail::FailScenario::setup();
+    let nic = open_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let (a, b) = rd_pair(&nic, ptag, "postrefused");
+    let m = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
+    let d = DescBuilder::send()
+        .segment(&m, 1024, 10)
+        .write(&m, 0)
+        .unwrap();
+    fail::cfg("verbs-post-send", "1*return").unwrap();
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let stop = std::sync::Mutex::new((reached_tx, go));
+    fail::cfg_callback("verbs-send-status", move || {
+        let g = stop.lock().unwrap();
+        let _ = g.0.send(());
+        let _ = g.1.recv_timeout(T);
+    })
+    .unwrap();
+    std::thread::scope(|sc| {
+        let poster = sc.spawn(|| a.post_send(&m, d));
+        reached
+            .recv_timeout(T)
+            .expect("the send was never completed");
+        let seen = a.state();
+        go_tx.send(()).unwrap();
+        poster.join().unwrap().unwrap();
+        assert_eq!(seen, ViState::Error, "the status was written first");
+    });
+    fail::remove("verbs-send-status");
+    let c = a.send_wait(WAIT).unwrap();
+    assert_eq!(
+        c.status,
+        DONE | OP_SEND | TRANSPORT_ERROR,
+        "{:#x}",
+        c.status
+    );
+    assert!(
+        wait_until(T, || b.state() == ViState::Error),
+        "the peer's VI did not break"
+    );
+    nic.close().unwrap();
+}
+
 /// The same for a receive of a shared receive queue that fails (a message
 /// longer than it, on Reliable Delivery): the VI it was for is in ERROR
 /// before the status is written (`verbs-srq-status` stops the completer
@@ -854,6 +906,18 @@ fn a_disconnect_whose_flushes_never_come_still_completes_every_descriptor() {
             .unwrap();
         b.post_recv(&bm, r).unwrap();
     }
+    // The message is in A's memory before B disconnects: the device ran
+    // the send (with the central send queue, posting is the poster
+    // thread's, after `post_send` returned; a disconnect before it would
+    // flush the send instead, and A's receive with it).
+    assert!(
+        wait_until(T, || {
+            let mut got = [0u8; 26];
+            am.read(4096, &mut got).unwrap();
+            &got == b"sent before the disconnect"
+        }),
+        "the message never reached A's memory"
+    );
     // The disconnect gives the flushes 5 s, then completes what is left:
     // every descriptor of B is done when it returns.
     b.disconnect().unwrap();

@@ -1453,7 +1453,13 @@ impl Verbs {
             })
             .collect();
         central::CHAINS.fetch_add(1, Ordering::Relaxed);
-        let posted = match qp.post_send(&reqs) {
+        // As in `send`: a test has the device refuse the chain.
+        let chain = if refused_by_test("verbs-post-send") {
+            Err((0, std::io::Error::other("fail point verbs-post-send")))
+        } else {
+            qp.post_send(&reqs)
+        };
+        let posted = match chain {
             Ok(()) => reqs.len(),
             Err((n, e)) => {
                 log::warn!(
@@ -1493,6 +1499,7 @@ impl Verbs {
             };
             if vi.reliability().is_reliable() {
                 self.brk(f.vi, ErrorCode::ConnLost);
+                vi.enter_error();
             }
             complete_send(
                 nic,
@@ -1684,7 +1691,14 @@ impl Verbs {
         // VI and is dropped).
         let qp = v.qp.clone();
         drop(g);
-        if let Err(e) = qp.post_send_one(&req, sges) {
+        // A test has the device refuse the post (as a full send queue or a
+        // QP gone to ERROR would).
+        let posted = if refused_by_test("verbs-post-send") {
+            Err(std::io::Error::other("fail point verbs-post-send"))
+        } else {
+            qp.post_send_one(&req, sges)
+        };
+        if let Err(e) = posted {
             if let Some(v) = self.vis[vi.slot as usize].lock().as_mut() {
                 if v.generation == vi.generation {
                     v.sends.take(wr.seq as u64);
@@ -1710,6 +1724,17 @@ impl Verbs {
             st,
         );
     }
+}
+
+/// Whether a test set fail point `name` to refuse the device call there
+/// (always false without the `failpoints` feature).
+#[inline(always)]
+fn refused_by_test(_name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    if fail::eval(_name, |_| ()).is_some() {
+        return true;
+    }
+    false
 }
 
 /// Completes the send descriptor at `desc_va` (in the region of
