@@ -852,6 +852,11 @@ fn a_device_cq_that_overruns_is_the_nics_catastrophic_error_and_no_descriptor_ha
     // thread: the NIC's catastrophic error.
     let catastrophic = expect_error(&errors, ErrorCode::Catastrophic);
     assert_eq!(catastrophic.resource, via::ResourceCode::Nic);
+    // The VIs it breaks read ERROR by the time it is reported (the rest
+    // of their breaks is settled later).
+    for (a, b) in &vis {
+        assert_eq!((a.state(), b.state()), (ViState::Error, ViState::Error));
+    }
     fail::remove("verbs-drain");
     // Every VI on the CQ breaks; every descriptor completes (the lost
     // completions' descriptors flushed), none is left waiting.

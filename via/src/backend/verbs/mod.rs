@@ -1286,6 +1286,8 @@ impl Verbs {
         // batch of events.
         let mut overran = Vec::new();
         let mut broken = Vec::new();
+        // Reported once the VIs it breaks read ERROR (below).
+        let mut catastrophes = 0;
         let mut injected = injected.and_then(|what| self.event_named(&what));
         while let Some(ev) = injected.take().or_else(|| self.ctx.take_async_event()) {
             broken.extend(match ev {
@@ -1296,13 +1298,13 @@ impl Verbs {
                         "verbs: {}: a device CQ overran: completions were lost",
                         self.ctx.name
                     );
-                    self.catastrophic(nic);
+                    catastrophes += 1;
                     self.vis_where(|qp, _| qp.completes_on(addr))
                 }
                 DeviceEvent::DeviceFatal => {
                     log::error!("verbs: {}: the device failed (DEVICE_FATAL)", self.ctx.name);
                     self.failed.store(true, Ordering::Relaxed);
-                    self.catastrophic(nic);
+                    catastrophes += 1;
                     self.vis_where(|_, _| true)
                 }
                 DeviceEvent::QpError(qpn, what) => {
@@ -1342,6 +1344,15 @@ impl Verbs {
         broken.dedup();
         for vi in broken {
             self.brk(vi, ErrorCode::ConnLost);
+            // In ERROR now, before the error is reported and before any
+            // of its descriptors completes; the rest of the break is
+            // settled later (no lock held).
+            if let Some(v) = nic.vi(vi.0, vi.1) {
+                v.enter_error();
+            }
+        }
+        for _ in 0..catastrophes {
+            self.catastrophic(nic);
         }
     }
 
