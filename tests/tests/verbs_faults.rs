@@ -174,41 +174,55 @@ fn a_qp_that_cannot_come_back_breaks_the_vi_with_every_receive_completed() {
 /// 3 of 120 runs on rxe0 when the VI went to ERROR only at the settle.)
 #[test]
 fn a_send_failed_at_posting_is_written_with_its_vi_in_error() {
+    send_failed_at_posting("posterr", Some(20), None, LENGTH_ERROR);
+}
+
+/// The same for a send the device refuses to post (`verbs-post-send`: as
+/// `ibv_post_send` fails on a full send queue): `TRANSPORT_ERROR`, the VI
+/// in ERROR where the status is written, the peer told.
+#[test]
+fn a_send_the_device_refuses_is_written_with_its_vi_in_error() {
+    send_failed_at_posting(
+        "postrefused",
+        None,
+        Some("verbs-post-send"),
+        TRANSPORT_ERROR,
+    );
+}
+
+/// A Reliable Delivery pair whose send of 10 bytes (named `length`, if
+/// given) fails with `error` while it is posted (`refuse`: a fail point
+/// set to fail once on the way): the sender's VI reads ERROR where the
+/// status is written, the status is `error`, the peer breaks.
+fn send_failed_at_posting(tag: &str, length: Option<u32>, refuse: Option<&str>, error: u32) {
     if verbs_device().is_none() {
         return;
     }
     let _scenario = fail::FailScenario::setup();
     let nic = open_nic();
     let ptag = nic.create_ptag().unwrap();
-    let (a, b) = rd_pair(&nic, ptag, "posterr");
+    let (a, b) = rd_pair(&nic, ptag, tag);
     let m = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
-    let d = DescBuilder::send()
-        .segment(&m, 1024, 10)
-        .length(20)
-        .write(&m, 0)
-        .unwrap();
-    let (reached_tx, reached) = std::sync::mpsc::channel();
-    let (go_tx, go) = std::sync::mpsc::channel::<()>();
-    let stop = std::sync::Mutex::new((reached_tx, go));
-    fail::cfg_callback("verbs-send-status", move || {
-        let g = stop.lock().unwrap();
-        let _ = g.0.send(());
-        let _ = g.1.recv_timeout(T);
-    })
-    .unwrap();
+    let mut d = DescBuilder::send().segment(&m, 1024, 10);
+    if let Some(n) = length {
+        d = d.length(n);
+    }
+    let d = d.write(&m, 0).unwrap();
+    if let Some(f) = refuse {
+        fail::cfg(f, "1*return").unwrap();
+    }
+    let stop = StopAt::new("verbs-send-status");
     std::thread::scope(|sc| {
         let poster = sc.spawn(|| a.post_send(&m, d));
-        reached
-            .recv_timeout(T)
-            .expect("the send was never completed");
+        stop.reached("the send was never completed");
         let seen = a.state();
-        go_tx.send(()).unwrap();
+        stop.release();
         poster.join().unwrap().unwrap();
         assert_eq!(seen, ViState::Error, "the status was written first");
     });
-    fail::remove("verbs-send-status");
+    drop(stop);
     let c = a.send_wait(WAIT).unwrap();
-    assert_eq!(c.status, DONE | OP_SEND | LENGTH_ERROR, "{:#x}", c.status);
+    assert_eq!(c.status, DONE | OP_SEND | error, "{:#x}", c.status);
     // The break itself follows: the peer hears of it.
     assert!(
         wait_until(T, || b.state() == ViState::Error),
@@ -217,56 +231,43 @@ fn a_send_failed_at_posting_is_written_with_its_vi_in_error() {
     nic.close().unwrap();
 }
 
-/// The same for a send the device refuses to post (`verbs-post-send`: as
-/// `ibv_post_send` fails on a full send queue): `TRANSPORT_ERROR`, the VI
-/// in ERROR where the status is written, the peer told.
-#[test]
-fn a_send_the_device_refuses_is_written_with_its_vi_in_error() {
-    if verbs_device().is_none() {
-        return;
-    }
-    let _scenario = fail::FailScenario::setup();
-    let nic = open_nic();
-    let ptag = nic.create_ptag().unwrap();
-    let (a, b) = rd_pair(&nic, ptag, "postrefused");
-    let m = via::Region::new(&nic, 4096, ptag, false, false).unwrap();
-    let d = DescBuilder::send()
-        .segment(&m, 1024, 10)
-        .write(&m, 0)
+/// Holds the thread that reaches fail point `name` there (once
+/// [`StopAt::reached`] saw it) until [`StopAt::release`]; the fail point
+/// is removed when this drops.
+struct StopAt {
+    name: &'static str,
+    reached: std::sync::mpsc::Receiver<()>,
+    go: std::sync::mpsc::Sender<()>,
+}
+
+impl StopAt {
+    fn new(name: &'static str) -> StopAt {
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let chans = std::sync::Mutex::new((reached_tx, go_rx));
+        fail::cfg_callback(name, move || {
+            let g = chans.lock().unwrap();
+            let _ = g.0.send(());
+            let _ = g.1.recv_timeout(T);
+        })
         .unwrap();
-    fail::cfg("verbs-post-send", "1*return").unwrap();
-    let (reached_tx, reached) = std::sync::mpsc::channel();
-    let (go_tx, go) = std::sync::mpsc::channel::<()>();
-    let stop = std::sync::Mutex::new((reached_tx, go));
-    fail::cfg_callback("verbs-send-status", move || {
-        let g = stop.lock().unwrap();
-        let _ = g.0.send(());
-        let _ = g.1.recv_timeout(T);
-    })
-    .unwrap();
-    std::thread::scope(|sc| {
-        let poster = sc.spawn(|| a.post_send(&m, d));
-        reached
-            .recv_timeout(T)
-            .expect("the send was never completed");
-        let seen = a.state();
-        go_tx.send(()).unwrap();
-        poster.join().unwrap().unwrap();
-        assert_eq!(seen, ViState::Error, "the status was written first");
-    });
-    fail::remove("verbs-send-status");
-    let c = a.send_wait(WAIT).unwrap();
-    assert_eq!(
-        c.status,
-        DONE | OP_SEND | TRANSPORT_ERROR,
-        "{:#x}",
-        c.status
-    );
-    assert!(
-        wait_until(T, || b.state() == ViState::Error),
-        "the peer's VI did not break"
-    );
-    nic.close().unwrap();
+        StopAt { name, reached, go }
+    }
+
+    /// Waits until a thread stopped at the fail point (`what` if none).
+    fn reached(&self, what: &str) {
+        self.reached.recv_timeout(T).expect(what);
+    }
+
+    fn release(&self) {
+        self.go.send(()).unwrap();
+    }
+}
+
+impl Drop for StopAt {
+    fn drop(&mut self) {
+        fail::remove(self.name);
+    }
 }
 
 /// The same for a receive of a shared receive queue that fails (a message
@@ -288,15 +289,7 @@ fn a_failed_srq_receive_is_written_with_its_vi_in_error() {
     let (a, b) = local_pair(&nic, &at, &disc_str("srq-err"), |r| {
         r.set_srq(Some(&srq)).unwrap();
     });
-    let (reached_tx, reached) = std::sync::mpsc::channel();
-    let (go_tx, go) = std::sync::mpsc::channel::<()>();
-    let stop = std::sync::Mutex::new((reached_tx, go));
-    fail::cfg_callback("verbs-srq-status", move || {
-        let g = stop.lock().unwrap();
-        let _ = g.0.send(());
-        let _ = g.1.recv_timeout(T);
-    })
-    .unwrap();
+    let stop = StopAt::new("verbs-srq-status");
     let r = DescBuilder::recv()
         .segment(&mem, 8192, 60)
         .write(&mem, 0)
@@ -308,13 +301,11 @@ fn a_failed_srq_receive_is_written_with_its_vi_in_error() {
         .unwrap();
     a.post_send(&mem, d).unwrap();
     // The progress thread completes it (this thread does not poll).
-    reached
-        .recv_timeout(T)
-        .expect("the receive was never completed");
+    stop.reached("the receive was never completed");
     let seen = b.state();
-    go_tx.send(()).unwrap();
+    stop.release();
     assert_eq!(seen, ViState::Error, "the status was written first");
-    fail::remove("verbs-srq-status");
+    drop(stop);
     let mut got = None;
     assert!(wait_until(T, || {
         got = srq.done().ok();
