@@ -325,15 +325,24 @@ fn post_cost_by_size() {
             let (vs, vr) = (t_send / posts, t_recv / posts);
             let mode = if polling { "poll" } else { "wait" };
             let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-            let events = if polling {
-                String::new()
+            // With blocking waits, also against a bare post whose
+            // completions a thread takes the same way (text, JSON).
+            let (events, events_json) = if polling {
+                (String::new(), String::new())
             } else {
-                format!(
-                    " (bare with a completion thread: post_send {} ns ratio {:.2}; post_recv {} ns ratio {:.2})",
-                    events_send.as_nanos(),
-                    ratio(vs, events_send),
-                    events_recv.as_nanos(),
-                    ratio(vr, events_recv)
+                (
+                    format!(
+                        " (bare with a completion thread: post_send {} ns ratio {:.2}; post_recv {} ns ratio {:.2})",
+                        events_send.as_nanos(),
+                        ratio(vs, events_send),
+                        events_recv.as_nanos(),
+                        ratio(vr, events_recv)
+                    ),
+                    format!(
+                        ",\"bare_events_post_send_ns\":{},\"bare_events_post_recv_ns\":{}",
+                        events_send.as_nanos(),
+                        events_recv.as_nanos()
+                    ),
                 )
             };
             println!(
@@ -345,15 +354,6 @@ fn post_cost_by_size() {
                 bare_recv.as_nanos(),
                 ratio(vr, bare_recv)
             );
-            let events_json = if polling {
-                String::new()
-            } else {
-                format!(
-                    ",\"bare_events_post_send_ns\":{},\"bare_events_post_recv_ns\":{}",
-                    events_send.as_nanos(),
-                    events_recv.as_nanos()
-                )
-            };
             rows.push(format!(
                 "{{\"size\":{size},\"completions\":\"{mode}\",\"via_post_send_ns\":{},\"bare_post_send_ns\":{},\"via_post_recv_ns\":{},\"bare_post_recv_ns\":{}{events_json}}}",
                 vs.as_nanos(),

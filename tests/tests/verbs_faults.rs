@@ -284,11 +284,7 @@ fn a_failed_srq_receive_is_written_with_its_vi_in_error() {
     let ptag = nic.create_ptag().unwrap();
     let mem = via::Region::new(&nic, 65536, ptag, false, false).unwrap();
     let srq = nic.create_srq(ptag, 16).unwrap();
-    let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
-    at.max_transfer_size = 65536;
-    let (a, b) = local_pair(&nic, &at, &disc_str("srq-err"), |r| {
-        r.set_srq(Some(&srq)).unwrap();
-    });
+    let (a, b) = rd_srq_pair(&nic, ptag, &srq, &disc_str("srq-err"));
     let stop = StopAt::new("verbs-srq-status");
     let r = DescBuilder::recv()
         .segment(&mem, 8192, 60)
@@ -318,10 +314,7 @@ fn a_failed_srq_receive_is_written_with_its_vi_in_error() {
         "{:#x}",
         got.status
     );
-    for v in [&a, &b] {
-        let _ = v.disconnect();
-    }
-    nic.close().unwrap();
+    disconnect_all_and_close(nic, &[&a, &b]);
 }
 
 #[test]
@@ -537,10 +530,7 @@ fn a_vi_poller_takes_the_other_cqs_in_turn() {
     assert_eq!(mem.status(0), DONE | OP_RECEIVE);
     assert_eq!(bytes_of(&mem, 8192, 64), pattern(64, 3));
     drop(stopped);
-    for v in [&a, &b, &e, &f] {
-        let _ = v.disconnect();
-    }
-    nic.close().unwrap();
+    disconnect_all_and_close(nic, &[&a, &b, &e, &f]);
 }
 
 /// A program that polls a CQ or a shared receive queue takes its
@@ -567,9 +557,7 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
     let b = nic.create_vi(&at, None, Some(&cq)).unwrap();
     connect_pair(&nic, (&a, &b), &disc_str("cq-stopped"));
     let srq = nic.create_srq(ptag, 16).unwrap();
-    let (c, d) = local_pair(&nic, &at, &disc_str("srq-stopped"), |r| {
-        r.set_srq(Some(&srq)).unwrap();
-    });
+    let (c, d) = rd_srq_pair(&nic, ptag, &srq, &disc_str("srq-stopped"));
     let stopped = ProgressStopped::now();
     // Through the CQ.
     one_message(&mem, 0, 1, |d| b.post_recv(&mem, d).unwrap(), &a);
@@ -600,10 +588,7 @@ fn cq_and_srq_pollers_take_their_completions_while_the_progress_thread_is_stoppe
     assert_eq!((got.vi, got.status), (d.slot(), DONE | OP_RECEIVE));
     assert_eq!(bytes_of(&mem, 16384 + 8192, 64), pattern(64, 2));
     drop(stopped);
-    for v in [&a, &b, &c, &d] {
-        let _ = v.disconnect();
-    }
-    nic.close().unwrap();
+    disconnect_all_and_close(nic, &[&a, &b, &c, &d]);
 }
 
 /// One 64-byte message through `mem` from `base`: a receive (descriptor
@@ -638,9 +623,32 @@ fn bytes_of(mem: &via::Region, off: usize, len: usize) -> Vec<u8> {
 }
 
 fn rd_pair(nic: &via::Nic, ptag: via::Ptag, tag: &str) -> (via::Vi, via::Vi) {
+    rd_pair_attached(nic, ptag, tag, |_| {})
+}
+
+/// [`rd_pair`] whose receiver takes its receives from `srq`.
+fn rd_srq_pair(nic: &via::Nic, ptag: via::Ptag, srq: &via::Srq, tag: &str) -> (via::Vi, via::Vi) {
+    rd_pair_attached(nic, ptag, tag, |r| r.set_srq(Some(srq)).unwrap())
+}
+
+fn rd_pair_attached(
+    nic: &via::Nic,
+    ptag: via::Ptag,
+    tag: &str,
+    attach: impl FnOnce(&via::Vi),
+) -> (via::Vi, via::Vi) {
     let mut at = via::ViAttributes::new(Reliability::ReliableDelivery, ptag);
     at.max_transfer_size = 65536;
-    local_pair(nic, &at, tag, |_| {})
+    local_pair(nic, &at, tag, attach)
+}
+
+/// The end of a test: its VIs disconnected (whatever state they are in),
+/// then the NIC closed.
+fn disconnect_all_and_close(nic: via::Nic, vis: &[&via::Vi]) {
+    for v in vis {
+        let _ = v.disconnect();
+    }
+    nic.close().unwrap();
 }
 
 #[test]
