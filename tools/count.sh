@@ -32,6 +32,10 @@ export VIA_INSTANCE="count-$$" VIA_VIAD="$lib/viad"
 # COUNT_INSTR=1 records each instruction too (tools/callgrind-asm.py).
 valgrind --tool=callgrind --toggle-collect=round_trip ${COUNT_INSTR:+--dump-instr=yes} --callgrind-out-file="$out/cg" \
     "$out/vipl_count" "$rounds" >/dev/null 2>"$out/vg.log"
+# The period of a polling loop, counted apart (the round trip's figures
+# stay as they were): one VipRecvDone and one VipSendDone of empty queues.
+valgrind --tool=callgrind --toggle-collect=failed_poll --callgrind-out-file="$out/cg-poll" \
+    "$out/vipl_count" "$rounds" >/dev/null 2>>"$out/vg.log"
 total_rounds=$((rounds + 2000))
 callgrind_annotate --auto=no --threshold=100 --inclusive=yes "$out/cg" >"$out/incl.txt" 2>/dev/null
 callgrind_annotate --auto=no --threshold=100 "$out/cg" >"$out/self.txt" 2>/dev/null
@@ -60,3 +64,6 @@ printf '%-42s %8d\n' "  memory access (mem/region, shm/mapping)" "$(selfsum ' vi
 # through std, attributed by callgrind to std's source files.
 printf '%-42s %8d\n' "  std inlined (atomics, Mutex, slices, ...)" "$(selfsum ' /rustc/')"
 printf '%-42s %8d\n' "  libc, ld.so (memcpy, __tls_get_addr, ...)" "$(selfsum ' (\./string/|\./nptl/|\./elf/|\?\?\?:)')"
+poll=$(callgrind_annotate --auto=no --threshold=100 --inclusive=yes "$out/cg-poll" 2>/dev/null |
+    awk -v n="$rounds" '$0 ~ ":failed_poll " { gsub(",","",$1); if ($1+0 > best) best=$1+0 } END { printf "%.0f", best/n }')
+printf '%-42s %8d\n' "failed poll (VipRecvDone + VipSendDone, empty)" "$poll"

@@ -8,7 +8,9 @@
  * posting thread: the copy and both completions happen here), then
  * VipRecvDone and VipSendDone. Each call sits in its own non-inlined
  * function, so that `tools/count.sh` (callgrind) attributes instructions
- * to the call and, inside it, to the provider's source files.
+ * to the call and, inside it, to the provider's source files. After the
+ * rounds, as many polls of the two empty queues (`failed_poll`: what a
+ * polling loop repeats until a completion comes).
  *
  *   vipl_count [rounds]      (default 20000, after 2000 warm-up rounds)
  *
@@ -67,6 +69,17 @@ __attribute__((noinline)) void round_trip(void)
     step_send_done();
 }
 
+/* A poll that finds nothing, on each queue: the period of a polling loop,
+ * which bounds how late a completion is noticed. */
+__attribute__((noinline)) void failed_poll(void)
+{
+    VIP_DESCRIPTOR *d;
+    if (VipRecvDone(vb, &d) != VIP_NOT_DONE || VipSendDone(va, &d) != VIP_NOT_DONE) {
+        fprintf(stderr, "a poll of an empty queue did not answer VIP_NOT_DONE\n");
+        exit(1);
+    }
+}
+
 int main(int argc, char **argv)
 {
     long rounds = argc > 1 ? atol(argv[1]) : 20000;
@@ -111,6 +124,8 @@ int main(int argc, char **argv)
         round_trip();
     for (long i = 0; i < rounds; i++)
         round_trip();
+    for (long i = 0; i < rounds; i++)
+        failed_poll();
     if (memcmp(bufb + 4096, "8 bytes!", 8) != 0) {
         fprintf(stderr, "data did not arrive\n");
         return 1;

@@ -182,6 +182,13 @@ impl Error {
         })
     }
 
+    /// Whether this is an error of `kind` with no cause (nothing to log, and
+    /// nothing to drop: the C boundary answers it inline).
+    #[inline(always)]
+    pub(crate) fn is_plain(&self, kind: ErrorKind) -> bool {
+        self.kind == kind && self.cause.is_none()
+    }
+
     /// The kind.
     pub const fn kind(&self) -> ErrorKind {
         self.kind

@@ -15,7 +15,7 @@ use core::ffi::c_void;
 use std::sync::Once;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::ffi::types::*;
 use crate::proto::{MAX_DISCRIMINATOR, MAX_HOST, NetAddr};
 
@@ -28,47 +28,62 @@ pub(crate) type Status = Result<()>;
 /// a log line naming the export.
 macro_rules! ffi_boundary {
     ($name:literal, $body:block) => {{
-        let r = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(
-            || -> $crate::ffi::boundary::Status { $body },
-        ));
+        let r = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
+            $crate::ffi::boundary::code($name, (|| -> $crate::ffi::boundary::Status { $body })())
+        }));
         $crate::ffi::boundary::finish($name, r)
     }};
 }
 pub(crate) use ffi_boundary;
 
-/// Converts the outcome of an export's body to its `VIP_RETURN` (success
-/// inline: the common path of every call).
+/// The `VIP_RETURN` of an export's body, computed inside the panic guard
+/// so that only a register leaves it. Success and `VIP_NOT_DONE` are
+/// answered inline: the first is the common path of every call, the
+/// second every failed poll of a polling loop, whose length is how late a
+/// completion is noticed (handed whole to the cold path, the result was
+/// copied through memory in pieces that the load after could not take
+/// from the store buffer: a stall on every poll).
 #[inline(always)]
-pub(crate) fn finish(name: &str, r: std::thread::Result<Status>) -> VIP_RETURN {
-    match r {
-        Ok(Ok(())) => VIP_SUCCESS,
-        r => finish_failed(name, r),
+pub(crate) fn code(name: &str, s: Status) -> VIP_RETURN {
+    match s {
+        Ok(()) => VIP_SUCCESS,
+        Err(e) if e.is_plain(ErrorKind::NotDone) => VIP_NOT_DONE,
+        Err(e) => failed(name, e),
     }
 }
 
-/// [`finish`] for an error or a panic.
+/// [`code`] of an error: its cause, if any, goes to the log.
 #[cold]
 #[inline(never)]
-fn finish_failed(name: &str, r: std::thread::Result<Status>) -> VIP_RETURN {
-    match r {
-        Ok(Ok(())) => VIP_SUCCESS,
-        Ok(Err(e)) => {
-            if std::error::Error::source(&e).is_some() {
-                // The code is all C sees; the cause goes to the log.
-                log::debug!("{name}: {e}");
-            }
-            e.code()
-        }
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| p.downcast_ref::<String>().map(String::as_str))
-                .unwrap_or("(no message)");
-            log::error!("{name}: internal error (panic: {msg}); returning VIP_ERROR_RESOURCE");
-            VIP_ERROR_RESOURCE
-        }
+fn failed(name: &str, e: Error) -> VIP_RETURN {
+    if std::error::Error::source(&e).is_some() {
+        // The code is all C sees; the cause goes to the log.
+        log::debug!("{name}: {e}");
     }
+    e.code()
+}
+
+/// The `VIP_RETURN` of an export: its body's, or `VIP_ERROR_RESOURCE` if
+/// the body panicked.
+#[inline(always)]
+pub(crate) fn finish(name: &str, r: std::thread::Result<VIP_RETURN>) -> VIP_RETURN {
+    match r {
+        Ok(c) => c,
+        Err(p) => panicked(name, p),
+    }
+}
+
+/// [`finish`] for a panic.
+#[cold]
+#[inline(never)]
+fn panicked(name: &str, p: Box<dyn std::any::Any + Send>) -> VIP_RETURN {
+    let msg = p
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    log::error!("{name}: internal error (panic: {msg}); returning VIP_ERROR_RESOURCE");
+    VIP_ERROR_RESOURCE
 }
 
 /// Reads the C input `*p` by copy.
