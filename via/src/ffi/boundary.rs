@@ -29,7 +29,11 @@ pub(crate) type Status = Result<()>;
 macro_rules! ffi_boundary {
     ($name:literal, $body:block) => {{
         let r = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
-            $crate::ffi::boundary::code($name, (|| -> $crate::ffi::boundary::Status { $body })())
+            // A closure of its own: `return` and `?` in the body end the
+            // body, as in a function.
+            #[allow(clippy::redundant_closure_call)]
+            let s = (|| -> $crate::ffi::boundary::Status { $body })();
+            $crate::ffi::boundary::code($name, s)
         }));
         $crate::ffi::boundary::finish($name, r)
     }};
