@@ -34,7 +34,7 @@ valgrind --tool=callgrind --toggle-collect=round_trip ${COUNT_INSTR:+--dump-inst
     "$out/vipl_count" "$rounds" >/dev/null 2>"$out/vg.log"
 # The period of a polling loop, counted apart (the round trip's figures
 # stay as they were): one VipRecvDone and one VipSendDone of empty queues.
-valgrind --tool=callgrind --toggle-collect=failed_poll --callgrind-out-file="$out/cg-poll" \
+valgrind --tool=callgrind --toggle-collect=failed_poll ${COUNT_INSTR:+--dump-instr=yes} --callgrind-out-file="$out/cg-poll" \
     "$out/vipl_count" "$rounds" >/dev/null 2>>"$out/vg.log"
 total_rounds=$((rounds + 2000))
 callgrind_annotate --auto=no --threshold=100 --inclusive=yes "$out/cg" >"$out/incl.txt" 2>/dev/null
