@@ -454,6 +454,14 @@ fn system_costs_report_and_compare() {
             "{who} in the report"
         );
     }
+    // The bandwidth floor is measured at the bandwidth sizes, and moved the
+    // bytes (its processes check them).
+    let copy = rows
+        .iter()
+        .find(|x| x["config"] == "bare copy ping-pong (one copy each way)")
+        .expect("the bare copy ping-pong in the report");
+    assert_eq!(copy["bytes"], 4096);
+    assert!(copy["mbps"].as_f64().is_some_and(|m| m > 0.0), "{copy}");
     // Baselines that are not installed are rows too, never skipped.
     let r = run("compare", &["compare", "--reps", "1", "--sizes", "4K"]);
     let rows = rows_of(&r, "compare");

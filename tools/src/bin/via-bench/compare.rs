@@ -160,6 +160,9 @@ fn libfabric(ctx: &Ctx, prov: &str, size: usize) -> Result<Res, String> {
     Ok((Some(us), Some(size as f64 / us)))
 }
 
+/// The bandwidth floor's row: [`crate::shm_copy_pingpong`].
+const COPY_FLOOR: &str = "bare copy ping-pong (one copy each way)";
+
 const MPI_PINGPONG: &str = r#"
 #include <mpi.h>
 #include <stdio.h>
@@ -401,7 +404,19 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
     // contender -> size -> (latencies, bandwidths)
     let mut res: Results = BTreeMap::new();
     let mut absent: Vec<(String, String, String)> = Vec::new();
+    // The floors first: the bandwidth floor's row beside the latency's,
+    // though it is measured only at the bandwidth sizes.
     let order = std::cell::RefCell::new(Vec::<String>::new());
+    if sizes.iter().any(|&s| s != lat_size) {
+        order.borrow_mut().extend(
+            [
+                "bare shared-memory ping-pong (floor)",
+                "bare ping-pong, VIA's 3 lines",
+                COPY_FLOOR,
+            ]
+            .map(String::from),
+        );
+    }
     let add = |res: &mut Results, who: &str, size: usize, r: Res| {
         if !order.borrow().iter().any(|o| o == who) {
             order.borrow_mut().push(who.to_string());
@@ -490,6 +505,10 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
                 Err(e) => {
                     errors.insert("VIA ping-pong".into(), e);
                 }
+            }
+            if size != lat_size {
+                let m = crate::shm_copy_pingpong(size, iters(size, ctx.c.quick), ctx.cpus());
+                add(&mut res, COPY_FLOOR, size, (None, Some(m)));
             }
             let mut st: Spec = s.clone();
             st.mode = Mode::Stream;
@@ -591,7 +610,7 @@ pub fn compare(ctx: &mut Ctx, reps: usize, external: bool) {
         .unwrap_or_default();
     let mut summary = serde_json::Map::new();
     for who in order.borrow().iter() {
-        let by = &res[who];
+        let Some(by) = res.get(who) else { continue };
         for (&size, (l, b)) in by {
             let mut row = Row::new("compare", who).bytes(size);
             row.iters = reps as u64;

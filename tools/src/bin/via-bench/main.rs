@@ -626,7 +626,7 @@ fn pin(cpu: usize) {
     }
 }
 
-/// `via-bench serve shm <pid> <fd> <iters>` | `serve regpp <disc> <max> <each|fixed>`
+/// `via-bench serve shm <pid> <fd> <iters>` | `serve shmcopy <pid> <fd> <iters> <size>` | `serve regpp <disc> <max> <each|fixed>`
 fn serve(args: &[String]) {
     match args.first().map(String::as_str) {
         Some(role @ ("shm" | "shmvia")) => {
@@ -638,6 +638,17 @@ fn serve(args: &[String]) {
                 args[1].parse().unwrap(),
                 args[2].parse().unwrap(),
                 args[3].parse().unwrap(),
+            )
+        }
+        Some("shmcopy") => {
+            if let Some(c) = args.get(5).and_then(|c| c.parse().ok()) {
+                xfer::pin(Some(c));
+            }
+            serve_copy(
+                args[1].parse().unwrap(),
+                args[2].parse().unwrap(),
+                args[3].parse().unwrap(),
+                args[4].parse().unwrap(),
             )
         }
         Some("regpp") => {
@@ -758,6 +769,91 @@ pub fn shm_floor(iters: u64, cpus: (Option<usize>, Option<usize>)) -> f64 {
 /// the lower bound of VIA's semantics here, beside the one-line floor.
 pub fn shm_floor_via_lines(iters: u64, cpus: (Option<usize>, Option<usize>)) -> f64 {
     shm_pingpong("shmvia", iters, cpus)
+}
+
+/// The bandwidth floor of a ping-pong of `size` bytes: two processes, two
+/// page-aligned buffers in one shared mapping (the client's and the
+/// server's, as a VIA ping-pong's), and per message one copy from the
+/// sender's buffer into the receiver's, then a flag. No library code: what
+/// the cores and caches of this host give a one-copy ping-pong, against
+/// which `memcpy` in one core's cache is no bound. Bytes of one direction
+/// per half round trip, 10^6 bytes/s (as `VIA ping-pong`).
+pub fn shm_copy_pingpong(size: usize, iters: u64, (a, b): (Option<usize>, Option<usize>)) -> f64 {
+    xfer::pin(a);
+    let len = copy_layout(size);
+    let (fd, map) = Mapping::create("via-bench-copy", len).expect("memfd");
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    via::sys::clear_cloexec(raw).ok();
+    let (mine, theirs) = (PAGE, PAGE + copy_span(size));
+    assert!(map.write(mine, &vec![0xa5; size]));
+    let mut args = vec![
+        "shmcopy".to_string(),
+        std::process::id().to_string(),
+        raw.to_string(),
+        iters.to_string(),
+        size.to_string(),
+    ];
+    if let Some(b) = b {
+        args.push(b.to_string());
+    }
+    let child = Child::start(&args);
+    let ping = map.view::<AtomicU64>(0).unwrap();
+    let pong = map.view::<AtomicU64>(128).unwrap();
+    let warm = iters / 10;
+    let mut t0 = Instant::now();
+    for i in 1..=iters {
+        if i == warm + 1 {
+            t0 = Instant::now();
+        }
+        assert!(Mapping::copy(&map, mine, &map, theirs, size));
+        // Release/Acquire: the bytes travel with the sequence word.
+        ping.store(i, Ordering::Release);
+        while pong.load(Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+    }
+    let total = t0.elapsed();
+    child.finish();
+    let mut last = [0u8; 1];
+    assert!(map.read(theirs + size.max(1) - 1, &mut last));
+    assert!(size == 0 || last[0] == 0xa5, "copy check");
+    let half_us = total.as_secs_f64() * 1e6 / (iters - warm) as f64 / 2.0;
+    size as f64 / half_us
+}
+
+const PAGE: usize = 4096;
+
+/// Bytes of one buffer of the copy ping-pong, whole pages.
+fn copy_span(size: usize) -> usize {
+    size.max(1).div_ceil(PAGE) * PAGE
+}
+
+/// Bytes of the copy ping-pong's mapping: a page of flags, two buffers.
+fn copy_layout(size: usize) -> usize {
+    PAGE + 2 * copy_span(size)
+}
+
+/// The server of [`shm_copy_pingpong`].
+fn serve_copy(pid: u32, fd: i32, iters: u64, size: usize) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/fd/{fd}"))
+        .expect("open the shared mapping");
+    let len = copy_layout(size);
+    let map = Mapping::map_shared(&std::os::fd::OwnedFd::from(f), 0, len).unwrap();
+    let (theirs, mine) = (PAGE, PAGE + copy_span(size));
+    let ping = map.view::<AtomicU64>(0).unwrap();
+    let pong = map.view::<AtomicU64>(128).unwrap();
+    println!("READY");
+    std::io::stdout().flush().unwrap();
+    for i in 1..=iters {
+        while ping.load(Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+        assert!(Mapping::copy(&map, mine, &map, theirs, size));
+        pong.store(i, Ordering::Release);
+    }
 }
 
 /// Lines of the VIA-shaped floor, 256 bytes apart (no adjacent-line
