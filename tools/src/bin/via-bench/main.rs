@@ -688,13 +688,47 @@ fn done_or_wait(vi: &Vi, recv: bool, block: bool) -> u32 {
     c.status
 }
 
-fn serve_shm(via_shaped: bool, pid: u32, fd: i32, iters: u64) {
+/// A shared mapping of `len` bytes, prepared by `init`, and the server
+/// process that maps it too: `via-bench serve <role> <pid> <fd> <iters>
+/// [extra...] [cpu]` ([`open_shared`] on its side).
+fn shm_server(
+    role: &str,
+    len: usize,
+    iters: u64,
+    extra: &[String],
+    cpu: Option<usize>,
+    init: impl FnOnce(&Mapping),
+) -> (Mapping, Child) {
+    let (fd, map) = Mapping::create(&format!("via-bench-{role}"), len).expect("memfd");
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    via::sys::clear_cloexec(raw).ok();
+    init(&map);
+    let mut args = vec![
+        role.to_string(),
+        std::process::id().to_string(),
+        raw.to_string(),
+        iters.to_string(),
+    ];
+    args.extend_from_slice(extra);
+    args.extend(cpu.map(|c| c.to_string()));
+    // The server has mapped it once it says READY: the fd may close after.
+    let child = Child::start(&args);
+    (map, child)
+}
+
+/// The server's side of [`shm_server`]: the client's mapping of `len`
+/// bytes, through its fd `fd`.
+fn open_shared(pid: u32, fd: i32, len: usize) -> Mapping {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(format!("/proc/{pid}/fd/{fd}"))
-        .expect("open the shared page");
-    let map = Mapping::map_shared(&std::os::fd::OwnedFd::from(f), 0, 4096).unwrap();
+        .expect("open the shared mapping");
+    Mapping::map_shared(&std::os::fd::OwnedFd::from(f), 0, len).unwrap()
+}
+
+fn serve_shm(via_shaped: bool, pid: u32, fd: i32, iters: u64) {
+    let map = open_shared(pid, fd, 4096);
     let ping = map.view::<AtomicU64>(0).unwrap();
     let ping_data = map.view::<AtomicU64>(8).unwrap();
     let pong = map.view::<AtomicU64>(128).unwrap();
@@ -780,23 +814,15 @@ pub fn shm_floor_via_lines(iters: u64, cpus: (Option<usize>, Option<usize>)) -> 
 /// per half round trip, 10^6 bytes/s (as `VIA ping-pong`).
 pub fn shm_copy_pingpong(size: usize, iters: u64, (a, b): (Option<usize>, Option<usize>)) -> f64 {
     xfer::pin(a);
-    let len = copy_layout(size);
-    let (fd, map) = Mapping::create("via-bench-copy", len).expect("memfd");
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    via::sys::clear_cloexec(raw).ok();
     let (mine, theirs) = (PAGE, PAGE + copy_span(size));
-    assert!(map.write(mine, &vec![0xa5; size]));
-    let mut args = vec![
-        "shmcopy".to_string(),
-        std::process::id().to_string(),
-        raw.to_string(),
-        iters.to_string(),
-        size.to_string(),
-    ];
-    if let Some(b) = b {
-        args.push(b.to_string());
-    }
-    let child = Child::start(&args);
+    let (map, child) = shm_server(
+        "shmcopy",
+        copy_layout(size),
+        iters,
+        &[size.to_string()],
+        b,
+        |m| assert!(m.write(mine, &vec![0xa5; size])),
+    );
     let ping = map.view::<AtomicU64>(0).unwrap();
     let pong = map.view::<AtomicU64>(128).unwrap();
     let warm = iters / 10;
@@ -835,13 +861,7 @@ fn copy_layout(size: usize) -> usize {
 
 /// The server of [`shm_copy_pingpong`].
 fn serve_copy(pid: u32, fd: i32, iters: u64, size: usize) {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/fd/{fd}"))
-        .expect("open the shared mapping");
-    let len = copy_layout(size);
-    let map = Mapping::map_shared(&std::os::fd::OwnedFd::from(f), 0, len).unwrap();
+    let map = open_shared(pid, fd, copy_layout(size));
     let (theirs, mine) = (PAGE, PAGE + copy_span(size));
     let ping = map.view::<AtomicU64>(0).unwrap();
     let pong = map.view::<AtomicU64>(128).unwrap();
@@ -887,24 +907,13 @@ fn via_lines_recv(l: [&AtomicU64; 3], i: u64) -> u64 {
 
 fn shm_pingpong(role: &str, iters: u64, (a, b): (Option<usize>, Option<usize>)) -> f64 {
     xfer::pin(a);
-    let (fd, map) = Mapping::create("via-bench-floor", 4096).expect("memfd");
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    via::sys::clear_cloexec(raw).ok();
-    if role == "shmvia" {
-        // Receive 1 is posted in both directions before the first round.
-        via_lines(&map, 0)[0].store(1, Ordering::Relaxed);
-        via_lines(&map, 1)[0].store(1, Ordering::Relaxed);
-    }
-    let mut args = vec![
-        role.to_string(),
-        std::process::id().to_string(),
-        raw.to_string(),
-        iters.to_string(),
-    ];
-    if let Some(b) = b {
-        args.push(b.to_string());
-    }
-    let child = Child::start(&args);
+    let (map, child) = shm_server(role, 4096, iters, &[], b, |m| {
+        if role == "shmvia" {
+            // Receive 1 is posted in both directions before the first round.
+            via_lines(m, 0)[0].store(1, Ordering::Relaxed);
+            via_lines(m, 1)[0].store(1, Ordering::Relaxed);
+        }
+    });
     let ping = map.view::<AtomicU64>(0).unwrap();
     let ping_data = map.view::<AtomicU64>(8).unwrap();
     let pong = map.view::<AtomicU64>(128).unwrap();
