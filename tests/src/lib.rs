@@ -449,6 +449,23 @@ impl Setup {
         assert_eq!(self.vi.state(), via::ViState::Connected);
     }
 
+    /// Sends `len` bytes of `pattern(len, seed)` from byte 4096 of this
+    /// side's memory (the send descriptor at `desc`) to `peer`, whose
+    /// receive at its byte 4096 is posted: the send completes, the receive
+    /// completes with `len` bytes, and they are the ones sent.
+    pub fn send_arrives(&self, peer: &mut Peer, desc: usize, len: u32, seed: u32) {
+        use via::descriptor::status::{DONE, OP_RECEIVE, OP_SEND};
+        self.fill(4096, len as usize, seed);
+        post_send(self, desc, 4096, len);
+        assert_eq!(self.vi.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
+        let r = nums(&peer.cmd_expect("wait_recv", "RECV"));
+        assert_eq!(
+            (r[0] as u32, r[1] as u32, r[2] as u32),
+            (DONE | OP_RECEIVE, len, 0)
+        );
+        assert_eq!(peer.cmd(&format!("check 0 4096 {len} {seed}")), "SAME");
+    }
+
     /// Fills `len` bytes at `off` with `pattern(len, seed)`; returns them.
     pub fn fill(&self, off: usize, len: usize, seed: u32) -> Vec<u8> {
         let p = pattern(len, seed);

@@ -132,14 +132,7 @@ fn peer_to_peer_connect_and_exchange() {
     assert_eq!(attrs.reliability, Reliability::ReliableReception);
     assert_eq!(s.vi.state(), ViState::Connected);
     // Both directions carry data.
-    s.fill(4096, 700, 1);
-    post_send(&s, 64, 4096, 700);
-    assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
-    assert_eq!(
-        comp(&p.cmd_expect("wait_recv", "RECV")),
-        (DONE | OP_RECEIVE, 700, 0)
-    );
-    assert_eq!(p.cmd("check 0 4096 700 1"), "SAME");
+    s.send_arrives(&mut p, 64, 700, 1);
     assert_eq!(p.cmd("fill 0 8192 999 2"), "OK");
     assert_eq!(p.cmd("send 64 8192:999"), "OK");
     assert_eq!(s.vi.recv_wait(WAIT).unwrap().status, DONE | OP_RECEIVE);
@@ -233,14 +226,7 @@ fn disconnect_flushes_both_sides_and_allows_reconnect() {
     assert_eq!(p.cmd_expect("state", "STATE"), "Idle");
     s.connect_to(&mut p, &disc_str("disc2"));
     assert_eq!(p.cmd("recv 0 4096:100"), "OK");
-    s.fill(4096, 100, 3);
-    post_send(&s, 256, 4096, 100);
-    assert_eq!(s.vi.send_wait(WAIT).unwrap().status, DONE | OP_SEND);
-    assert_eq!(
-        comp(&p.cmd_expect("wait_recv", "RECV")),
-        (DONE | OP_RECEIVE, 100, 0)
-    );
-    assert_eq!(p.cmd("check 0 4096 100 3"), "SAME");
+    s.send_arrives(&mut p, 256, 100, 3);
     // And the peer may be the one that disconnects.
     post_recv(&s, 0, 8192, 100);
     assert_eq!(p.cmd("disconnect"), "OK");

@@ -22,12 +22,17 @@ fn comp(s: &str) -> (u32, u32, u32) {
 fn connect(h: &Hosts, a: &mut Peer, b: &mut Peer, open: &str, disc: &str) -> RemoteMem {
     a.cmd_expect(&format!("open {open}"), "MEM");
     let m = RemoteMem::parse(&b.cmd_expect(&format!("open {open}"), "MEM"));
+    connect_opened(a, b, disc);
+    let _ = h;
+    m
+}
+
+/// Has B (open) listen on `disc` and accept, and A (open) connect.
+fn connect_opened(a: &mut Peer, b: &mut Peer, disc: &str) {
     b.say(&format!("listen {disc} accept"));
     b.expect("LISTENING");
     assert_eq!(a.cmd(&format!("connect {disc}")), "CONNECT ok");
     assert_eq!(b.line(), "ACCEPT ok");
-    let _ = h;
-    m
 }
 
 #[test]
@@ -439,10 +444,7 @@ fn viad_port_refuses_hostile_requests() {
     }
     // Still serving.
     a.cmd_expect("open rd 65536 0 0", "MEM");
-    b.say("listen ok accept");
-    b.expect("LISTENING");
-    assert_eq!(a.cmd("connect ok"), "CONNECT ok");
-    assert_eq!(b.line(), "ACCEPT ok");
+    connect_opened(&mut a, &mut b, "ok");
     a.exit();
     b.exit();
 }
@@ -459,10 +461,7 @@ fn a_send_above_the_peers_max_transfer_size_breaks_a_reliable_connection() {
     let mut b = h.peer(Side::B, PEER, &[]);
     a.cmd_expect("open rd 262144 0 0 65536", "MEM");
     b.cmd_expect("open rd 262144 0 0 4096", "MEM");
-    b.say("listen mtspeer accept");
-    b.expect("LISTENING");
-    assert_eq!(a.cmd("connect mtspeer"), "CONNECT ok");
-    assert_eq!(b.line(), "ACCEPT ok");
+    connect_opened(&mut a, &mut b, "mtspeer");
     assert_eq!(b.cmd("recv 0 4096:4096"), "OK");
     assert_eq!(a.cmd("send 64 4096:8192"), "OK");
     assert_eq!(
