@@ -64,6 +64,13 @@ printf '%-42s %8d\n' "  memory access (mem/region, shm/mapping)" "$(selfsum ' vi
 # through std, attributed by callgrind to std's source files.
 printf '%-42s %8d\n' "  std inlined (atomics, Mutex, slices, ...)" "$(selfsum ' /rustc/')"
 printf '%-42s %8d\n' "  libc, ld.so (memcpy, __tls_get_addr, ...)" "$(selfsum ' (\./string/|\./nptl/|\./elf/|\?\?\?:)')"
+# The same round trip with the data registered apart from the descriptors
+# (via-bench's layout), counted apart too.
+valgrind --tool=callgrind --toggle-collect=round_trip ${COUNT_INSTR:+--dump-instr=yes} --callgrind-out-file="$out/cg-apart" \
+    "$out/vipl_count" "$rounds" apart >/dev/null 2>>"$out/vg.log"
+apart=$(callgrind_annotate --auto=no --threshold=100 --inclusive=yes "$out/cg-apart" 2>/dev/null |
+    awk -v n="$total_rounds" '$0 ~ ":round_trip " { gsub(",","",$1); if ($1+0 > best) best=$1+0 } END { printf "%.0f", best/n }')
+printf '%-42s %8d\n' "total, data registered apart (via-bench)" "$apart"
 poll=$(callgrind_annotate --auto=no --threshold=100 --inclusive=yes "$out/cg-poll" 2>/dev/null |
     awk -v n="$rounds" '$0 ~ ":failed_poll " { gsub(",","",$1); if ($1+0 > best) best=$1+0 } END { printf "%.0f", best/n }')
 printf '%-42s %8d\n' "failed poll (VipRecvDone + VipSendDone, empty)" "$poll"

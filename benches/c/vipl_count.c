@@ -12,7 +12,11 @@
  * rounds, as many polls of the two empty queues (`failed_poll`: what a
  * polling loop repeats until a completion comes).
  *
- *   vipl_count [rounds]      (default 20000, after 2000 warm-up rounds)
+ * With "apart", the data lies in buffers registered apart from the
+ * descriptors' (the layout of via-bench's ping-pong, and of programs that
+ * register their data buffers on their own).
+ *
+ *   vipl_count [rounds] [apart]   (default 20000, after 2000 warm-up rounds)
  *
  * Built and run by tools/count.sh against include/vipl.h and libvipl.
  */
@@ -83,6 +87,7 @@ __attribute__((noinline)) void failed_poll(void)
 int main(int argc, char **argv)
 {
     long rounds = argc > 1 ? atol(argv[1]) : 20000;
+    int apart = argc > 2 && strcmp(argv[2], "apart") == 0;
     VIP_NIC_HANDLE nic;
     VIP_NIC_ATTRIBUTES na;
     VIP_VI_ATTRIBUTES at;
@@ -96,6 +101,15 @@ int main(int argc, char **argv)
     OK(VipCreateVi(nic, &at, NULL, NULL, &vb));
     OK(VipRegisterMem(nic, bufa, 8192, &mat, &ma));
     OK(VipRegisterMem(nic, bufb, 8192, &mat, &mb));
+    /* The data 4 KiB into each buffer, or at the start of its own. */
+    unsigned char *data_a = bufa + 4096, *data_b = bufb + 4096;
+    VIP_MEM_HANDLE mda = ma, mdb = mb;
+    if (apart) {
+        data_a = alloc_aligned(4096);
+        data_b = alloc_aligned(4096);
+        OK(VipRegisterMem(nic, data_a, 4096, &mat, &mda));
+        OK(VipRegisterMem(nic, data_b, 4096, &mat, &mdb));
+    }
     snprintf(da, sizeof da, "count-a-%d", (int)getpid());
     snprintf(db, sizeof db, "count-b-%d", (int)getpid());
     OK(VipConnectPeerRequest(va, addr(&na, da), addr(&na, db), 10000));
@@ -103,22 +117,22 @@ int main(int argc, char **argv)
     OK(VipConnectPeerWait(va, &ra));
     OK(VipConnectPeerWait(vb, &ra));
 
-    /* Descriptors at the start of each buffer, the data 4 KiB in. */
+    /* Descriptors at the start of each buffer. */
     sd = (VIP_DESCRIPTOR *)bufa;
     rd = (VIP_DESCRIPTOR *)bufb;
     sd->CS.SegCount = 1;
     sd->CS.Control = VIP_CONTROL_OP_SENDRECV;
     sd->CS.Length = 8;
-    sd->DS[0].Local.Data.Address = bufa + 4096;
-    sd->DS[0].Local.Handle = ma;
+    sd->DS[0].Local.Data.Address = data_a;
+    sd->DS[0].Local.Handle = mda;
     sd->DS[0].Local.Length = 8;
     rd->CS.SegCount = 1;
     rd->CS.Control = VIP_CONTROL_OP_SENDRECV;
     rd->CS.Length = 64;
-    rd->DS[0].Local.Data.Address = bufb + 4096;
-    rd->DS[0].Local.Handle = mb;
+    rd->DS[0].Local.Data.Address = data_b;
+    rd->DS[0].Local.Handle = mdb;
     rd->DS[0].Local.Length = 64;
-    memcpy(bufa + 4096, "8 bytes!", 8);
+    memcpy(data_a, "8 bytes!", 8);
 
     for (long i = 0; i < 2000; i++)
         round_trip();
@@ -126,7 +140,7 @@ int main(int argc, char **argv)
         round_trip();
     for (long i = 0; i < rounds; i++)
         failed_poll();
-    if (memcmp(bufb + 4096, "8 bytes!", 8) != 0) {
+    if (memcmp(data_b, "8 bytes!", 8) != 0) {
         fprintf(stderr, "data did not arrive\n");
         return 1;
     }

@@ -205,12 +205,8 @@ pub(crate) struct DescCache {
     ptag: u32,
     va: u64,
     len: u64,
-    /// The extent's first address and the end of what is mapped of it.
-    ext_va: u64,
-    ext_end: u64,
-    /// The arena mapping and the offset of `ext_va` in it.
-    map: Option<Arc<Mapping>>,
-    map_off: usize,
+    /// The extent the descriptor was read from (`None`: empty).
+    ext: Option<MappedExtent>,
     /// The region other than the descriptor's that the queue's segments
     /// lay in last.
     data: DataRegion,
@@ -224,7 +220,7 @@ pub(crate) struct DescCache {
 /// Valid while the table's change count for the handle is the one read
 /// before the region was looked up (as [`RegionCache`] entries are), for
 /// the tag it was checked against.
-#[derive(Default, Clone, Copy)]
+#[derive(Default)]
 struct DataRegion {
     /// Memory handle (0: empty; never a region's).
     handle: u32,
@@ -232,6 +228,51 @@ struct DataRegion {
     ptag: u32,
     va: u64,
     len: u64,
+    /// The mapped extent of the region that held the address it was
+    /// filled for (`None`: not in one mapped extent), so that a device
+    /// running a one-segment send at once finds its bytes here.
+    ext: Option<MappedExtent>,
+}
+
+/// The part of one arena extent of a region that is mapped and inside the
+/// region: `ext_va..ext_end`, at `map_off` in `map`.
+struct MappedExtent {
+    map: Arc<Mapping>,
+    map_off: usize,
+    ext_va: u64,
+    ext_end: u64,
+}
+
+impl MappedExtent {
+    /// The extent of `region` holding `va`, if it is mapped.
+    fn of(region: &Resolved, va: u64) -> Option<MappedExtent> {
+        let e = region
+            .extents
+            .iter()
+            .find(|e| va >= e.va && va - e.va < e.len)?;
+        let (m, off) = (e.map.as_ref()?, usize::try_from(e.map_off).ok()?);
+        // What of the extent is mapped (the mapping may end first), and
+        // inside the region (an extent may be wider).
+        let mapped = (m.len().saturating_sub(off) as u64).min(e.len);
+        let first = e.va.max(region.va);
+        let end = (e.va + mapped).min(region.va + region.len);
+        (first < end).then(|| MappedExtent {
+            map: m.clone(),
+            map_off: off + (first - e.va) as usize,
+            ext_va: first,
+            ext_end: end,
+        })
+    }
+
+    /// Where `len` bytes at `va` are, if they lie in the extent: the
+    /// mapping and the offset in it.
+    #[inline(always)]
+    fn place(&self, va: u64, len: u64) -> Option<(&Mapping, usize)> {
+        if va < self.ext_va || va > self.ext_end || self.ext_end - va < len {
+            return None;
+        }
+        Some((&self.map, self.map_off + (va - self.ext_va) as usize))
+    }
 }
 
 impl DataRegion {
@@ -246,52 +287,35 @@ impl DataRegion {
             })
     }
 
-    /// Checks the segments of `wr` outside its descriptor's region, if
-    /// they all lie in this region's handle and the entry is current for
-    /// `ptag` (true); else changes nothing (false).
+    /// The entry as a post of a VI of tag `ptag` checks segments against
+    /// it.
     #[inline(always)]
-    fn checks_send(&self, table: &RegionTable, ptag: u32, wr: &mut SendWr) -> bool {
-        let Some(d) = self.current(table, ptag) else {
-            return false;
-        };
-        let n = (wr.seg_count as usize).min(MAX_SEGS);
-        let mut fault = 0;
-        for s in &wr.segs[..n] {
-            if s.handle == wr.desc_handle {
-                continue;
-            }
-            if s.handle != d.handle {
-                return false;
-            }
-            if !d.holds(s.va, s.len) {
-                fault = status::PROTECTION_ERROR;
-            }
+    fn check<'a>(&'a self, table: &'a RegionTable, ptag: u32) -> DataCheck<'a> {
+        DataCheck {
+            data: self,
+            table,
+            ptag,
         }
-        wr.fault |= fault;
-        true
     }
+}
 
-    /// [`DataRegion::checks_send`] for a receive: the segments' addresses
-    /// also become offsets in the region.
+/// The queue's data region as a post checks its segments against it.
+#[derive(Clone, Copy)]
+struct DataCheck<'a> {
+    data: &'a DataRegion,
+    table: &'a RegionTable,
+    ptag: u32,
+}
+
+impl DataCheck<'_> {
+    /// The data region if segments of `handle` are checked against it:
+    /// the table's change count is read only for a segment of its handle.
     #[inline(always)]
-    fn checks_recv(&self, table: &RegionTable, ptag: u32, pd: &mut RecvWr) -> bool {
-        let Some(d) = self.current(table, ptag) else {
-            return false;
-        };
-        let n = pd.n.min(MAX_SEGS);
-        let desc = pd.desc_handle;
-        if pd.segs[..n].iter().any(|s| s.2 != desc && s.2 != d.handle) {
-            return false;
+    fn region(self, handle: u32) -> Option<DescRegion> {
+        if handle != self.data.handle {
+            return None;
         }
-        for s in pd.segs[..n].iter_mut().filter(|s| s.2 != desc) {
-            if !d.holds(s.0, s.1) {
-                pd.fault |= status::PROTECTION_ERROR;
-            }
-            s.0 = s.0.wrapping_sub(d.va);
-        }
-        pd.data_handle = d.handle;
-        pd.data_base = d.va;
-        true
+        self.data.current(self.table, self.ptag)
     }
 }
 
@@ -308,21 +332,21 @@ impl DescCache {
         handle: u32,
         ptag: u32,
     ) -> Option<Result<(Head, usize, &[AtomicU64])>> {
-        let m = self.map.as_ref()?;
+        let x = self.ext.as_ref()?;
         if handle != self.handle
             || ptag != self.ptag
             || va % crate::descriptor::ALIGNMENT as u64 != 0
-            || va < self.ext_va
-            || va >= self.ext_end
+            || va < x.ext_va
+            || va >= x.ext_end
             || table.changes(handle) != self.stamp
         {
             return None;
         }
         // Everything from `va` to the end of the mapped extent, at most a
         // full descriptor: one bounds check for the header and segments.
-        let room = (((self.ext_end - va) / 8) as usize).min(4 + 2 * MAX_SEGS);
-        let at = self.map_off + (va - self.ext_va) as usize;
-        let words = m.slice::<AtomicU64>(at, room)?;
+        let room = (((x.ext_end - va) / 8) as usize).min(4 + 2 * MAX_SEGS);
+        let at = x.map_off + (va - x.ext_va) as usize;
+        let words = x.map.slice::<AtomicU64>(at, room)?;
         if room < 4 {
             return None;
         }
@@ -363,44 +387,36 @@ impl DescCache {
     /// checked, or refilled, it against the table's change count).
     #[inline(always)]
     fn place(&self, handle: u32, va: u64, len: u64) -> Option<(&Mapping, usize)> {
-        let m = self.map.as_deref()?;
-        if handle != self.handle || va < self.ext_va || va > self.ext_end || self.ext_end - va < len
-        {
+        let x = self.ext.as_ref()?;
+        if handle != self.handle || va < x.ext_va || va > x.ext_end || x.ext_end - va < len {
             return None;
         }
-        Some((m, self.map_off + (va - self.ext_va) as usize))
+        Some((&x.map, x.map_off + (va - x.ext_va) as usize))
+    }
+
+    /// [`DescCache::place`] in the data region: only right after the
+    /// segments of a descriptor were checked against it (which checked, or
+    /// refilled, it against the table's change count). Out of line: inlined,
+    /// its result merged with [`DescCache::place`]'s and cost the common
+    /// layout (data in the descriptor's region) five instructions a send.
+    #[inline(never)]
+    fn data_place(&self, handle: u32, va: u64, len: u64) -> Option<(&Mapping, usize)> {
+        if handle != self.data.handle {
+            return None;
+        }
+        self.data.ext.as_ref()?.place(va, len)
     }
 
     /// Fills the entry with the extent of `region` holding `va`, the
     /// region looked up after the table's change count was `stamp`.
     #[cold]
     fn fill(&mut self, region: &Resolved, va: u64, stamp: u64) {
-        self.map = None;
-        for e in &region.extents {
-            if va >= e.va && va - e.va < e.len {
-                let (Some(m), Ok(off)) = (e.map.as_ref(), usize::try_from(e.map_off)) else {
-                    return;
-                };
-                // What of the extent is mapped (the mapping may end first),
-                // and inside the region (an extent may be wider).
-                let mapped = (m.len().saturating_sub(off) as u64).min(e.len);
-                let first = e.va.max(region.va);
-                let end = (e.va + mapped).min(region.va + region.len);
-                if first >= end {
-                    return;
-                }
-                self.handle = region.handle;
-                self.stamp = stamp;
-                self.ptag = region.ptag;
-                self.va = region.va;
-                self.len = region.len;
-                self.ext_va = first;
-                self.ext_end = end;
-                self.map_off = off + (first - e.va) as usize;
-                self.map = Some(m.clone());
-                return;
-            }
-        }
+        self.ext = MappedExtent::of(region, va);
+        self.handle = region.handle;
+        self.stamp = stamp;
+        self.ptag = region.ptag;
+        self.va = region.va;
+        self.len = region.len;
     }
 }
 
@@ -429,13 +445,13 @@ fn with_desc<R>(
     ptag: u32,
     status: &mut StatusLoc,
     copy: &mut SegCopy,
-    read: impl FnOnce(Head, DescRegion, Segs<'_>) -> Result<R>,
+    read: impl FnOnce(Head, DescRegion, Segs<'_>, &DataRegion) -> Result<R>,
 ) -> Result<R> {
     match descs.head(table, va, handle, ptag) {
         Some(Ok((h, at, segs))) => {
             // `head` found the words in the mapping: this cannot fail.
-            let m = descs.map.as_ref().ok_or(Error::DescriptorError)?;
-            if !status.set_map(m, at) {
+            let m = descs.ext.as_ref().ok_or(Error::DescriptorError)?;
+            if !status.set_map(&m.map, at) {
                 return Err(Error::DescriptorError);
             }
             let dr = DescRegion {
@@ -443,12 +459,12 @@ fn with_desc<R>(
                 va: descs.va,
                 len: descs.len,
             };
-            read(h, dr, Segs(segs))
+            read(h, dr, Segs(segs), &descs.data)
         }
         Some(Err(e)) => Err(e),
         None => {
             let (h, dr, segs) = locate_full(table, cache, descs, va, handle, ptag, status, copy)?;
-            read(h, dr, segs)
+            read(h, dr, segs, &descs.data)
         }
     }
 }
@@ -612,17 +628,18 @@ pub(crate) fn read_send(
         status,
         copy,
         #[inline(always)]
-        |h, dr, seg| fill_send(cx, wr, h, dr, seg),
+        |h, dr, seg, data| fill_send(cx, wr, h, dr, seg, data.check(table, cx.ptag)),
     )?;
-    if others && !descs.data.checks_send(table, cx.ptag, wr) {
+    if others {
         check_others(table, cache, &mut descs.data, cx.ptag, wr);
     }
     Ok(())
 }
 
 /// [`read_send`] once the descriptor is found: its words into `wr`, each
-/// segment in the descriptor's region checked. True if a segment lies in
-/// another region (to be checked by the caller).
+/// segment in the descriptor's region or in the queue's data region
+/// checked. True if a segment lies in neither (to be checked by the
+/// caller).
 #[inline(always)]
 fn fill_send(
     cx: &SendCtx,
@@ -630,6 +647,7 @@ fn fill_send(
     h: Head,
     dr: DescRegion,
     seg: Segs<'_>,
+    data: DataCheck<'_>,
 ) -> Result<bool> {
     let op = h.control & control::OP_MASK;
     let first = if op == control::OP_SENDRECV {
@@ -662,6 +680,10 @@ fn fill_send(
             if !dr.holds(s.addr, s.len) {
                 fault = status::PROTECTION_ERROR;
             }
+        } else if let Some(r) = data.region(s.handle) {
+            if !r.holds(s.addr, s.len) {
+                fault = status::PROTECTION_ERROR;
+            }
         } else {
             others = true;
         }
@@ -682,7 +704,8 @@ fn fill_send(
 }
 
 /// Checks the segments of `wr` in other regions than its descriptor's
-/// (the descriptor's own region was checked while reading); the last
+/// (the descriptor's own region was checked while reading; a segment in
+/// the data region is checked again here, to the same answer); the last
 /// region found becomes the queue's data region `data`.
 #[cold]
 fn check_others(
@@ -717,16 +740,30 @@ fn other_base(
 ) -> Option<u64> {
     // Read before the lookup: a change after it makes the entry stale.
     let stamp = table.changes(handle);
-    let r = cache.get(table, handle)?;
-    if r.ptag != ptag {
+    let r = cache.get(table, handle).filter(|r| r.ptag == ptag);
+    let Some(r) = r else {
+        // The entry no longer answers for this handle (nor offers its
+        // extent to `DescCache::data_place`).
+        if data.handle == handle {
+            *data = DataRegion::default();
+        }
         return None;
-    }
+    };
+    // The extent is kept when it is the region's at the same change count
+    // and holds `addr` (no reference count change per post).
+    let ext = match data.ext.take() {
+        Some(x) if data.handle == handle && data.stamp == stamp && x.place(addr, 0).is_some() => {
+            Some(x)
+        }
+        _ => MappedExtent::of(r, addr),
+    };
     *data = DataRegion {
         handle,
         stamp,
         ptag,
         va: r.va,
         len: r.len,
+        ext,
     };
     let inside = addr >= r.va
         && addr
@@ -766,17 +803,29 @@ pub(crate) fn read_recv(
         status,
         copy,
         #[inline(always)]
-        |h, dr, seg| Ok(fill_recv(desc_va, handle, pd, h, dr, seg)),
+        |h, dr, seg, data| {
+            Ok(fill_recv(
+                desc_va,
+                handle,
+                pd,
+                h,
+                dr,
+                seg,
+                data.check(table, ptag),
+            ))
+        },
     )?;
-    if others && !descs.data.checks_recv(table, ptag, pd) {
+    if others {
         recv_others(table, cache, &mut descs.data, ptag, pd);
     }
     Ok(())
 }
 
 /// [`read_recv`] once the descriptor is found: its segments into `pd`,
-/// those in the descriptor's region checked and made offsets. True if a
-/// segment lies in another region (to be checked by the caller).
+/// those in the descriptor's region or in the queue's data region checked
+/// and made offsets (`pd.data_handle` names the data region if a segment
+/// was in it, else is 0). True if a segment lies in neither (to be checked
+/// by the caller).
 #[inline(always)]
 fn fill_recv(
     desc_va: u64,
@@ -785,10 +834,12 @@ fn fill_recv(
     h: Head,
     dr: DescRegion,
     seg: Segs<'_>,
+    data: DataCheck<'_>,
 ) -> bool {
     pd.desc_off = desc_va - dr.va;
     pd.desc_base = dr.va;
     pd.desc_handle = handle;
+    pd.data_handle = 0;
     let mut fault = if h.control & control::OP_MASK != control::OP_SENDRECV {
         status::FORMAT_ERROR
     } else {
@@ -802,6 +853,13 @@ fn fill_recv(
                 fault |= status::PROTECTION_ERROR;
             }
             *d = (s.addr.wrapping_sub(dr.va), s.len, s.handle);
+        } else if let Some(r) = data.region(s.handle) {
+            if !r.holds(s.addr, s.len) {
+                fault |= status::PROTECTION_ERROR;
+            }
+            *d = (s.addr.wrapping_sub(r.va), s.len, s.handle);
+            pd.data_handle = r.handle;
+            pd.data_base = r.va;
         } else {
             others = true;
             // The address until `recv_others` makes it an offset.
@@ -814,8 +872,9 @@ fn fill_recv(
 }
 
 /// Checks the segments of `pd` in other regions than its descriptor's and
-/// turns their addresses into offsets; the last region found becomes the
-/// queue's data region `data`.
+/// its data region (whose segments are offsets already) and turns their
+/// addresses into offsets; the last region found becomes the queue's data
+/// region `data`.
 #[cold]
 fn recv_others(
     table: &RegionTable,
@@ -826,9 +885,9 @@ fn recv_others(
 ) {
     let n = pd.n.min(MAX_SEGS);
     let handle = pd.desc_handle;
-    pd.data_handle = 0;
+    let converted = std::mem::take(&mut pd.data_handle);
     for s in &mut pd.segs[..n] {
-        if s.2 == handle {
+        if s.2 == handle || (s.2 == converted && converted != 0) {
             continue;
         }
         match other_base(table, cache, data, ptag, s.2, s.0, s.1) {
@@ -878,6 +937,7 @@ impl<'a> WrRegions<'a> {
                 let len = s.len as u64;
                 t.descs
                     .place(s.handle, s.va, len)
+                    .or_else(|| t.descs.data_place(s.handle, s.va, len))
                     .or_else(|| t.cache.peek(s.handle).and_then(|r| r.span(s.va, len)))
             }
             _ => None,

@@ -434,6 +434,63 @@ fn a_queue_s_data_region_entry_follows_the_region_table() {
 }
 
 #[test]
+fn segments_in_the_data_region_and_a_third_region_in_one_descriptor() {
+    // With the queue's data region current, a descriptor whose segments
+    // lie in the descriptor's region, the data region and a third region
+    // is checked in two steps: the first two inline, the third on its own
+    // (`translate::recv_others`, which must leave the segments already
+    // made offsets alone). Every piece lands where its segment says.
+    let p = pair(Reliability::Unreliable, false);
+    let (a, b, m) = (&p.a, &p.b, &p.mem);
+    let data = Region::new(&p.nic, 8192, p.ptag, false, false).unwrap();
+    let third = Region::new(&p.nic, 8192, p.ptag, false, false).unwrap();
+    for round in 0..3u8 {
+        // Warm: one segment in the data region each way.
+        data.write(0, &pattern(16, round)).unwrap();
+        let r = DescBuilder::recv()
+            .segment(&data, 4096, 16)
+            .write(m, 0)
+            .unwrap();
+        b.post_recv(m, r).unwrap();
+        let d = DescBuilder::send()
+            .segment(&data, 0, 16)
+            .write(m, 64)
+            .unwrap();
+        a.post_send(m, d).unwrap();
+        assert_eq!(a.send_wait(Some(T)).unwrap().status, DONE | OP_SEND);
+        assert_eq!(b.recv_wait(Some(T)).unwrap().status, DONE | OP_RECEIVE);
+        // Three pieces from the data region, the descriptors' region and
+        // the third, into the descriptors' region, the data region and
+        // the third.
+        let msg = pattern(48, round + 10);
+        data.write(64, &msg[..16]).unwrap();
+        m.write(8192, &msg[16..32]).unwrap();
+        third.write(128, &msg[32..]).unwrap();
+        let r = DescBuilder::recv()
+            .segment(m, 12288, 16)
+            .segment(&data, 5000, 16)
+            .segment(&third, 6000, 16)
+            .write(m, 128)
+            .unwrap();
+        b.post_recv(m, r).unwrap();
+        let d = DescBuilder::send()
+            .segment(&data, 64, 16)
+            .segment(m, 8192, 16)
+            .segment(&third, 128, 16)
+            .write(m, 192)
+            .unwrap();
+        a.post_send(m, d).unwrap();
+        assert_eq!(a.send_wait(Some(T)).unwrap().status, DONE | OP_SEND);
+        assert_eq!(b.recv_wait(Some(T)).unwrap().status, DONE | OP_RECEIVE);
+        assert_eq!(bytes(m, 12288, 16), msg[..16]);
+        assert_eq!(bytes(&data, 5000, 16), msg[16..32]);
+        assert_eq!(bytes(&third, 6000, 16), msg[32..]);
+    }
+    assert_eq!(a.queues_empty(), (true, true));
+    assert_eq!(b.queues_empty(), (true, true));
+}
+
+#[test]
 fn a_refused_post_leaves_nothing_in_the_slot_the_next_post_fills() {
     // A post refused after its descriptor was read (an RDMA write without
     // its address segment; a receive with a reserved operation) has already
