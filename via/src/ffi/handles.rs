@@ -282,7 +282,7 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
     let (nic, slot, generation) = decode(h, Kind::Vi)?;
     let vi = nic.vi(slot, generation).ok_or(Error::InvalidParameter)?;
     RECENT_VIS.with(|c| {
-        // Busy only while a `vi_ref` guard lives: then this lookup goes uncached.
+        // Busy only while a guard of `last_vi` lives: then this lookup goes uncached.
         if let Ok(mut c) = c.try_borrow_mut() {
             if let Some(i) = c.remember(bits, pid, &nic, &vi) {
                 // Entry `i` owns both now.
@@ -293,57 +293,9 @@ pub(crate) fn vi_from(h: VIP_VI_HANDLE) -> Result<(Arc<NicInner>, Arc<ViCore>)> 
     Ok((nic, vi))
 }
 
-/// The VI named by `h` and its NIC, borrowed (the common path of posting
-/// and polling: no lock, no reference count changes): one of this thread's
-/// recent VIs through `last_vi`'s cells, else as [`vi_from`] finds them
-/// (taking references: the cells mirror the cache, so a miss there is a
-/// miss of the cache, or a lookup made while another [`ViRef`] lives).
-///
-/// A lookup of another handle while the returned guard lives is not cached.
-/// A guard rather than a closure, so that the caller's work is straight-line
-/// code in the export whatever the inliner decides about closures.
-///
-/// # Errors
-/// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC.
-#[inline(always)]
-pub(crate) fn vi_ref(h: VIP_VI_HANDLE) -> Result<ViRef> {
-    match last_vi::enter(opaque_value(h)) {
-        Some(e) => Ok(ViRef::Cell(e)),
-        None => vi_from(h).map(|(nic, vi)| ViRef::Held(nic, vi)),
-    }
-}
-
-/// A VI and its NIC, as [`vi_ref`] found them.
-pub(crate) enum ViRef {
-    /// Borrowed from this thread's cells.
-    Cell(last_vi::Entered),
-    /// Held by references (a miss of the cells).
-    Held(Arc<NicInner>, Arc<ViCore>),
-}
-
-impl ViRef {
-    /// The NIC.
-    #[inline(always)]
-    pub fn nic(&self) -> &NicInner {
-        match self {
-            ViRef::Cell(e) => e.nic(),
-            ViRef::Held(n, _) => n,
-        }
-    }
-
-    /// The VI.
-    #[inline(always)]
-    pub fn vi(&self) -> &ViCore {
-        match self {
-            ViRef::Cell(e) => e.vi(),
-            ViRef::Held(_, v) => v,
-        }
-    }
-}
-
-/// Runs `f` on the VI named by `h` and its NIC, borrowed, as [`vi_ref`]
-/// finds them (posting: there the closure is inlined and the two branches
-/// of a guard would cost more).
+/// Runs `f` on the VI named by `h` and its NIC, borrowed from this
+/// thread's cells (`last_vi`) or, on a miss, held by references (posting:
+/// the closure is inlined once, into the export).
 ///
 /// # Errors
 /// `InvalidParameter` for NULL, another kind, or a destroyed VI or NIC;

@@ -3,8 +3,11 @@
 
 use crate::error::{Error, Result};
 use crate::ffi::boundary::{CContext, Out, address, opaque, opaque_value, pointer, timeout};
-use crate::ffi::handles::{nic_handle, vi_from, vi_handle, vi_ref, with_vi};
+use crate::ffi::handles::{nic_handle, vi_from, vi_handle, with_vi};
+use crate::ffi::last_vi;
 use crate::ffi::types::*;
+use crate::nic::NicInner;
+use crate::vi::ViCore;
 use crate::vi::{Completion, Which};
 
 /// Checks the descriptor pointer and posts it on queue `w` of `vi_h`.
@@ -52,10 +55,22 @@ pub(crate) unsafe fn done(
 ) -> Result<()> {
     // SAFETY: the caller's contract for `out`.
     let out = unsafe { Out::new(out) }?;
-    let v = vi_ref(vi_h)?;
-    let c = v.vi().done_polling(v.nic(), w)?;
-    out.write(descriptor(c));
-    Ok(())
+    // The dequeue is written out in both branches: a poll that hits the
+    // thread's cells (every poll of a polling loop) runs straight through,
+    // without merging the two ways of holding the VI first.
+    #[inline(always)]
+    fn dequeue(nic: &NicInner, vi: &ViCore, w: Which, out: Out<*mut VIP_DESCRIPTOR>) -> Result<()> {
+        let c = vi.done_polling(nic, w)?;
+        out.write(descriptor(c));
+        Ok(())
+    }
+    match last_vi::enter(opaque_value(vi_h)) {
+        Some(e) => dequeue(e.nic(), e.vi(), w, out),
+        None => {
+            let (nic, vi) = vi_from(vi_h)?;
+            dequeue(&nic, &vi, w, out)
+        }
+    }
 }
 
 /// Waits up to `ms` for the head of queue `w` and dequeues it.
