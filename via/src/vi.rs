@@ -138,12 +138,17 @@ impl Ring {
         self.slots = slots;
     }
 
-    /// Drops the oldest (the slot keeps its status location for reuse).
+    /// Dequeues the oldest if `f` makes something of it (one test of
+    /// emptiness: what a poll runs); the slot keeps its status location
+    /// for reuse.
     #[inline(always)]
-    pub fn pop_front(&mut self) {
-        if self.head != self.tail {
-            self.head += 1;
+    pub fn take_front<R>(&mut self, f: impl FnOnce(&Posted) -> Option<R>) -> Option<R> {
+        if self.head == self.tail {
+            return None;
         }
+        let r = f(self.slot(self.head))?;
+        self.head += 1;
+        Some(r)
     }
 }
 
@@ -610,15 +615,15 @@ impl ViCore {
     #[inline(always)]
     fn take_done(&self, w: Which) -> Option<Completion> {
         let mut q = self.queue(w).lock();
-        let head = q.posted.front()?;
-        let st = head.status.status();
-        if st & status::DONE == 0 {
-            return None;
-        }
-        let desc = head.desc_va;
-        q.posted.pop_front();
+        let c = q.posted.take_front(|head| {
+            let st = head.status.status();
+            (st & status::DONE != 0).then_some(Completion {
+                desc: head.desc_va,
+                status: st,
+            })
+        })?;
         q.reported = q.reported.saturating_sub(1);
-        Some(Completion { desc, status: st })
+        Some(c)
     }
 
     /// [`ViCore::done`]; if nothing completed, lets the device progress
@@ -1032,7 +1037,7 @@ mod tests {
             post(&mut r);
         }
         for _ in 0..Ring::FIRST - 5 {
-            r.pop_front();
+            assert!(r.take_front(|_| Some(())).is_some());
         }
         // Head near the end: 5 live slots before the end, 3 after the wrap.
         for _ in 0..6 {
