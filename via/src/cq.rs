@@ -180,7 +180,7 @@ impl CqCore {
     /// unless another thread is at it; whether it may have completed
     /// something.
     fn progress_members(&self, nic: &NicInner) -> bool {
-        if !nic.dev.polls() {
+        if !nic.dev_polls {
             return false;
         }
         let Ok(mut m) = self.member_slots.try_lock() else {

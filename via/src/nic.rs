@@ -208,6 +208,9 @@ pub(crate) struct NicInner {
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
     pub dev: Arc<dyn Device>,
+    /// `dev.polls()`, a property of the kind, read once: a poll that finds
+    /// nothing asks it, and a load costs less than the call.
+    pub dev_polls: bool,
     pub provider: Provider,
     pub error_cb: Mutex<Option<ErrorHandler>>,
     pub closed: AtomicBool,
@@ -273,6 +276,7 @@ impl NicInner {
         };
         let dev = make(process, id, name)?;
         let limits = dev.limits();
+        let dev_polls = dev.polls();
         let host = dev.local_address().unwrap_or_else(|| process.host.clone());
         let nic = process
             .nics
@@ -299,6 +303,7 @@ impl NicInner {
                     cqs: RwLock::new(Slab::new(limits.max_cq, 0)),
                     conns: Mutex::new(Slab::new(1024, 1)),
                     dev: dev.clone(),
+                    dev_polls,
                     provider: Provider::new(),
                     error_cb: Mutex::new(None),
                     closed: AtomicBool::new(false),

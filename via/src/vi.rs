@@ -637,7 +637,7 @@ impl ViCore {
             }
             return Ok(c);
         }
-        if nic.dev.polls() {
+        if nic.dev_polls {
             nic.dev.poll(nic, self);
             if let Some(c) = self.take_done(w) {
                 return Ok(c);

@@ -390,7 +390,8 @@ pub(crate) trait Device: Send + Sync {
 
     /// Whether [`Device::poll`] can complete anything (false: a poller need
     /// not look at its queue again after it; a kind whose completions are
-    /// all written by the initiator's engine).
+    /// all written by the initiator's engine). A constant of the kind: read
+    /// once, when the NIC opens (`NicInner::dev_polls`).
     fn polls(&self) -> bool {
         true
     }
