@@ -381,6 +381,22 @@ impl ErrorLog {
         }
     }
 
+    /// Waits up to `t` for any error; removes and returns the first seen.
+    pub fn take_first(&self, t: Duration) -> Option<(AsyncError, String, Instant)> {
+        let deadline = Instant::now() + t;
+        let mut g = self.seen.lock().unwrap();
+        loop {
+            if !g.is_empty() {
+                return Some(g.remove(0));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            g = self.cv.wait_timeout(g, deadline - now).unwrap().0;
+        }
+    }
+
     /// Forgets every error seen so far.
     pub fn clear(&self) {
         self.seen.lock().unwrap().clear();
