@@ -350,44 +350,37 @@ impl ErrorLog {
     /// Waits up to `t` for an error with `code`; returns it, the thread it
     /// was reported on and when.
     pub fn wait_for(&self, code: ErrorCode, t: Duration) -> Option<(AsyncError, String, Instant)> {
-        let deadline = Instant::now() + t;
-        let mut g = self.seen.lock().unwrap();
-        loop {
-            if let Some(x) = g.iter().find(|x| x.0.code == code) {
-                return Some(x.clone());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            g = self.cv.wait_timeout(g, deadline - now).unwrap().0;
-        }
+        self.wait_seen(t, |seen| {
+            let i = seen.iter().position(|x| x.0.code == code)?;
+            Some(seen[i].clone())
+        })
     }
 
     /// Like [`ErrorLog::wait_for`], but removes the error it returns, so
     /// that a later wait needs a new report.
     pub fn take(&self, code: ErrorCode, t: Duration) -> Option<(AsyncError, String, Instant)> {
-        let deadline = Instant::now() + t;
-        let mut g = self.seen.lock().unwrap();
-        loop {
-            if let Some(i) = g.iter().position(|x| x.0.code == code) {
-                return Some(g.remove(i));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            g = self.cv.wait_timeout(g, deadline - now).unwrap().0;
-        }
+        self.wait_seen(t, |seen| {
+            let i = seen.iter().position(|x| x.0.code == code)?;
+            Some(seen.remove(i))
+        })
     }
 
     /// Waits up to `t` for any error; removes and returns the first seen.
     pub fn take_first(&self, t: Duration) -> Option<(AsyncError, String, Instant)> {
+        self.wait_seen(t, |seen| (!seen.is_empty()).then(|| seen.remove(0)))
+    }
+
+    /// Waits up to `t` until `pick` finds something in the errors seen.
+    fn wait_seen<R>(
+        &self,
+        t: Duration,
+        mut pick: impl FnMut(&mut Vec<(AsyncError, String, Instant)>) -> Option<R>,
+    ) -> Option<R> {
         let deadline = Instant::now() + t;
         let mut g = self.seen.lock().unwrap();
         loop {
-            if !g.is_empty() {
-                return Some(g.remove(0));
+            if let Some(r) = pick(&mut g) {
+                return Some(r);
             }
             let now = Instant::now();
             if now >= deadline {
