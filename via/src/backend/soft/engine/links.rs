@@ -31,20 +31,37 @@ impl Links {
         let i = vi.slot as usize;
         let fresh = matches!(self.slots.get(i), Some(Some((g, e, _, _))) if *g == vi.generation && *e == epoch);
         if !fresh {
-            self.refresh(i, vi.generation, epoch, slot.link());
+            return self.refresh(i, vi.generation, epoch, slot.link());
         }
-        match &mut self.slots[i] {
-            Some((_, _, Some(l), lane)) => Some((&**l, lane)),
+        // Nothing between the test above and this index writes the slots
+        // (a refresh returns on its own), so the compiler keeps what the
+        // test loaded: the entry is looked up once.
+        self.slots[i].as_mut().and_then(Self::link)
+    }
+
+    /// The link and lane of an entry, if it has a link.
+    #[inline(always)]
+    fn link(e: &mut CachedLink) -> Option<(&PeerLink, &mut Lane)> {
+        match e {
+            (_, _, Some(l), lane) => Some((&**l, lane)),
             _ => None,
         }
     }
 
+    /// Replaces entry `i` with the link of the current epoch, and returns
+    /// it as [`Links::get`] does.
     #[cold]
-    fn refresh(&mut self, i: usize, generation: u16, epoch: u32, link: Option<Arc<PeerLink>>) {
+    fn refresh(
+        &mut self,
+        i: usize,
+        generation: u16,
+        epoch: u32,
+        link: Option<Arc<PeerLink>>,
+    ) -> Option<(&PeerLink, &mut Lane)> {
         if self.slots.len() <= i {
             self.slots.resize_with(i + 1, || None);
         }
-        self.slots[i] = Some((generation, epoch, link, Lane::default()));
+        Self::link(self.slots[i].insert((generation, epoch, link, Lane::default())))
     }
 
     /// Forgets the links to `session` (it died).
