@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::Pending;
 use crate::attrs::{Reliability, ViAttributes, ViState};
+use crate::backend::Kick;
 use crate::completion::{self, StatusLoc, interest};
 use crate::cq::CqCore;
 use crate::descriptor::status;
@@ -486,7 +487,7 @@ impl ViCore {
             desc_handle: handle,
             seq: 0,
         };
-        {
+        let kick = {
             let mut q = self.send.lock();
             if q.posted.len() >= nic.limits.queue_depth as usize {
                 return Err(Error::Resource);
@@ -530,9 +531,11 @@ impl ViCore {
                 descs,
                 status: &posted.status,
             };
-            nic.dev.post_send_queued(nic, self, wr, t)?;
+            nic.dev.post_send_queued(nic, self, wr, t)?
+        };
+        if kick == Kick::Needed {
+            nic.dev.kick(nic, Some(self));
         }
-        nic.dev.kick(nic, Some(self));
         Ok(())
     }
 

@@ -156,6 +156,17 @@ pub struct TranslationStats {
     pub rdma: CacheCounts,
 }
 
+/// Whether a poster calls [`Device::kick`] after a post
+/// ([`Device::post_send_queued`]'s answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kick {
+    /// Something may wait: work queued behind the post, or a break to
+    /// settle.
+    Needed,
+    /// The post ran and the device saw nothing waiting after it.
+    NotNeeded,
+}
+
 /// The operations table of a kind of NIC, one instance per open NIC.
 ///
 /// Calls come from the object model with its own locks as documented per
@@ -361,10 +372,12 @@ pub(crate) trait Device: Send + Sync {
     }
 
     /// [`Device::post_send`] of the request translation just read into the
-    /// VI's send queue (`t`: what it found). The default hands it on as
-    /// [`WrRegions`]; a kind that uses none of it overrides this to skip
-    /// finding them (the caller holds the send-queue lock, as for
-    /// `post_send`).
+    /// VI's send queue (`t`: what it found), and whether the caller must
+    /// [`Device::kick`] once it has released the send-queue lock. The
+    /// default hands the request on as [`WrRegions`] and asks for the
+    /// kick; a kind that uses none of `t` overrides this to skip finding
+    /// them, and one that knows nothing waits says so (the caller holds the
+    /// send-queue lock, as for `post_send`).
     #[inline]
     fn post_send_queued(
         &self,
@@ -372,8 +385,9 @@ pub(crate) trait Device: Send + Sync {
         vi: &ViCore,
         wr: &SendWr,
         t: Translated<'_>,
-    ) -> Result<()> {
-        self.post_send(nic, vi, wr, WrRegions::of(wr, t))
+    ) -> Result<Kick> {
+        self.post_send(nic, vi, wr, WrRegions::of(wr, t))?;
+        Ok(Kick::Needed)
     }
 
     /// A thread polls for a completion of `vi` that has not come: the

@@ -44,7 +44,7 @@ use doorbell::EventCount;
 
 use crate::attrs::{Reliability, ViAttributes, ViState};
 use crate::backend::{
-    CqSignals, Device, Limits, RegionSlot, RegionSpec, RetiredEntry, SrqDone, ViSignals,
+    CqSignals, Device, Kick, Limits, RegionSlot, RegionSpec, RetiredEntry, SrqDone, ViSignals,
 };
 use crate::completion;
 use crate::config::{Config, DoorbellMode};
@@ -2199,10 +2199,11 @@ impl Device for Verbs {
         vi: &ViCore,
         wr: &SendWr,
         _t: Translated<'_>,
-    ) -> Result<()> {
+    ) -> Result<Kick> {
         // The lkeys come from the VI's own cache: the regions translation
         // found are not needed (nor looked up again).
-        self.send(nic, vi, wr)
+        self.send(nic, vi, wr)?;
+        Ok(Kick::Needed)
     }
 
     fn poll(&self, nic: &NicInner, vi: &ViCore) {

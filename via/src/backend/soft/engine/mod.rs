@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use doorbell::asymmetric::{heavy_fence, light_fence};
 use doorbell::{BiasedGuard, BiasedLock};
 
+use crate::backend::Kick;
 use crate::config::{Config, DoorbellMode, Progress};
 use crate::error::{Error, Result};
 use crate::nic::NicInner;
@@ -160,7 +161,7 @@ impl Engine {
         vi: &ViCore,
         wr: &SendWr,
         regions: WrRegions<'_>,
-    ) -> Result<()> {
+    ) -> Result<Kick> {
         // Inline progress with nothing queued: run the request here, no
         // round trip through the doorbell ring (ordering holds: the VI's
         // send lock is held and nothing of it waits in a doorbell). The
@@ -176,13 +177,20 @@ impl Engine {
                     if !g.breaks.is_empty() {
                         self.breaks_waiting.store(true, Ordering::Release);
                     }
-                    return Ok(());
+                    drop(g);
+                    // What `kick` would look at first, once the engine
+                    // lock is released: a kick only if it would act.
+                    return Ok(if self.waiting() {
+                        Kick::Needed
+                    } else {
+                        Kick::NotNeeded
+                    });
                 }
             }
         }
         let pd = self.entry(nic, wr);
         match self.central() {
-            Some(db) => self.push(soft, nic, db, pd),
+            Some(db) => self.push(soft, nic, db, pd)?,
             None => {
                 let db = self
                     .per_vi
@@ -191,9 +199,11 @@ impl Engine {
                     .get(&vi.slot)
                     .cloned()
                     .ok_or(Error::Resource)?;
-                self.push(soft, nic, db.get(), pd)
+                self.push(soft, nic, db.get(), pd)?
             }
         }
+        // Queued: inline, the kick runs it.
+        Ok(Kick::Needed)
     }
 
     /// The doorbell entry of `wr`, with the payload inline when it is small
@@ -280,14 +290,21 @@ impl Engine {
         if self.threaded() {
             return;
         }
+        if self.waiting() {
+            self.kick_inline(soft, nic, vi);
+        }
+    }
+
+    /// Whether work waits for inline progress (doorbell entries, or breaks
+    /// to settle), looked at after the engine lock was released.
+    #[inline(always)]
+    fn waiting(&self) -> bool {
         // Light fence: whatever was posted before this point (by us, or a
         // poster that found the engine lock taken by our direct execution)
         // is seen below; pairs with the poster's heavy fence in
         // `kick_inline`.
         light_fence();
-        if self.pending() || self.breaks_waiting.load(Ordering::Acquire) {
-            self.kick_inline(soft, nic, vi);
-        }
+        self.pending() || self.breaks_waiting.load(Ordering::Acquire)
     }
 
     /// Runs the engine unless another thread does. `hint` is the VI that
