@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use doorbell::EventCount;
 
 use crate::attrs::{Reliability, ViAttributes};
-use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, ViSignals};
+use crate::backend::{CqSignals, Device, Kick, Limits, RegionSlot, RegionSpec, ViSignals};
 use crate::completion;
 use crate::descriptor::{control, status};
 use crate::error::{Error, Result};
@@ -406,7 +406,7 @@ impl Device for Loopback {
         vi: &ViCore,
         wr: &SendWr,
         _regions: WrRegions<'_>,
-    ) -> Result<()> {
+    ) -> Result<Kick> {
         let op_status = match wr.op() {
             control::OP_RDMAWRITE => status::OP_RDMA_WRITE,
             control::OP_RDMAREAD => status::OP_RDMA_READ,
@@ -436,7 +436,7 @@ impl Device for Loopback {
             wr.desc_va,
             status::DONE | st | op_status,
         );
-        Ok(())
+        Ok(Kick::Needed)
     }
 
     fn kick(&self, nic: &NicInner, _vi: Option<&ViCore>) {

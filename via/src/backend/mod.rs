@@ -359,7 +359,9 @@ pub(crate) trait Device: Send + Sync {
     // ---- work ----
 
     /// Runs or queues a validated send, RDMA write or read; `regions` are
-    /// what translation resolved for it. The caller holds the VI's
+    /// what translation resolved for it. Answers whether the caller must
+    /// [`Device::kick`] once it has released the send-queue lock (a kind
+    /// that knows nothing waits says so). The caller holds the VI's
     /// send-queue lock, so one VI's requests arrive in order.
     fn post_send(
         &self,
@@ -367,17 +369,15 @@ pub(crate) trait Device: Send + Sync {
         _vi: &ViCore,
         _wr: &SendWr,
         _regions: WrRegions<'_>,
-    ) -> Result<()> {
+    ) -> Result<Kick> {
         Err(Error::Resource)
     }
 
     /// [`Device::post_send`] of the request translation just read into the
-    /// VI's send queue (`t`: what it found), and whether the caller must
-    /// [`Device::kick`] once it has released the send-queue lock. The
-    /// default hands the request on as [`WrRegions`] and asks for the
-    /// kick; a kind that uses none of `t` overrides this to skip finding
-    /// them, and one that knows nothing waits says so (the caller holds the
-    /// send-queue lock, as for `post_send`).
+    /// VI's send queue (`t`: what it found). The default hands it on as
+    /// [`WrRegions`]; a kind that uses none of it overrides this to skip
+    /// finding them (the caller holds the send-queue lock, as for
+    /// `post_send`).
     #[inline]
     fn post_send_queued(
         &self,
@@ -386,8 +386,7 @@ pub(crate) trait Device: Send + Sync {
         wr: &SendWr,
         t: Translated<'_>,
     ) -> Result<Kick> {
-        self.post_send(nic, vi, wr, WrRegions::of(wr, t))?;
-        Ok(Kick::Needed)
+        self.post_send(nic, vi, wr, WrRegions::of(wr, t))
     }
 
     /// A thread polls for a completion of `vi` that has not come: the

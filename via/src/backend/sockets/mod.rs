@@ -48,7 +48,7 @@ use via_wire::tcp::{SetupAnswer, SetupRequest};
 use self::conn::{Awaiting, Conn, Payload};
 use self::frame::Header;
 use crate::attrs::{Reliability, ViAttributes};
-use crate::backend::{CqSignals, Device, Limits, RegionSlot, RegionSpec, ViSignals};
+use crate::backend::{CqSignals, Device, Kick, Limits, RegionSlot, RegionSpec, ViSignals};
 use crate::descriptor::{control, status};
 use crate::error::{Error, Result};
 use crate::mem::region::Resolved;
@@ -706,13 +706,13 @@ impl Device for Sockets {
         vi: &ViCore,
         wr: &SendWr,
         _regions: WrRegions<'_>,
-    ) -> Result<()> {
+    ) -> Result<Kick> {
         let conn = self
             .conn(vi.slot)
             .filter(|c| !c.closed.load(Ordering::Acquire) && !vi.broken.load(Ordering::Acquire));
         let Some(conn) = conn else {
             Self::complete_now(nic, vi, wr, status::DESC_FLUSHED_ERROR);
-            return Ok(());
+            return Ok(Kick::Needed);
         };
         let reliability = vi.reliability();
         let mut aw = Awaiting {
@@ -741,7 +741,7 @@ impl Device for Sockets {
             if reliability.is_reliable() {
                 self.brk(vi, ErrorCode::PostDesc);
             }
-            return Ok(());
+            return Ok(Kick::Needed);
         }
         let mut h = Header {
             len: wr.length,
@@ -770,7 +770,7 @@ impl Device for Sockets {
                         let mut q = conn.awaiting.lock().unwrap();
                         q.push_back(aw);
                         Conn::drain(nic, vi, &mut q);
-                        return Ok(());
+                        return Ok(Kick::Needed);
                     }
                 }
             }
@@ -793,7 +793,7 @@ impl Device for Sockets {
                         let mut q = conn.awaiting.lock().unwrap();
                         q.push_back(aw);
                         Conn::drain(nic, vi, &mut q);
-                        return Ok(());
+                        return Ok(Kick::Needed);
                     }
                 }
                 if op == control::OP_RDMAWRITE {
@@ -845,7 +845,7 @@ impl Device for Sockets {
                 self.brk(vi, ErrorCode::ConnLost);
             }
         }
-        Ok(())
+        Ok(Kick::Needed)
     }
 
     fn kick(&self, nic: &NicInner, _vi: Option<&ViCore>) {

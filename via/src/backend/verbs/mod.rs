@@ -2189,8 +2189,8 @@ impl Device for Verbs {
         vi: &ViCore,
         wr: &SendWr,
         _regions: WrRegions<'_>,
-    ) -> Result<()> {
-        self.send(nic, vi, wr)
+    ) -> Result<Kick> {
+        self.send(nic, vi, wr).map(|()| Kick::Needed)
     }
 
     fn post_send_queued(
@@ -2202,8 +2202,7 @@ impl Device for Verbs {
     ) -> Result<Kick> {
         // The lkeys come from the VI's own cache: the regions translation
         // found are not needed (nor looked up again).
-        self.send(nic, vi, wr)?;
-        Ok(Kick::Needed)
+        self.send(nic, vi, wr).map(|()| Kick::Needed)
     }
 
     fn poll(&self, nic: &NicInner, vi: &ViCore) {
