@@ -323,6 +323,27 @@ impl Mapping {
         true
     }
 
+    /// [`Mapping::copy`] of a message that another process reads next: its
+    /// lines are then pushed towards the shared cache ([`super::demote`]).
+    #[inline(always)]
+    pub fn copy_for_reader(
+        src: &Mapping,
+        src_off: usize,
+        dst: &Mapping,
+        dst_off: usize,
+        len: usize,
+    ) -> bool {
+        if !src.check(src_off, len) || !dst.check(dst_off, len) {
+            return false;
+        }
+        // SAFETY: as in `copy`.
+        let to = unsafe { dst.ptr.as_ptr().add(dst_off) };
+        // SAFETY: as in `copy`: both ranges are inside their mappings.
+        unsafe { std::ptr::copy(src.ptr.as_ptr().add(src_off), to, len) };
+        super::demote(to.addr(), len);
+        true
+    }
+
     /// Fills `len` bytes at `off` with zero.
     pub fn zero(&self, off: usize, len: usize) -> bool {
         if !self.check(off, len) {
@@ -521,6 +542,49 @@ mod tests {
         drop(b);
         // The block keeps its mapping alive.
         assert_eq!(k.words()[1].load(std::sync::atomic::Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_copy_for_a_reader_is_a_checked_copy() {
+        // Lengths on one line, across lines, many lines and beyond what is
+        // demoted; offsets aligned and not: each copies exactly its bytes
+        // (the demotion changes nothing the program sees).
+        let (_fd, m) = Mapping::create("via-test", 8192).unwrap();
+        let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+        assert!(m.write(0, &src));
+        for (i, &(off, len)) in [
+            (4096, 1),
+            (4096 + 60, 8),
+            (4096 + 3, 200),
+            (4096 + 64, 1024),
+        ]
+        .iter()
+        .chain(&[(4096 + 5, 2000), (4096, 4096)])
+        .enumerate()
+        {
+            assert!(m.zero(4096, 4096));
+            let from = i.min(4096 - len);
+            assert!(
+                Mapping::copy_for_reader(&m, from, &m, off, len),
+                "{off} {len}"
+            );
+            let mut got = vec![0u8; 4096];
+            assert!(m.read(4096, &mut got));
+            let at = off - 4096;
+            assert_eq!(&got[at..at + len], &src[from..from + len], "{off} {len}");
+            assert!(
+                got[..at].iter().chain(&got[at + len..]).all(|&b| b == 0),
+                "{off} {len}"
+            );
+        }
+        // Out of bounds: refused, nothing written.
+        assert!(m.zero(4096, 4096));
+        assert!(!Mapping::copy_for_reader(&m, 0, &m, 8192 - 4, 8));
+        assert!(!Mapping::copy_for_reader(&m, 8190, &m, 4096, 8));
+        assert!(!Mapping::copy_for_reader(&m, 0, &m, usize::MAX, 1));
+        let mut got = vec![1u8; 4096];
+        assert!(m.read(4096, &mut got));
+        assert!(got.iter().all(|&b| b == 0));
     }
 
     #[test]

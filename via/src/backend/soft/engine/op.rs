@@ -406,7 +406,8 @@ impl<'a> Op<'a> {
         // From here on the receive is ours to finish.
         let mut fault = 0;
         if let (Some((sm, sat)), Some((dm, dat))) = (src, dst) {
-            if !crate::shm::mapping::Mapping::copy(sm, sat, dm, dat, len as usize) {
+            // The receiver reads the message next: from the shared cache.
+            if !crate::shm::mapping::Mapping::copy_for_reader(sm, sat, dm, dat, len as usize) {
                 fault = status::PROTECTION_ERROR;
                 self.peer_breaks();
             }

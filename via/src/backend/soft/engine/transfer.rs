@@ -61,6 +61,10 @@ pub(crate) fn move_fast(
             .span(src.wr.segs[0].va, len as u64)?;
         crate::shm::mapping::Mapping::copy(sm, sat, dm, dat, len as usize)
     };
+    if ok {
+        // The receiver reads the message next: from the shared cache.
+        crate::shm::demote(dm.addr() + dat, len as usize);
+    }
     Some(if ok { 0 } else { status::PROTECTION_ERROR })
 }
 
