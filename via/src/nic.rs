@@ -269,6 +269,7 @@ impl NicInner {
         name: &str,
         make: backend::OpenFn,
     ) -> Result<Arc<NicInner>> {
+        crate::shm::probe();
         let id = {
             let mut n = process.next_nic_id.lock().unwrap();
             *n += 1;

@@ -7,24 +7,27 @@ pub mod mapping;
 pub mod rings;
 
 /// Whether this processor has `prefetchw` (CPUID 8000_0001h, ECX bit 8:
-/// PRFCHW, "3dnowprefetch" in /proc/cpuinfo); asked once.
+/// PRFCHW, "3dnowprefetch" in /proc/cpuinfo), as [`probe`] found it. Until
+/// then false: the prefetches are hints, and skipping a few is harmless.
+#[cfg(target_arch = "x86_64")]
+static HAS_PREFETCHW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks the processor what the hints here may use; called when a NIC opens
+/// (idempotent), so that each hint tests one flag.
+pub(crate) fn probe() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Leaf 8000_0001h exists on every x86-64 processor.
+        let ecx = std::arch::x86_64::__cpuid(0x8000_0001).ecx;
+        // Relaxed: every thread computes the same answer.
+        HAS_PREFETCHW.store(ecx & (1 << 8) != 0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn has_prefetchw() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    // 0: not asked yet; 1: no; 2: yes. Relaxed: every thread computes the
-    // same answer, so a racing first look only asks twice.
-    static HAS: AtomicU8 = AtomicU8::new(0);
-    match HAS.load(Ordering::Relaxed) {
-        0 => {
-            // Leaf 8000_0001h exists on every x86-64 processor.
-            let ecx = std::arch::x86_64::__cpuid(0x8000_0001).ecx;
-            let yes = ecx & (1 << 8) != 0;
-            HAS.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
-            yes
-        }
-        v => v == 2,
-    }
+    HAS_PREFETCHW.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Messages up to this many bytes have their lines demoted ([`demote`]).
