@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::attrs::{MemAttributes, NicAttributes, Ptag};
-use crate::backend::{self, Device, Limits, RegionSpec};
+use crate::backend::{self, DeviceRef, Limits, RegionSpec};
 use crate::cq::CqCore;
 use crate::error::{Error, Result};
 use crate::handle::Slab;
@@ -207,7 +207,7 @@ pub(crate) struct NicInner {
     pub vis: RwLock<Slab<Arc<ViCore>>>,
     pub cqs: RwLock<Slab<Arc<CqCore>>>,
     pub conns: Mutex<Slab<Incoming>>,
-    pub dev: Arc<dyn Device>,
+    pub dev: DeviceRef,
     /// `dev.polls()`, a property of the kind, read once: a poll that finds
     /// nothing asks it, and a load costs less than the call.
     pub dev_polls: bool,
@@ -303,7 +303,7 @@ impl NicInner {
                     vis: RwLock::new(Slab::new(limits.max_vi, 0)),
                     cqs: RwLock::new(Slab::new(limits.max_cq, 0)),
                     conns: Mutex::new(Slab::new(1024, 1)),
-                    dev: dev.clone(),
+                    dev: DeviceRef::new(dev.clone()),
                     dev_polls,
                     provider: Provider::new(),
                     error_cb: Mutex::new(None),

@@ -65,7 +65,7 @@ impl Provider {
                         ec.cancel_wait(key);
                         continue;
                     }
-                    let dev = nic.dev.clone();
+                    let dev = nic.dev.arc().clone();
                     drop(nic);
                     // Hold the device (not the NIC) while asleep, so that
                     // closing the NIC can drop it.

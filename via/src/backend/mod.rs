@@ -22,12 +22,17 @@
 //! A new kind is one directory here plus one row in [`KINDS`].
 #![deny(unsafe_code)]
 
+// The one `unsafe` block: a reference kept beside the `Arc` it borrows.
+#[allow(unsafe_code)]
+mod device_ref;
 #[cfg(test)]
 pub(crate) mod loopback;
 pub(crate) mod sockets;
 pub(crate) mod soft;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
+
+pub(crate) use device_ref::DeviceRef;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
