@@ -101,8 +101,11 @@ impl ErrorKind {
     }
 }
 
-/// The cause of an error, shared by its clones.
-type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+/// The cause of an error, shared by its clones. A thin pointer (the box
+/// holds the fat one): an `Error` is two words, so a `Result<()>` or
+/// `Result` of a word comes back in registers on every call of the posting
+/// path rather than through memory.
+type Cause = Arc<Box<dyn std::error::Error + Send + Sync + 'static>>;
 
 /// A failed VIA operation: its [`ErrorKind`] (one `VIP_RETURN` code) and,
 /// when something below failed (a system call, the daemon), that cause as
@@ -161,7 +164,7 @@ impl Error {
     ) -> Error {
         Error {
             kind,
-            cause: Some(Arc::from(cause.into())),
+            cause: Some(Arc::new(cause.into())),
         }
     }
 
@@ -273,7 +276,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.cause
             .as_deref()
-            .map(|c| c as &(dyn std::error::Error + 'static))
+            .map(|c| &**c as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -320,5 +323,17 @@ mod tests {
         let r: Error = crate::proto::Refusal::Quota.into();
         assert_eq!(r.kind(), ErrorKind::Resource);
         assert!(r.source().unwrap().to_string().contains("Quota"));
+        // A clone shares the cause.
+        let c = e.clone();
+        assert!(c.source().unwrap().to_string().contains("memory"));
+    }
+
+    #[test]
+    fn a_result_of_a_word_fits_in_two_registers() {
+        // The posting path returns these through every layer: two words
+        // come back in registers, three through memory.
+        assert_eq!(size_of::<Error>(), 16);
+        assert_eq!(size_of::<Result<()>>(), 16);
+        assert_eq!(size_of::<Result<u64>>(), 16);
     }
 }
