@@ -323,6 +323,16 @@ impl Mapping {
         true
     }
 
+    /// [`Mapping::write`] of a message that another process reads next (as
+    /// [`Mapping::copy_for_reader`]).
+    pub fn write_for_reader(&self, off: usize, src: &[u8]) -> bool {
+        if !self.write(off, src) {
+            return false;
+        }
+        super::demote(self.addr() + off, src.len());
+        true
+    }
+
     /// [`Mapping::copy`] of a message that another process reads next: its
     /// lines are then pushed towards the shared cache ([`super::demote`]).
     #[inline(always)]
@@ -577,6 +587,13 @@ mod tests {
                 "{off} {len}"
             );
         }
+        // The same for a write from a buffer.
+        assert!(m.zero(4096, 4096));
+        assert!(m.write_for_reader(4096 + 70, &src[..300]));
+        let mut got = vec![0u8; 300];
+        assert!(m.read(4096 + 70, &mut got));
+        assert_eq!(got, src[..300]);
+        assert!(!m.write_for_reader(8192 - 4, &src[..8]));
         // Out of bounds: refused, nothing written.
         assert!(m.zero(4096, 4096));
         assert!(!Mapping::copy_for_reader(&m, 0, &m, 8192 - 4, 8));

@@ -53,18 +53,15 @@ pub(crate) fn move_fast(
     }
     let dr = regions.get(dst_i[0]);
     let (dm, dat) = dr.span(dr.va + slot.segs[0].off.load(Ordering::Relaxed), len as u64)?;
+    // The receiver reads the message next: from the shared cache.
     let ok = if inline {
-        dm.write(dat, src.inline)
+        dm.write_for_reader(dat, src.inline)
     } else {
         let (sm, sat) = regions
             .get(src.src_i[0])
             .span(src.wr.segs[0].va, len as u64)?;
-        crate::shm::mapping::Mapping::copy(sm, sat, dm, dat, len as usize)
+        crate::shm::mapping::Mapping::copy_for_reader(sm, sat, dm, dat, len as usize)
     };
-    if ok {
-        // The receiver reads the message next: from the shared cache.
-        crate::shm::demote(dm.addr() + dat, len as usize);
-    }
     Some(if ok { 0 } else { status::PROTECTION_ERROR })
 }
 
