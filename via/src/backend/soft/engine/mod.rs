@@ -53,7 +53,7 @@ use super::SoftNic;
 use super::layout::{DOORBELL_SLOTS, MAX_INLINE, SendPd, VI_DOORBELL_SLOTS};
 use super::tcache::Regions;
 use links::Links;
-use op::{Break, Known, execute, settle};
+use op::{Break, Known, execute, execute_queued, settle};
 
 /// What the engine keeps between requests; guarded by the engine lock.
 pub(crate) struct EngineState {
@@ -173,7 +173,7 @@ impl Engine {
                         src: regions.src,
                         status: regions.status,
                     };
-                    execute(soft, nic, &mut g, wr, &[], known, Some(vi));
+                    execute(soft, nic, &mut g, vi, wr, &[], known);
                     if !g.breaks.is_empty() {
                         self.breaks_waiting.store(true, Ordering::Release);
                     }
@@ -422,7 +422,7 @@ impl Engine {
         if let Some(db) = self.central() {
             while let Some(pd) = db.poll() {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                execute(soft, nic, st, &pd.wr, pd.payload(), Known::default(), hint);
+                execute_queued(soft, nic, st, &pd.wr, pd.payload(), hint);
             }
             return;
         }
@@ -434,7 +434,7 @@ impl Engine {
             for d in &dbs {
                 while let Some(pd) = d.get().poll() {
                     self.queued.fetch_sub(1, Ordering::SeqCst);
-                    execute(soft, nic, st, &pd.wr, pd.payload(), Known::default(), hint);
+                    execute_queued(soft, nic, st, &pd.wr, pd.payload(), hint);
                     any = true;
                 }
             }

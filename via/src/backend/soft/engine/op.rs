@@ -654,30 +654,38 @@ fn complete_send(
     );
 }
 
-/// Runs one request; `inline` is its payload if it came inline.
-pub(crate) fn execute(
+/// Runs a request taken from a doorbell (`inline`: its payload if it came
+/// inline), on its VI: `hint` if that is the one, else looked up (it may
+/// have been destroyed since).
+pub(crate) fn execute_queued(
     soft: &SoftNic,
     nic: &NicInner,
     st: &mut EngineState,
     wr: &SendWr,
     inline: &[u8],
-    known: Known<'_>,
     hint: Option<&ViCore>,
 ) {
-    let found;
-    let vi: &ViCore = match hint {
-        Some(h) if h.slot == wr.vi && h.generation as u32 == wr.vi_gen => h,
+    match hint {
+        Some(h) if h.slot == wr.vi && h.generation as u32 == wr.vi_gen => {
+            execute(soft, nic, st, h, wr, inline, Known::default())
+        }
         _ => match nic.vi(wr.vi, wr.vi_gen as u16) {
-            Some(v) => {
-                found = v;
-                &found
-            }
-            None => {
-                log::warn!("doorbell entry for a destroyed VI {}", wr.vi);
-                return;
-            }
+            Some(v) => execute(soft, nic, st, &v, wr, inline, Known::default()),
+            None => log::warn!("doorbell entry for a destroyed VI {}", wr.vi),
         },
-    };
+    }
+}
+
+/// Runs one request of `vi`; `inline` is its payload if it came inline.
+pub(crate) fn execute(
+    soft: &SoftNic,
+    nic: &NicInner,
+    st: &mut EngineState,
+    vi: &ViCore,
+    wr: &SendWr,
+    inline: &[u8],
+    known: Known<'_>,
+) {
     let op = wr.op();
     let op_status = match op {
         control::OP_RDMAWRITE => status::OP_RDMA_WRITE,
