@@ -51,3 +51,32 @@ impl std::ops::Deref for DeviceRef {
         unsafe { self.raw.as_ref() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::Process;
+
+    #[test]
+    fn the_reference_is_the_owned_device_and_lives_as_long_as_it() {
+        let p = Process::without_daemon();
+        let arc = crate::backend::loopback::open(&p, 0, "loopback").unwrap();
+        let weak = Arc::downgrade(&arc);
+        let r = DeviceRef::new(arc);
+        // The same device, at the same address, through either.
+        assert!(std::ptr::addr_eq(
+            &*r as *const dyn Device,
+            Arc::as_ptr(r.arc())
+        ));
+        assert_eq!(r.polls(), r.arc().polls());
+        // A holder of the Arc keeps the device after the reference goes.
+        let held = r.arc().clone();
+        drop(r);
+        assert!(weak.upgrade().is_some());
+        drop(held);
+        assert!(
+            weak.upgrade().is_none(),
+            "the last owner dropped the device"
+        );
+    }
+}
