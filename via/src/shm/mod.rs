@@ -38,7 +38,7 @@ fn has_prefetchw() -> bool {
 pub(crate) const DEMOTE_MAX: usize = 1024;
 
 /// Pushes the cache lines of `[addr, addr + len)`, just written here for
-/// another process to read next (a message, its receive status), out of
+/// another process to read next (a message copied into its buffer), out of
 /// this core's private caches into the shared last-level cache (x86-64
 /// `cldemote`; nothing elsewhere, nothing for more than [`DEMOTE_MAX`]
 /// bytes). A hint: the reader's miss is then served by the shared cache
