@@ -34,6 +34,10 @@ pub const ENV_SIZE: &str = "VMPI_SIZE";
 pub const ENV_JOB: &str = "VMPI_JOB";
 /// Environment variable: path of the launcher's key-value socket.
 pub const ENV_ADDR: &str = "VMPI_PMI_ADDR";
+/// How long an aborting process waits for its launcher to end it
+/// ([`Pmi::abort`]); the launcher acts at once, so this only bounds a
+/// launcher that is stuck.
+pub const ABORT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A process's connection to its launcher's key-value service.
 pub struct Pmi {
@@ -167,14 +171,30 @@ impl Pmi {
     }
 
     /// Asks the launcher to end the job with `code` (it kills every
-    /// process, this one included). Returns if there is no launcher.
+    /// process, this one included), and waits for that. Returns if there is
+    /// no launcher, when the launcher closes the connection, or after
+    /// [`ABORT_WAIT`].
+    ///
+    /// Waiting keeps this process, and so its connections to the other
+    /// ranks, alive until the launcher has the abort: a rank that sees a
+    /// connection to this one break, and aborts in turn, cannot reach the
+    /// launcher first and make its consequence the job's exit code.
     pub fn abort(&mut self, code: i32, msg: &str) {
-        if let Some((_, w)) = self.conn.as_mut() {
+        if let Some((r, w)) = self.conn.as_mut() {
             let msg: String = msg
                 .chars()
                 .map(|c| if c == '\n' { ' ' } else { c })
                 .collect();
-            let _ = writeln!(w, "abort {code} {msg}");
+            if writeln!(w, "abort {code} {msg}").is_err() {
+                return;
+            }
+            // The launcher writes nothing more: the read ends with its
+            // kill, its exit (end of file), or the bound.
+            let _ = r.get_ref().set_read_timeout(Some(ABORT_WAIT));
+            let mut rest = String::new();
+            while matches!(r.read_line(&mut rest), Ok(n) if n > 0) {
+                rest.clear();
+            }
         }
     }
 
@@ -183,5 +203,61 @@ impl Pmi {
         if let Some((_, w)) = self.conn.as_mut() {
             let _ = writeln!(w, "finalize");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    fn on(stream: UnixStream) -> Pmi {
+        Pmi {
+            rank: 0,
+            size: 2,
+            job: "test".into(),
+            conn: Some((BufReader::new(stream.try_clone().unwrap()), stream)),
+            staged: Vec::new(),
+            kvs: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn an_abort_waits_until_the_launcher_ends_the_process() {
+        let (ours, launcher) = UnixStream::pair().unwrap();
+        let (done, returned) = mpsc::channel();
+        let t = std::thread::spawn(move || {
+            on(ours).abort(15, "message truncated\nin MPI_Recv");
+            done.send(()).unwrap();
+        });
+        let mut r = BufReader::new(launcher.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert_eq!(line, "abort 15 message truncated in MPI_Recv\n");
+        // The launcher has the abort and has not acted yet: the process
+        // (and its connections to the other ranks) is still there.
+        assert!(
+            returned.recv_timeout(Duration::from_millis(500)).is_err(),
+            "abort returned before the launcher ended the process"
+        );
+        // The launcher goes (its end closes): the abort returns.
+        drop(r);
+        drop(launcher);
+        returned
+            .recv_timeout(ABORT_WAIT + Duration::from_secs(10))
+            .unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn an_abort_returns_at_once_without_a_launcher_or_when_it_is_gone() {
+        let mut single = on(UnixStream::pair().unwrap().0);
+        single.conn = None;
+        single.abort(3, "alone");
+        // The launcher's end closed before the abort: no wait.
+        let (ours, launcher) = UnixStream::pair().unwrap();
+        drop(launcher);
+        on(ours).abort(3, "launcher gone");
     }
 }
