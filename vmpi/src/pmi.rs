@@ -180,6 +180,11 @@ impl Pmi {
     /// connection to this one break, and aborts in turn, cannot reach the
     /// launcher first and make its consequence the job's exit code.
     pub fn abort(&mut self, code: i32, msg: &str) {
+        self.abort_within(code, msg, ABORT_WAIT);
+    }
+
+    /// [`Pmi::abort`], waiting at most `bound`.
+    fn abort_within(&mut self, code: i32, msg: &str, bound: std::time::Duration) {
         if let Some((r, w)) = self.conn.as_mut() {
             let msg: String = msg
                 .chars()
@@ -189,11 +194,19 @@ impl Pmi {
                 return;
             }
             // The launcher writes nothing more: the read ends with its
-            // kill, its exit (end of file), or the bound.
-            let _ = r.get_ref().set_read_timeout(Some(ABORT_WAIT));
+            // kill, its exit (end of file), or the bound (one deadline for
+            // the whole wait, whatever the launcher still sends).
+            let deadline = std::time::Instant::now() + bound;
             let mut rest = String::new();
-            while matches!(r.read_line(&mut rest), Ok(n) if n > 0) {
-                rest.clear();
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() || r.get_ref().set_read_timeout(Some(left)).is_err() {
+                    return;
+                }
+                match r.read_line(&mut rest) {
+                    Ok(n) if n > 0 => rest.clear(),
+                    _ => return,
+                }
             }
         }
     }
@@ -251,13 +264,56 @@ mod tests {
     }
 
     #[test]
+    fn an_abort_waits_no_longer_than_its_bound_whatever_the_launcher_sends() {
+        let (ours, launcher) = UnixStream::pair().unwrap();
+        // A launcher that keeps writing lines and does not end the
+        // process, for far longer than the bound (5 s; then its end
+        // closes, so a wait that each line restarted ends too and fails
+        // below instead of hanging).
+        let (stop, stopped) = mpsc::channel::<()>();
+        let chatter = std::thread::spawn(move || {
+            let mut w = launcher;
+            let end = std::time::Instant::now() + Duration::from_secs(5);
+            while std::time::Instant::now() < end
+                && stopped.recv_timeout(Duration::from_millis(20)).is_err()
+            {
+                if writeln!(w, "kvs-noise").is_err() {
+                    return;
+                }
+            }
+        });
+        let t = std::time::Instant::now();
+        on(ours).abort_within(15, "bounded", Duration::from_millis(300));
+        let took = t.elapsed();
+        let _ = stop.send(()); // the chatter may have ended already
+        chatter.join().unwrap();
+        assert!(
+            took >= Duration::from_millis(300),
+            "returned before the bound: {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "each line restarted the wait: {took:?}"
+        );
+    }
+
+    #[test]
     fn an_abort_returns_at_once_without_a_launcher_or_when_it_is_gone() {
+        // Either would take ABORT_WAIT if it waited; half is far above
+        // any scheduling delay.
+        let t = std::time::Instant::now();
         let mut single = on(UnixStream::pair().unwrap().0);
         single.conn = None;
         single.abort(3, "alone");
+        assert!(t.elapsed() < ABORT_WAIT / 2, "waited without a launcher");
         // The launcher's end closed before the abort: no wait.
+        let t = std::time::Instant::now();
         let (ours, launcher) = UnixStream::pair().unwrap();
         drop(launcher);
         on(ours).abort(3, "launcher gone");
+        assert!(
+            t.elapsed() < ABORT_WAIT / 2,
+            "waited for a launcher that is gone"
+        );
     }
 }
